@@ -1,0 +1,322 @@
+//! The typed configuration, field for field as in the original's `config.json5`, plus
+//! beige's additions (each documented in `docs/configuration.md` with its default).
+//!
+//! These are plain serde values. After [`super::Config::load`] returns, every path field
+//! is absolute (relative paths were resolved against the config file's folder, `~`
+//! expanded) and every value has passed validation.
+
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// LLM providers, by the name agents refer to them with.
+    pub llm: LlmConfig,
+    /// Plugins, in load order.
+    #[serde(default)]
+    pub plugins: IndexMap<String, PluginEntry>,
+    /// Standalone skills: folders mounted read-only at `/skills/<name>/`.
+    #[serde(default)]
+    pub skills: IndexMap<String, SkillEntry>,
+    /// Agents, each with its own sandbox.
+    pub agents: IndexMap<String, AgentConfig>,
+    /// The gateway process: HTTP bind, logs.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// Settings shared by every sandbox (new in beige).
+    #[serde(default)]
+    pub sandbox: GlobalSandboxConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LlmConfig {
+    pub providers: IndexMap<String, ProviderConfig>,
+}
+
+/// The wire format a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ProviderApi {
+    #[serde(rename = "anthropic-messages")]
+    AnthropicMessages,
+    #[serde(rename = "openai-completions")]
+    OpenAiCompletions,
+    #[serde(rename = "openai-responses")]
+    OpenAiResponses,
+    #[serde(rename = "google-generative-ai")]
+    GoogleGenerativeAi,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderConfig {
+    /// Secret; never logged, never enters a sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// Defaults by provider name (`anthropic`, `openai`, `google`); required otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<ProviderApi>,
+    /// Concurrent model calls to this provider; `-1` is unlimited.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: i64,
+}
+
+fn default_concurrency() -> i64 {
+    -1
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginEntry {
+    /// The plugin's folder; relative to the config file's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Plugin configuration, passed to the plugin (and deep-merged with each agent's
+    /// `pluginConfigs` entry per call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
+    /// Where the plugin was installed from (written by `beige plugins install`).
+    #[serde(
+        default,
+        rename = "_source",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SkillEntry {
+    /// The skill's folder; relative to the config file's folder.
+    pub path: PathBuf,
+}
+
+/// A model reference: `{provider, model, thinkingLevel?, compactionThreshold?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRef {
+    pub provider: String,
+    pub model: String,
+    #[serde(default)]
+    pub thinking_level: ThinkingLevel,
+    /// Compact the session when its context reaches this many tokens (≥ 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub compaction_threshold: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingLevel {
+    #[default]
+    Off,
+    Minimal,
+    Low,
+    Medium,
+    High,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentConfig {
+    pub model: ModelRef,
+    /// Tried in order when the primary model fails.
+    #[serde(default)]
+    pub fallback_models: Vec<ModelRef>,
+    /// Plugin tools this agent may call (the four core tools are always present).
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub skills: Vec<String>,
+    /// Per-agent plugin config, deep-merged over `plugins.<name>.config` per call.
+    #[serde(default)]
+    pub plugin_configs: IndexMap<String, serde_json::Value>,
+    /// Host folder mounted at `/workspace`; default `<BEIGE_HOME>/agents/<name>/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub sandbox: AgentSandboxConfig,
+    /// Upper bound on model turns per prompt (new in beige).
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+}
+
+fn default_max_turns() -> u32 {
+    50
+}
+
+/// Sandbox network mode. `host` is refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Docker's default bridge: open egress (the original's behaviour).
+    Bridge,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSandboxConfig {
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// Memory limit (swap capped to the same): number, optional `k/m/g`, optional `b`.
+    #[serde(default = "default_memory_limit")]
+    pub memory_limit: String,
+    /// `{"/host/path": "/container/path[:ro]"}`.
+    #[serde(default)]
+    pub extra_mounts: IndexMap<String, String>,
+    /// Visible to the agent; never put secrets here.
+    #[serde(default)]
+    pub extra_env: IndexMap<String, String>,
+    /// New in beige: `none` (default) or `bridge`.
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// New in beige: `uid:gid` or `root`; default: the owner of the workspace
+    /// (`1000:1000` when the gateway runs as root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// New in beige: maximum number of processes.
+    #[serde(default = "default_pids_limit")]
+    pub pids_limit: i64,
+    /// New in beige: CPU quota, e.g. `1.5`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// New in beige: read-only root file system with a tmpfs `/tmp`.
+    #[serde(default)]
+    pub read_only_root: bool,
+    /// New in beige: capabilities added back (all are dropped by default).
+    #[serde(default)]
+    pub cap_add: Vec<String>,
+    /// New in beige: upper bound for `exec`'s `timeout`, in seconds.
+    #[serde(default = "default_max_exec_timeout")]
+    pub max_exec_timeout: u64,
+    /// New in beige: cap on `exec` output kept for the model, in bytes.
+    #[serde(default = "default_exec_output_limit")]
+    pub exec_output_limit: u64,
+}
+
+impl Default for AgentSandboxConfig {
+    fn default() -> Self {
+        Self {
+            image: default_image(),
+            memory_limit: default_memory_limit(),
+            extra_mounts: IndexMap::new(),
+            extra_env: IndexMap::new(),
+            network: NetworkMode::None,
+            user: None,
+            pids_limit: default_pids_limit(),
+            cpus: None,
+            read_only_root: false,
+            cap_add: Vec::new(),
+            max_exec_timeout: default_max_exec_timeout(),
+            exec_output_limit: default_exec_output_limit(),
+        }
+    }
+}
+
+/// The default sandbox image, built from `sandbox/Dockerfile` when missing.
+pub const DEFAULT_IMAGE: &str = "beige-sandbox:latest";
+
+fn default_image() -> String {
+    DEFAULT_IMAGE.to_string()
+}
+fn default_memory_limit() -> String {
+    "3g".to_string()
+}
+fn default_pids_limit() -> i64 {
+    512
+}
+fn default_max_exec_timeout() -> u64 {
+    3600
+}
+fn default_exec_output_limit() -> u64 {
+    beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES
+}
+
+/// Settings for all sandboxes (new in beige).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GlobalSandboxConfig {
+    /// Path of the static `beige-shim` binary; default: `BEIGE_SHIM`, else next to the
+    /// gateway's executable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shim: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayConfig {
+    #[serde(default = "default_host")]
+    pub host: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Gateway log file; default `<BEIGE_HOME>/logs/gateway.log`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+    #[serde(default)]
+    pub log: LogConfig,
+    /// New in beige: require the bearer token on the HTTP API (default true).
+    #[serde(default = "default_true")]
+    pub auth: bool,
+    /// New in beige: keep containers when the gateway stops cleanly.
+    #[serde(default)]
+    pub keep_sandboxes: bool,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            host: default_host(),
+            port: default_port(),
+            log_file: None,
+            log: LogConfig::default(),
+            auth: true,
+            keep_sandboxes: false,
+        }
+    }
+}
+
+fn default_host() -> String {
+    "127.0.0.1".to_string()
+}
+fn default_port() -> u16 {
+    7433
+}
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LogConfig {
+    /// Rotate `audit.jsonl` and `gateway.log` at this size.
+    #[serde(default = "default_max_size")]
+    pub max_size_bytes: u64,
+    /// Rotated files kept.
+    #[serde(default = "default_max_files")]
+    pub max_files: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            max_size_bytes: default_max_size(),
+            max_files: default_max_files(),
+        }
+    }
+}
+
+fn default_max_size() -> u64 {
+    10 * 1024 * 1024
+}
+fn default_max_files() -> u32 {
+    5
+}

@@ -1,0 +1,21 @@
+//! # beige-core
+//!
+//! The beige SDK: a secure, self-hosted gateway that lets AI agents do real work in
+//! Docker sandboxes without ever getting the host.
+//!
+//! Each agent lives in its own container with a persistent `/workspace`. The model gets
+//! four core tools — `read`, `write`, `patch`, `exec` — that act inside the sandbox; the
+//! gateway on the host is the only thing that holds secrets and reaches host resources.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | loading, interpolating and validating `config.json5` |
+//! | [`home`] | the layout of `BEIGE_HOME` |
+//! | [`sandbox`] | the container spec, the `Sandbox` trait and the Docker backend |
+//! | [`tools`] | the four core tools and their result texts |
+//! | [`gateway`] | the `Gateway` trait every channel talks to, and `LocalGateway` |
+
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
+pub mod config;
+pub mod home;

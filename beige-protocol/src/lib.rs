@@ -1,0 +1,12 @@
+//! Wire types shared by the beige gateway and the in-sandbox shim.
+//!
+//! This crate owns the *shape* of every message that crosses the sandbox boundary and
+//! nothing else: it depends only on serde, has no async runtime and no C code, so the
+//! static shim can link it. Behaviour (what a request means, who may send it) lives in
+//! `beige-core` and `beige-shim`.
+//!
+//! - [`op`]: the core-tool operations (`read`, `write`, `patch`, `exec`) the gateway asks
+//!   `beige-shim op <name>` to perform inside a container — one JSON request on stdin,
+//!   one JSON reply on stdout.
+
+pub mod op;
