@@ -18,4 +18,11 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod config;
+pub mod gateway;
 pub mod home;
+pub mod sandbox;
+pub mod tools;
+
+pub use config::Config;
+pub use gateway::{Gateway, GatewayBuilder, GatewayError, LocalGateway};
+pub use home::BeigeHome;

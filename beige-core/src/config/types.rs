@@ -249,6 +249,10 @@ pub struct GlobalSandboxConfig {
     /// gateway's executable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shim: Option<PathBuf>,
+    /// Base image used when the gateway builds `beige-sandbox:*` itself (build argument
+    /// `BASE`; default `debian:bookworm-slim`). Lets offline hosts build from a local base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

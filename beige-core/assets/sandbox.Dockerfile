@@ -1,0 +1,2 @@
+ARG BASE=debian:bookworm-slim
+FROM ${BASE}

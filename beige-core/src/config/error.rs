@@ -1,0 +1,280 @@
+//! The one error type of the config layer, written for people.
+//!
+//! Owns [`ConfigError`]: every variant carries the file and, where there is one, the
+//! path inside the config (`agents.intern.tools[1]`). Its `Display` says what is wrong
+//! and how to fix it; callers print it as is.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// What kind of name an [`ConfigError::UnknownName`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NameKind {
+    Provider,
+    Plugin,
+    Skill,
+    Tool,
+}
+
+impl NameKind {
+    fn noun(self) -> &'static str {
+        match self {
+            NameKind::Provider => "provider",
+            NameKind::Plugin => "plugin",
+            NameKind::Skill => "skill",
+            NameKind::Tool => "tool",
+        }
+    }
+
+    /// "configured providers: …" but "registered tools: …".
+    fn known_label(self) -> &'static str {
+        match self {
+            NameKind::Tool => "registered",
+            _ => "configured",
+        }
+    }
+
+    fn fix(self) -> &'static str {
+        match self {
+            NameKind::Provider => "Add it under llm.providers or fix the name.",
+            NameKind::Plugin => "pluginConfigs keys must name a plugin configured under plugins.",
+            NameKind::Skill => "Add it under skills (or install a plugin that provides it) or fix the name.",
+            NameKind::Tool => {
+                "Install the plugin that provides it (beige plugins install) or fix the name."
+            }
+        }
+    }
+}
+
+/// A config file that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file does not exist.
+    NotFound { file: PathBuf },
+    /// The file exists but cannot be read (permissions, not UTF-8, …). The I/O error is
+    /// part of the message rather than a `source`, so printing the chain does not repeat it.
+    Read { file: PathBuf, error: std::io::Error },
+    /// Not valid JSON5.
+    Syntax {
+        file: PathBuf,
+        line: Option<usize>,
+        column: Option<usize>,
+        message: String,
+    },
+    /// `${NAME}` without a default, and `NAME` is not set.
+    UnsetVariable {
+        file: PathBuf,
+        path: String,
+        variable: String,
+    },
+    /// A required field is absent.
+    MissingField {
+        file: PathBuf,
+        path: String,
+        field: String,
+    },
+    /// A value has the wrong type or is out of range.
+    Invalid {
+        file: PathBuf,
+        path: String,
+        message: String,
+    },
+    /// `agents` is present but empty.
+    NoAgents { file: PathBuf },
+    /// An agent name that is not safe for paths and container names.
+    InvalidAgentName {
+        file: PathBuf,
+        path: String,
+        agent: String,
+        suggestion: String,
+    },
+    /// A reference to a provider, plugin, skill or tool that does not exist.
+    UnknownName {
+        file: PathBuf,
+        path: String,
+        kind: NameKind,
+        name: String,
+        suggestion: Option<String>,
+        known: Vec<String>,
+    },
+    /// A provider whose wire format cannot be guessed from its name.
+    ProviderApiRequired {
+        file: PathBuf,
+        path: String,
+        provider: String,
+    },
+    /// An `extraMounts` entry that would expose the host or beige itself.
+    MountRefused {
+        file: PathBuf,
+        path: String,
+        host: String,
+        container: String,
+        reason: String,
+    },
+}
+
+/// What a config needs at least, shown when `agents` is missing or empty.
+const AGENTS_EXAMPLE: &str = "e.g. agents: { beige: { model: { provider: \"anthropic\", model: \"claude-sonnet-4-6\" }, tools: [] } }";
+
+fn missing_field_hint(field: &str) -> Option<String> {
+    Some(match field {
+        "agents" => format!("add at least one agent, {AGENTS_EXAMPLE}"),
+        "llm" | "providers" => {
+            "add a provider, e.g. llm: { providers: { anthropic: { apiKey: \"${ANTHROPIC_API_KEY}\" } } }"
+                .to_string()
+        }
+        "model" => "e.g. model: { provider: \"anthropic\", model: \"claude-sonnet-4-6\" }".to_string(),
+        "tools" => "list the plugin tools the agent may use, or [] for the core tools only".to_string(),
+        "path" => "set the folder, relative to this config file or absolute".to_string(),
+        _ => return None,
+    })
+}
+
+/// `<file>: <path>` or just `<file>` at the root.
+struct At<'a>(&'a Path, &'a str);
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.1.is_empty() {
+            write!(f, "{}", self.0.display())
+        } else {
+            write!(f, "{}: {}", self.0.display(), self.1)
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NotFound { file } => write!(
+                f,
+                "{}: no such config file — create one with `beige setup`, or pass another with --config",
+                file.display()
+            ),
+            ConfigError::Read { file, error } => {
+                write!(f, "{}: cannot read the config file: {error}", file.display())
+            }
+            ConfigError::Syntax {
+                file,
+                line,
+                column,
+                message,
+            } => {
+                write!(f, "{}", file.display())?;
+                if let (Some(line), Some(column)) = (line, column) {
+                    write!(f, ":{line}:{column}")?;
+                }
+                write!(f, ": invalid JSON5: {message}")
+            }
+            ConfigError::UnsetVariable {
+                file,
+                path,
+                variable,
+            } => write!(
+                f,
+                "{}: environment variable '{variable}' is not set and has no default. \
+                 Set it, or give a default with ${{{variable}:-default}} (${{{variable}:-}} for empty).",
+                At(file, path)
+            ),
+            ConfigError::MissingField { file, path, field } => {
+                write!(f, "{}: required but missing", At(file, path))?;
+                match missing_field_hint(field) {
+                    Some(hint) => write!(f, " — {hint}"),
+                    None => Ok(()),
+                }
+            }
+            ConfigError::Invalid {
+                file,
+                path,
+                message,
+            } => write!(f, "{}: {message}", At(file, path)),
+            ConfigError::NoAgents { file } => write!(
+                f,
+                "{}: agents: no agents configured — add at least one, {AGENTS_EXAMPLE}",
+                file.display()
+            ),
+            ConfigError::InvalidAgentName {
+                file,
+                path,
+                agent,
+                suggestion,
+            } => write!(
+                f,
+                "{}: invalid agent name '{agent}' — names must match ^[a-z0-9][a-z0-9_-]{{0,62}}$ \
+                 (lowercase letters, digits, '-' and '_'; at most 63 characters). \
+                 Rename the agent, e.g. '{suggestion}'.",
+                At(file, path)
+            ),
+            ConfigError::UnknownName {
+                file,
+                path,
+                kind,
+                name,
+                suggestion,
+                known,
+            } => {
+                write!(f, "{}: unknown {} '{name}'", At(file, path), kind.noun())?;
+                if let Some(s) = suggestion {
+                    write!(f, " — did you mean '{s}'?")?;
+                } else {
+                    f.write_str(" —")?;
+                }
+                let list = if known.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    known.join(", ")
+                };
+                write!(
+                    f,
+                    " {} {}s: {list}. {}",
+                    kind.known_label(),
+                    kind.noun(),
+                    kind.fix()
+                )
+            }
+            ConfigError::ProviderApiRequired {
+                file,
+                path,
+                provider,
+            } => write!(
+                f,
+                "{}: provider '{provider}' needs an 'api' — beige knows the wire format only for \
+                 anthropic, openai and google. Set api to one of: anthropic-messages, \
+                 openai-completions, openai-responses, google-generative-ai.",
+                At(file, path)
+            ),
+            ConfigError::MountRefused {
+                file,
+                path,
+                host,
+                container,
+                reason,
+            } => write!(
+                f,
+                "{}: refusing to mount {host} at {container}: {reason}",
+                At(file, path)
+            ),
+        }
+    }
+}
+
+impl ConfigError {
+    /// The config file the error is about.
+    pub fn file(&self) -> &Path {
+        match self {
+            ConfigError::NotFound { file }
+            | ConfigError::Read { file, .. }
+            | ConfigError::Syntax { file, .. }
+            | ConfigError::UnsetVariable { file, .. }
+            | ConfigError::MissingField { file, .. }
+            | ConfigError::Invalid { file, .. }
+            | ConfigError::NoAgents { file }
+            | ConfigError::InvalidAgentName { file, .. }
+            | ConfigError::UnknownName { file, .. }
+            | ConfigError::ProviderApiRequired { file, .. }
+            | ConfigError::MountRefused { file, .. } => file,
+        }
+    }
+}

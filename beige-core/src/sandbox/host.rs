@@ -1,0 +1,105 @@
+//! Host-side preparation of an agent's folders before its container starts.
+//!
+//! Owns creating the workspace, launcher and socket folders with the right owners and
+//! modes, and deciding which uid:gid the sandbox runs as (the workspace's owner, or
+//! `1000:1000` with the workspace handed over once when the gateway runs as root).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use super::{SandboxError, SandboxUser};
+use crate::home::BeigeHome;
+
+fn host_err(path: &Path, e: std::io::Error) -> SandboxError {
+    SandboxError::Host {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Create the agent's workspace, launcher folder and socket folder, and return the user
+/// the sandbox runs as. `configured` is the config's `sandbox.user`.
+pub fn prepare_agent(
+    home: &BeigeHome,
+    agent: &str,
+    workspace: &Path,
+    configured: Option<SandboxUser>,
+) -> Result<SandboxUser, SandboxError> {
+    for dir in [home.launchers_dir(agent), home.run_dir(agent)] {
+        std::fs::create_dir_all(&dir).map_err(|e| host_err(&dir, e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| host_err(&dir, e))?;
+    }
+    let fresh = !workspace.exists();
+    std::fs::create_dir_all(workspace).map_err(|e| host_err(workspace, e))?;
+    let meta = std::fs::metadata(workspace).map_err(|e| host_err(workspace, e))?;
+    if let Some(user) = configured {
+        if let SandboxUser::Id { uid, gid } = user {
+            if fresh && is_root() {
+                chown_tree(workspace, uid, gid)?;
+            }
+        }
+        return Ok(user);
+    }
+    if meta.uid() != 0 {
+        return Ok(SandboxUser::Id {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        });
+    }
+    if is_root() {
+        // The gateway runs as root and the workspace is root's: hand it to the default
+        // sandbox user once (later starts find it owned by 1000 and keep it).
+        if let SandboxUser::Id { uid, gid } = SandboxUser::DEFAULT {
+            chown_tree(workspace, uid, gid)?;
+        }
+        return Ok(SandboxUser::DEFAULT);
+    }
+    Ok(SandboxUser::Id {
+        uid: meta.uid(),
+        gid: meta.gid(),
+    })
+}
+
+fn is_root() -> bool {
+    // Effective uid of the gateway; read from /proc to avoid unsafe FFI.
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+/// `chown -R` without following symlinks.
+fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
+    std::os::unix::fs::lchown(root, Some(uid), Some(gid)).map_err(|e| host_err(root, e))?;
+    let meta = std::fs::symlink_metadata(root).map_err(|e| host_err(root, e))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(root).map_err(|e| host_err(root, e))? {
+            let entry = entry.map_err(|e| host_err(root, e))?;
+            chown_tree(&entry.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepares_folders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(tmp.path());
+        let ws = home.default_workspace("a");
+        let user = prepare_agent(&home, "a", &ws, None).unwrap();
+        assert!(ws.is_dir());
+        assert!(home.launchers_dir("a").is_dir());
+        assert!(home.run_dir("a").is_dir());
+        let owner = std::fs::metadata(&ws).unwrap().uid();
+        if is_root() {
+            assert_eq!(user, SandboxUser::DEFAULT);
+            assert_eq!(owner, 1000);
+        } else {
+            assert_eq!(user, SandboxUser::Id { uid: owner, gid: std::fs::metadata(&ws).unwrap().gid() });
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Sandboxes: where an agent's code runs.
+//!
+//! This module owns the [`Sandbox`] trait (create/reattach/remove an agent's container
+//! and run core-tool operations in it), the pure [`spec::ContainerSpec`] computed from
+//! config, the host-side preparation of an agent's folders ([`host`]), the check that
+//! the shim is static ([`shim`]) and the Docker backend ([`docker::DockerSandbox`]).
+//! It never decides *whether* a call may run — that is policy's job — and never formats
+//! results for the model — that is [`crate::tools`]'.
+
+pub mod host;
+pub mod shim;
+pub mod spec;
+
+#[cfg(feature = "docker")]
+pub mod docker;
+
+use async_trait::async_trait;
+use beige_protocol::op::{OpReply, OpRequest};
+
+pub use spec::{ContainerSpec, Mount, SandboxUser, SpecError, SpecInput};
+
+/// Why a sandbox operation failed (as opposed to the operation reporting an error, which
+/// is an [`OpReply::Error`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    #[error("Docker is not usable: {message}. Start the Docker engine (e.g. `scripts/setup-docker`) and check that this user may use it (`docker info`).")]
+    DockerUnavailable { message: String },
+    #[error("Docker API error while trying to {action}: {message}")]
+    Docker { action: String, message: String },
+    #[error("image '{image}' is not present on the Docker engine. {hint}")]
+    ImageMissing { image: String, hint: String },
+    #[error("building image '{image}' failed: {message}")]
+    ImageBuild { image: String, message: String },
+    #[error("no sandbox is configured for agent '{agent}'")]
+    UnknownAgent { agent: String },
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("the shim at {path} cannot be used: {reason}")]
+    Shim { path: String, reason: String },
+    #[error("could not prepare {path}: {message}")]
+    Host { path: String, message: String },
+    #[error("the sandbox of agent '{agent}' gave no valid answer to `{op}`: {message}")]
+    Protocol {
+        agent: String,
+        op: String,
+        message: String,
+    },
+    #[error("`{op}` in the sandbox of agent '{agent}' did not finish within {secs} s")]
+    Timeout { agent: String, op: String, secs: u64 },
+}
+
+/// The outcome of one operation, plus what the model must be told about the sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpOutcome {
+    pub reply: OpReply,
+    /// Set when the container had died and was recreated before this operation.
+    pub restarted: Option<RestartNotice>,
+}
+
+/// Why a container was recreated under a running gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartNotice {
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
+    /// The container was gone entirely (removed from outside).
+    pub missing: bool,
+}
+
+impl RestartNotice {
+    /// The sentence put in front of the tool result.
+    pub fn message(&self) -> String {
+        let cause = if self.missing {
+            "its container had been removed".to_string()
+        } else {
+            let mut c = "its container had stopped".to_string();
+            match (self.exit_code, self.oom_killed) {
+                (Some(code), true) => {
+                    c.push_str(&format!(" (exit code {code}, killed for running out of memory)"))
+                }
+                (_, true) => c.push_str(" (killed for running out of memory)"),
+                (Some(code), false) => c.push_str(&format!(" (exit code {code})")),
+                (None, false) => {}
+            }
+            c
+        };
+        format!(
+            "[beige] The sandbox was restarted before this call because {cause}. Files in /workspace are kept; installed packages, files elsewhere and background processes were lost."
+        )
+    }
+}
+
+/// What [`Sandbox::reconcile`] did, per agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Running with the same spec: kept as they were.
+    pub reattached: Vec<String>,
+    /// Created (new agent, changed spec, stopped or unhealthy container).
+    pub created: Vec<String>,
+    /// Containers of agents no longer in the config.
+    pub removed_orphans: Vec<String>,
+}
+
+/// A place where agents' code runs. One container (or equivalent) per agent.
+#[async_trait]
+pub trait Sandbox: Send + Sync + std::fmt::Debug {
+    /// Make the running sandboxes match `specs`: reattach those whose spec is unchanged,
+    /// recreate changed or stopped ones, remove those of agents not in `specs`.
+    async fn reconcile(&self, specs: Vec<ContainerSpec>) -> Result<ReconcileReport, SandboxError>;
+
+    /// Run one core-tool operation in the agent's sandbox, recreating the sandbox first
+    /// if it died.
+    async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError>;
+
+    /// Remove every sandbox of this gateway (clean stop without `keepSandboxes`).
+    async fn remove_all(&self) -> Result<(), SandboxError>;
+}

@@ -1,0 +1,393 @@
+//! The container spec: everything the gateway asks Docker for, as a plain value.
+//!
+//! [`ContainerSpec::for_agent`] is a pure function from configuration to spec — image,
+//! mounts, environment, user, limits, network, capabilities, labels — so the security
+//! decisions it encodes can be printed, hashed, snapshot-tested and reviewed without a
+//! daemon. The Docker backend only translates it into the Engine API body. Nothing from
+//! the gateway's own environment ever enters a spec.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::{AgentConfig, NetworkMode};
+use crate::home::BeigeHome;
+
+/// Label carrying the agent name.
+pub const LABEL_AGENT: &str = "io.beige.agent";
+/// Label carrying the hash of the owning `BEIGE_HOME`.
+pub const LABEL_HOME: &str = "io.beige.home";
+/// Label carrying the hash of the spec the container was created from.
+pub const LABEL_SPEC: &str = "io.beige.spec";
+
+/// Where the shim is mounted inside every container.
+pub const SHIM_PATH: &str = "/beige/shim";
+/// The `PATH` of every sandbox: plugin tools first.
+pub const SANDBOX_PATH: &str = "/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The agent's working directory inside the container.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The uid:gid the agent's processes run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SandboxUser {
+    Root,
+    Id { uid: u32, gid: u32 },
+}
+
+impl SandboxUser {
+    /// The user used when the gateway runs as root and the workspace is root's.
+    pub const DEFAULT: SandboxUser = SandboxUser::Id {
+        uid: 1000,
+        gid: 1000,
+    };
+
+    /// Docker's `User` field.
+    pub fn docker(&self) -> String {
+        match self {
+            SandboxUser::Root => "0:0".to_string(),
+            SandboxUser::Id { uid, gid } => format!("{uid}:{gid}"),
+        }
+    }
+
+    /// Parse the config's `sandbox.user` (`root` or `uid:gid`).
+    pub fn parse(s: &str) -> Option<SandboxUser> {
+        if s == "root" {
+            return Some(SandboxUser::Root);
+        }
+        let (u, g) = s.split_once(':')?;
+        let uid = u.parse().ok()?;
+        let gid = g.parse().ok()?;
+        if uid == 0 {
+            Some(SandboxUser::Root)
+        } else {
+            Some(SandboxUser::Id { uid, gid })
+        }
+    }
+}
+
+/// One bind mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    pub host: PathBuf,
+    pub container: String,
+    pub read_only: bool,
+}
+
+impl Mount {
+    fn new(host: impl Into<PathBuf>, container: impl Into<String>, read_only: bool) -> Self {
+        Self {
+            host: host.into(),
+            container: container.into(),
+            read_only,
+        }
+    }
+
+    /// Docker's bind string `host:container[:ro]`.
+    pub fn bind(&self) -> String {
+        format!(
+            "{}:{}:{}",
+            self.host.display(),
+            self.container,
+            if self.read_only { "ro" } else { "rw" }
+        )
+    }
+}
+
+/// Everything the spec is computed from, already resolved (paths absolute, user known).
+#[derive(Debug, Clone)]
+pub struct SpecInput<'a> {
+    pub home: &'a BeigeHome,
+    pub agent: &'a str,
+    pub config: &'a AgentConfig,
+    /// The host folder mounted at `/workspace`.
+    pub workspace: PathBuf,
+    /// The static shim on the host.
+    pub shim: PathBuf,
+    pub user: SandboxUser,
+    /// `(tool name, plugin folder)` mounted at `/tools/packages/<tool>/`.
+    pub tool_packages: Vec<(String, PathBuf)>,
+    /// `(skill name, folder)` mounted at `/skills/<name>/`.
+    pub skills: Vec<(String, PathBuf)>,
+}
+
+/// The container a gateway wants for one agent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContainerSpec {
+    pub agent: String,
+    pub name: String,
+    pub hostname: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub user: String,
+    pub working_dir: String,
+    pub env: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    pub mounts: Vec<Mount>,
+    /// `none` or `bridge`.
+    pub network: String,
+    pub cap_drop: Vec<String>,
+    pub cap_add: Vec<String>,
+    pub security_opt: Vec<String>,
+    pub memory_bytes: i64,
+    /// Equal to `memory_bytes`: no swap beyond the memory limit.
+    pub memory_swap_bytes: i64,
+    pub pids_limit: i64,
+    pub nano_cpus: Option<i64>,
+    pub read_only_root: bool,
+    pub tmpfs: BTreeMap<String, String>,
+}
+
+/// Capabilities removed from Docker's default set when the sandbox runs as root.
+pub const ROOT_CAP_DROP: [&str; 5] = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"];
+
+/// Why a spec cannot be built (the config validation catches these first; the spec
+/// refuses them again so no code path can skip the check).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    #[error("agent '{agent}': invalid sandbox.memoryLimit \"{value}\" — use a number with an optional k/m/g unit, e.g. \"512m\" or \"3g\"")]
+    MemoryLimit { agent: String, value: String },
+    #[error("agent '{agent}': sandbox.extraMounts entry {host} → {container} is refused: {reason}")]
+    Mount {
+        agent: String,
+        host: String,
+        container: String,
+        reason: String,
+    },
+}
+
+impl ContainerSpec {
+    /// Compute the spec of an agent's container. Pure: touches neither Docker nor disk.
+    pub fn for_agent(input: &SpecInput<'_>) -> Result<ContainerSpec, SpecError> {
+        let cfg = &input.config.sandbox;
+        let agent = input.agent;
+        let home_hash = input.home.hash();
+        let memory = crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(|| {
+            SpecError::MemoryLimit {
+                agent: agent.to_string(),
+                value: cfg.memory_limit.clone(),
+            }
+        })?;
+        let memory = i64::try_from(memory).unwrap_or(i64::MAX);
+
+        let mut mounts = vec![
+            Mount::new(&input.workspace, WORKSPACE, false),
+            Mount::new(input.home.launchers_dir(agent), "/tools/bin", true),
+            Mount::new(input.home.run_dir(agent), "/beige/run", true),
+            Mount::new(&input.shim, SHIM_PATH, true),
+        ];
+        for (tool, dir) in &input.tool_packages {
+            mounts.push(Mount::new(dir, format!("/tools/packages/{tool}"), true));
+        }
+        for (skill, dir) in &input.skills {
+            mounts.push(Mount::new(dir, format!("/skills/{skill}"), true));
+        }
+        for (host, target) in &cfg.extra_mounts {
+            let host_path = PathBuf::from(host);
+            let checked = crate::config::check_extra_mount(
+                input.home,
+                &input.workspace,
+                &host_path,
+                target,
+            )
+            .map_err(|reason| SpecError::Mount {
+                agent: agent.to_string(),
+                host: host.clone(),
+                container: target.clone(),
+                reason,
+            })?;
+            mounts.push(Mount::new(host_path, checked.container, checked.read_only));
+        }
+
+        let (cap_drop, mut cap_add) = match input.user {
+            SandboxUser::Root => (
+                ROOT_CAP_DROP.iter().map(|c| c.to_string()).collect(),
+                Vec::new(),
+            ),
+            SandboxUser::Id { .. } => (vec!["ALL".to_string()], Vec::new()),
+        };
+        cap_add.extend(cfg.cap_add.iter().cloned());
+
+        let home_env = match input.user {
+            SandboxUser::Root => "/root",
+            SandboxUser::Id { .. } => WORKSPACE,
+        };
+        let mut env = vec![format!("PATH={SANDBOX_PATH}"), format!("HOME={home_env}")];
+        env.extend(cfg.extra_env.iter().map(|(k, v)| format!("{k}={v}")));
+
+        let mut tmpfs = BTreeMap::new();
+        if cfg.read_only_root {
+            tmpfs.insert("/tmp".to_string(), "rw,nosuid,nodev,size=256m".to_string());
+        }
+
+        let mut labels = BTreeMap::new();
+        labels.insert(LABEL_AGENT.to_string(), agent.to_string());
+        labels.insert(LABEL_HOME.to_string(), home_hash.clone());
+
+        let mut spec = ContainerSpec {
+            agent: agent.to_string(),
+            name: container_name(agent, &home_hash),
+            hostname: format!("beige-{agent}"),
+            image: cfg.image.clone(),
+            entrypoint: vec![SHIM_PATH.to_string(), "init".to_string()],
+            user: input.user.docker(),
+            working_dir: WORKSPACE.to_string(),
+            env,
+            labels,
+            mounts,
+            network: match cfg.network {
+                NetworkMode::None => "none".to_string(),
+                NetworkMode::Bridge => "bridge".to_string(),
+            },
+            cap_drop,
+            cap_add,
+            security_opt: vec!["no-new-privileges:true".to_string()],
+            memory_bytes: memory,
+            memory_swap_bytes: memory,
+            pids_limit: cfg.pids_limit,
+            nano_cpus: cfg.cpus.map(|c| (c * 1e9).round() as i64),
+            read_only_root: cfg.read_only_root,
+            tmpfs,
+        };
+        let hash = spec.hash();
+        spec.labels.insert(LABEL_SPEC.to_string(), hash);
+        Ok(spec)
+    }
+
+    /// Hash of everything in the spec except the spec label itself: equal hashes mean a
+    /// running container can be reattached.
+    pub fn hash(&self) -> String {
+        let mut copy = self.clone();
+        copy.labels.remove(LABEL_SPEC);
+        let json = serde_json::to_vec(&copy).unwrap_or_default();
+        hex::encode(&Sha256::digest(&json)[..8])
+    }
+
+    /// The hash recorded in the spec's labels.
+    pub fn spec_label(&self) -> &str {
+        self.labels.get(LABEL_SPEC).map(String::as_str).unwrap_or("")
+    }
+}
+
+/// `beige-<agent>-<home hash>`.
+pub fn container_name(agent: &str, home_hash: &str) -> String {
+    format!("beige-{agent}-{home_hash}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AgentConfig;
+
+    fn agent_config(json: serde_json::Value) -> AgentConfig {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn input<'a>(home: &'a BeigeHome, cfg: &'a AgentConfig, user: SandboxUser) -> SpecInput<'a> {
+        SpecInput {
+            home,
+            agent: "assistant",
+            config: cfg,
+            workspace: home.default_workspace("assistant"),
+            shim: PathBuf::from("/opt/beige/beige-shim"),
+            user,
+            tool_packages: vec![("kv".into(), PathBuf::from("/opt/beige/plugins/kv"))],
+            skills: vec![("review".into(), PathBuf::from("/opt/skills/review"))],
+        }
+    }
+
+    #[test]
+    fn default_spec_is_hardened() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": ["kv"],
+            "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
+        }));
+        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(spec.network, "none");
+        assert_eq!(spec.cap_drop, vec!["ALL"]);
+        assert_eq!(spec.user, "1000:1000");
+        assert_eq!(spec.memory_bytes, 3 * 1024 * 1024 * 1024);
+        assert_eq!(spec.memory_swap_bytes, spec.memory_bytes);
+        assert_eq!(spec.pids_limit, 512);
+        assert!(spec.security_opt.iter().any(|s| s.starts_with("no-new-privileges")));
+        insta::assert_json_snapshot!("default_spec", spec);
+    }
+
+    #[test]
+    fn root_and_options() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": [],
+            "sandbox": {"memoryLimit": "512m", "network": "bridge", "cpus": 1.5,
+                        "readOnlyRoot": true, "capAdd": ["NET_BIND_SERVICE"], "pidsLimit": 64}
+        }));
+        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::Root)).unwrap();
+        assert_eq!(spec.user, "0:0");
+        assert_eq!(spec.cap_drop, ROOT_CAP_DROP.to_vec());
+        assert_eq!(spec.cap_add, vec!["NET_BIND_SERVICE"]);
+        assert_eq!(spec.nano_cpus, Some(1_500_000_000));
+        assert_eq!(spec.memory_bytes, 512 * 1024 * 1024);
+        assert!(spec.tmpfs.contains_key("/tmp"));
+        assert_eq!(spec.network, "bridge");
+        assert_eq!(spec.pids_limit, 64);
+    }
+
+    #[test]
+    fn hash_tracks_changes() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let mut cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"}, "tools": []
+        }));
+        let a = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let b = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(a.spec_label(), b.spec_label());
+        cfg.sandbox.memory_limit = "1g".into();
+        let c = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_ne!(a.spec_label(), c.spec_label());
+        let other_home = BeigeHome::new("/home/v/.beige");
+        let d = ContainerSpec::for_agent(&input(&other_home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_ne!(c.name, d.name);
+    }
+
+    #[test]
+    fn dangerous_mounts_refused() {
+        let home = BeigeHome::new("/home/u/.beige");
+        for (host, target) in [
+            ("/", "/host"),
+            ("/var/run/docker.sock", "/var/run/docker.sock"),
+            ("/home/u/.beige", "/h"),
+            ("/srv/x", "/workspace/x"),
+        ] {
+            let cfg = agent_config(serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                "sandbox": {"extraMounts": {host: target}}
+            }));
+            let err = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT));
+            assert!(matches!(err, Err(SpecError::Mount { .. })), "{host} → {target} accepted");
+        }
+    }
+
+    #[test]
+    fn bad_memory_limit_refused() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+            "sandbox": {"memoryLimit": "lots"}
+        }));
+        let err = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap_err();
+        assert!(err.to_string().contains("\"lots\""));
+    }
+
+    #[test]
+    fn user_parse() {
+        assert_eq!(SandboxUser::parse("root"), Some(SandboxUser::Root));
+        assert_eq!(SandboxUser::parse("1001:100"), Some(SandboxUser::Id { uid: 1001, gid: 100 }));
+        assert_eq!(SandboxUser::parse("0:0"), Some(SandboxUser::Root));
+        assert_eq!(SandboxUser::parse("bob"), None);
+    }
+}

@@ -1,0 +1,434 @@
+//! The four core tools the model sees — `read`, `write`, `patch`, `exec` — and the texts
+//! of their results.
+//!
+//! Owns parsing a call (names and parameters exactly as in the original, because models
+//! and prompts rely on them), turning it into a shim operation, and turning the shim's
+//! reply into the [`ToolOutput`] the model reads. It does not decide whether a call may
+//! run (policy) and does not know how the operation reaches the container (sandbox).
+
+use beige_protocol::op::{
+    ExecReply, ExecRequest, OpReply, OpRequest, PatchRequest, ReadReply, ReadRequest,
+    WriteRequest, DEFAULT_IMAGE_MAX_BYTES, DEFAULT_READ_MAX_BYTES,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::AgentSandboxConfig;
+use crate::sandbox::{OpOutcome, Sandbox, SandboxError};
+
+/// Names of the core tools, in the order the model sees them.
+pub const CORE_TOOLS: [&str; 4] = ["read", "write", "patch", "exec"];
+
+/// Default `exec` timeout in seconds.
+pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 900;
+
+/// A parsed core-tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "tool", content = "params", rename_all = "lowercase")]
+pub enum CoreToolCall {
+    Read(ReadParams),
+    Write(WriteParams),
+    Patch(PatchParams),
+    Exec(ExecParams),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReadParams {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WriteParams {
+    pub path: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchParams {
+    pub path: String,
+    pub old_text: String,
+    pub new_text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecParams {
+    pub command: String,
+    /// Seconds; default 900, capped by `sandbox.maxExecTimeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+}
+
+/// A call that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidCall {
+    pub tool: String,
+    pub message: String,
+}
+
+impl CoreToolCall {
+    /// Parse a call from the tool name and its JSON parameters.
+    pub fn parse(tool: &str, params: serde_json::Value) -> Result<Self, InvalidCall> {
+        let invalid = |message: String| InvalidCall {
+            tool: tool.to_string(),
+            message,
+        };
+        let usage = match tool {
+            "read" => "read {path, offset?, limit?}",
+            "write" => "write {path, content}",
+            "patch" => "patch {path, oldText, newText}",
+            "exec" => "exec {command, timeout?}",
+            other => {
+                return Err(invalid(format!(
+                    "unknown core tool '{other}'; the core tools are read, write, patch and exec"
+                )))
+            }
+        };
+        let tagged = serde_json::json!({ "tool": tool, "params": params });
+        serde_json::from_value(tagged).map_err(|e| {
+            invalid(format!(
+                "invalid parameters for {tool}: {e}. Expected {usage}."
+            ))
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            CoreToolCall::Read(_) => "read",
+            CoreToolCall::Write(_) => "write",
+            CoreToolCall::Patch(_) => "patch",
+            CoreToolCall::Exec(_) => "exec",
+        }
+    }
+
+    /// The parameters as JSON (for audit records and events).
+    pub fn params(&self) -> serde_json::Value {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(mut m)) => m.remove("params").unwrap_or_default(),
+            _ => serde_json::Value::Null,
+        }
+    }
+}
+
+/// One block of a tool result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ContentBlock {
+    Text {
+        text: String,
+    },
+    Image {
+        data: String,
+        #[serde(rename = "mimeType")]
+        mime_type: String,
+    },
+}
+
+/// A tool result as the model (and the HTTP API) sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolOutput {
+    pub content: Vec<ContentBlock>,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::Text { text: text.into() }],
+            is_error: false,
+        }
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::Text { text: text.into() }],
+            is_error: true,
+        }
+    }
+
+    /// All text blocks joined (images left out).
+    pub fn joined_text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text } => Some(text.as_str()),
+                ContentBlock::Image { .. } => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Who is calling, for the environment of `exec` and for image support.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolContext {
+    pub session_key: Option<String>,
+    pub channel: Option<String>,
+    pub chat_id: Option<String>,
+    pub thread_id: Option<String>,
+    /// The current model as `provider/model`, when a model is involved.
+    pub model: Option<String>,
+    /// Whether the current model accepts image input.
+    pub model_accepts_images: bool,
+}
+
+/// Run a core tool in the agent's sandbox and format its result.
+pub async fn run_core_tool(
+    sandbox: &dyn Sandbox,
+    agent: &str,
+    limits: &AgentSandboxConfig,
+    call: &CoreToolCall,
+    ctx: &ToolContext,
+) -> Result<ToolOutput, SandboxError> {
+    let request = to_request(agent, limits, call, ctx);
+    let OpOutcome { reply, restarted } = sandbox.run_op(agent, &request).await?;
+    let mut out = format_reply(call, &request, reply, ctx);
+    if let Some(notice) = restarted {
+        out.content.insert(
+            0,
+            ContentBlock::Text {
+                text: notice.message(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// The shim operation for a call.
+pub fn to_request(
+    agent: &str,
+    limits: &AgentSandboxConfig,
+    call: &CoreToolCall,
+    ctx: &ToolContext,
+) -> OpRequest {
+    match call {
+        CoreToolCall::Read(p) => OpRequest::Read(ReadRequest {
+            path: p.path.clone(),
+            offset: p.offset,
+            limit: p.limit,
+            max_bytes: DEFAULT_READ_MAX_BYTES,
+            images: ctx.model_accepts_images,
+            max_image_bytes: DEFAULT_IMAGE_MAX_BYTES,
+        }),
+        CoreToolCall::Write(p) => OpRequest::Write(WriteRequest {
+            path: p.path.clone(),
+            content: p.content.clone(),
+        }),
+        CoreToolCall::Patch(p) => OpRequest::Patch(PatchRequest {
+            path: p.path.clone(),
+            old_text: p.old_text.clone(),
+            new_text: p.new_text.clone(),
+        }),
+        CoreToolCall::Exec(p) => {
+            let mut env = vec![("BEIGE_AGENT_NAME".to_string(), agent.to_string())];
+            let fields = [
+                ("BEIGE_CHANNEL", &ctx.channel),
+                ("BEIGE_SESSION_KEY", &ctx.session_key),
+                ("BEIGE_CHAT_ID", &ctx.chat_id),
+                ("BEIGE_THREAD_ID", &ctx.thread_id),
+            ];
+            for (k, v) in fields {
+                if let Some(v) = v {
+                    env.push((k.to_string(), v.clone()));
+                }
+            }
+            OpRequest::Exec(ExecRequest {
+                command: p.command.clone(),
+                timeout_secs: exec_timeout(p.timeout, limits.max_exec_timeout),
+                env,
+                cwd: None,
+                max_output_bytes: limits.exec_output_limit,
+            })
+        }
+    }
+}
+
+/// `timeout` (seconds; absent or 0 → 900) capped by `max`.
+pub fn exec_timeout(requested: Option<u64>, max: u64) -> u64 {
+    let t = match requested {
+        None | Some(0) => DEFAULT_EXEC_TIMEOUT_SECS,
+        Some(t) => t,
+    };
+    t.min(max.max(1))
+}
+
+/// Turn the shim's reply into what the model reads.
+pub fn format_reply(
+    call: &CoreToolCall,
+    request: &OpRequest,
+    reply: OpReply,
+    ctx: &ToolContext,
+) -> ToolOutput {
+    match (call, reply) {
+        (_, OpReply::Error(e)) => ToolOutput::error(e.message),
+        (CoreToolCall::Read(p), OpReply::Read(r)) => format_read(&p.path, r, ctx),
+        (CoreToolCall::Write(p), OpReply::Write(w)) => {
+            ToolOutput::text(format!("Successfully wrote {} bytes to {}", w.bytes, p.path))
+        }
+        (CoreToolCall::Patch(p), OpReply::Patch(_)) => {
+            ToolOutput::text(format!("Successfully patched {}", p.path))
+        }
+        (CoreToolCall::Exec(_), OpReply::Exec(e)) => {
+            let timeout = match request {
+                OpRequest::Exec(r) => r.timeout_secs,
+                _ => 0,
+            };
+            format_exec(&e, timeout)
+        }
+        (call, other) => ToolOutput::error(format!(
+            "Error: the sandbox answered `{}` with an unexpected reply ({other:?})",
+            call.name()
+        )),
+    }
+}
+
+fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
+    match reply {
+        ReadReply::Text {
+            content,
+            total_lines,
+            first_line,
+            last_line,
+            truncated,
+        } => {
+            if truncated {
+                let next = last_line + 1;
+                ToolOutput::text(format!(
+                    "{content}\n\n[Output capped at {} KiB: showing lines {first_line}-{last_line} of {total_lines}. Continue with read {{\"path\": {path:?}, \"offset\": {next}, \"limit\": 2000}}.]",
+                    DEFAULT_READ_MAX_BYTES / 1024
+                ))
+            } else if first_line > total_lines && total_lines > 0 && content.is_empty() {
+                ToolOutput::error(format!(
+                    "{path} has {total_lines} lines; offset {first_line} is past the end."
+                ))
+            } else {
+                ToolOutput::text(content)
+            }
+        }
+        ReadReply::Image {
+            mime_type,
+            data: Some(data),
+            ..
+        } if ctx.model_accepts_images => ToolOutput {
+            content: vec![ContentBlock::Image { data, mime_type }],
+            is_error: false,
+        },
+        ReadReply::Image { bytes, .. } => {
+            let model = ctx
+                .model
+                .as_deref()
+                .map(|m| format!("the current model ({m})"))
+                .unwrap_or_else(|| "the current model".to_string());
+            ToolOutput::error(format!(
+                "Cannot show the image {path} ({bytes} bytes): {model} does not accept image input. Switch to a vision-capable model (for example anthropic/claude-sonnet-4-6 or openai/gpt-4o) to look at images, or inspect the file with exec (e.g. `file {path}`)."
+            ))
+        }
+        ReadReply::Binary { bytes } => ToolOutput::text(format!(
+            "binary file, {bytes} bytes — not shown. Inspect it with exec, e.g. `file {path}` or `od -c {path} | head`."
+        )),
+    }
+}
+
+fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
+    let mut parts = Vec::new();
+    let code = e
+        .exit_code
+        .unwrap_or_else(|| 128 + e.signal.unwrap_or(9));
+    if e.timed_out {
+        parts.push(format!(
+            "Error: timed out after {timeout_secs} s; the command and every process it started were killed. Output so far:"
+        ));
+    } else {
+        let mut line = format!("Exit code: {code}");
+        if let (None, Some(sig)) = (e.exit_code, e.signal) {
+            line.push_str(&format!(" (killed by signal {sig})"));
+        }
+        parts.push(line);
+    }
+    for (text, omitted, name) in [
+        (&e.stdout, e.stdout_omitted, "stdout"),
+        (&e.stderr, e.stderr_omitted, "stderr"),
+    ] {
+        if !text.is_empty() {
+            parts.push(text.trim_end_matches('\n').to_string());
+        }
+        if omitted > 0 && !text.contains("bytes omitted") {
+            parts.push(format!("[{omitted} bytes of {name} omitted]"));
+        }
+    }
+    ToolOutput {
+        content: vec![ContentBlock::Text {
+            text: parts.join("\n"),
+        }],
+        is_error: e.timed_out || code != 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_calls() {
+        let c = CoreToolCall::parse("patch", serde_json::json!({"path": "a", "oldText": "x", "newText": "y"})).unwrap();
+        assert_eq!(c.name(), "patch");
+        assert_eq!(c.params()["oldText"], "x");
+        let e = CoreToolCall::parse("exec", serde_json::json!({"cmd": "ls"})).unwrap_err();
+        assert!(e.message.contains("exec {command, timeout?}"), "{e}");
+        let e = CoreToolCall::parse("rm", serde_json::json!({})).unwrap_err();
+        assert!(e.message.contains("unknown core tool 'rm'"));
+    }
+
+    #[test]
+    fn exec_timeouts() {
+        assert_eq!(exec_timeout(None, 3600), 900);
+        assert_eq!(exec_timeout(Some(0), 3600), 900);
+        assert_eq!(exec_timeout(Some(5000), 3600), 3600);
+        assert_eq!(exec_timeout(Some(2), 3600), 2);
+    }
+
+    #[test]
+    fn exec_text_shape() {
+        let r = ExecReply {
+            exit_code: Some(3),
+            signal: None,
+            stdout: "out\n".into(),
+            stderr: "err\n".into(),
+            stdout_omitted: 0,
+            stderr_omitted: 0,
+            timed_out: false,
+            duration_ms: 1,
+        };
+        let out = format_exec(&r, 10);
+        assert_eq!(out.joined_text(), "Exit code: 3\nout\nerr");
+        assert!(out.is_error);
+        let ok = ExecReply { exit_code: Some(0), stderr: String::new(), ..r };
+        let out = format_exec(&ok, 10);
+        assert_eq!(out.joined_text(), "Exit code: 0\nout");
+        assert!(!out.is_error);
+    }
+
+    #[test]
+    fn image_without_vision_names_model() {
+        let ctx = ToolContext {
+            model: Some("ollama/llama3.1:8b".into()),
+            ..Default::default()
+        };
+        let out = format_read(
+            "a.png",
+            ReadReply::Image { mime_type: "image/png".into(), bytes: 10, data: None },
+            &ctx,
+        );
+        assert!(out.is_error);
+        assert!(out.joined_text().contains("ollama/llama3.1:8b"));
+        assert!(out.joined_text().contains("vision-capable"));
+    }
+}

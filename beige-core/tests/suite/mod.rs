@@ -1,0 +1,3 @@
+mod core_tools;
+mod sandbox_docker;
+mod support;

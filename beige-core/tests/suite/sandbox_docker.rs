@@ -1,0 +1,174 @@
+//! The agent's container on the real Docker engine: hardening as seen by `docker
+//! inspect`, reconcile on restart, recreation after the container died.
+
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use beige_core::{Gateway, LocalGateway};
+use serde_json::json;
+
+use super::support::TestHome;
+use crate::docker_or_skip;
+
+pub async fn exec(gw: &LocalGateway, agent: &str, command: &str) -> ToolOutput {
+    gw.call_tool(
+        agent,
+        CoreToolCall::Exec(ExecParams {
+            command: command.into(),
+            timeout: Some(30),
+        }),
+        ToolContext::default(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn container_is_hardened() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let extra_dir = t.dir.path().join("data");
+    std::fs::create_dir_all(&extra_dir).unwrap();
+    let config = t.config(
+        &env,
+        &[(
+            "hardy",
+            json!({"sandbox": {
+                "extraEnv": {"GREETING": "hello"},
+                "extraMounts": {extra_dir.to_str().unwrap(): "/data:ro"},
+            }}),
+        )],
+    );
+    let gw = t.gateway(&env, config).await;
+    let spec = &gw.specs()[0];
+    let docker = DockerSandbox::connect("x").await.unwrap();
+    let info = docker
+        .client()
+        .inspect_container(&spec.name, None::<bollard::query_parameters::InspectContainerOptions>)
+        .await
+        .unwrap();
+    let hc = info.host_config.unwrap();
+    let cfg = info.config.unwrap();
+
+    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert_eq!(cfg.user.as_deref(), Some("1000:1000"));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert!(hc
+        .security_opt
+        .unwrap_or_default()
+        .iter()
+        .any(|o| o.starts_with("no-new-privileges")));
+    assert_eq!(hc.memory, Some(256 * 1024 * 1024));
+    assert_eq!(hc.memory_swap, hc.memory);
+    assert_eq!(hc.pids_limit, Some(128));
+    assert_eq!(hc.privileged, Some(false));
+
+    let labels = cfg.labels.unwrap();
+    assert_eq!(labels.get("io.beige.agent").map(String::as_str), Some("hardy"));
+    assert_eq!(labels.get("io.beige.home"), Some(&t.home.hash()));
+    assert_eq!(labels.get("io.beige.spec").map(String::as_str), Some(spec.spec_label()));
+    assert_eq!(spec.name, format!("beige-hardy-{}", t.home.hash()));
+
+    // Mounts: the workspace is writable, everything the gateway owns is read-only.
+    let mounts = info.mounts.unwrap();
+    let rw = |dest: &str| {
+        mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some(dest))
+            .unwrap_or_else(|| panic!("no mount at {dest}"))
+            .rw
+    };
+    assert_eq!(rw("/workspace"), Some(true));
+    assert_eq!(rw("/tools/bin"), Some(false));
+    assert_eq!(rw("/beige/run"), Some(false));
+    assert_eq!(rw("/beige/shim"), Some(false));
+    assert_eq!(rw("/data"), Some(false));
+    assert_eq!(mounts.len(), 5);
+
+    // The environment is built from scratch: nothing of the gateway's comes in.
+    let env_list = cfg.env.unwrap();
+    assert!(env_list.iter().any(|e| e == "GREETING=hello"));
+    assert!(env_list.iter().all(|e| e.starts_with("PATH=") || e.starts_with("HOME=") || e.starts_with("GREETING=")), "{env_list:?}");
+    let inside = exec(&gw, "hardy", "cat /proc/1/environ | tr '\\0' '\\n'; echo; env; id -u; id -g").await;
+    let text = inside.joined_text();
+    assert!(!inside.is_error, "{text}");
+    assert!(!text.contains("CARGO_MANIFEST_DIR"), "{text}");
+    assert!(!text.contains("sk-test-secret"), "{text}");
+    assert!(text.contains("GREETING=hello"));
+    assert!(text.contains("\n1000\n1000"), "{text}");
+
+    // No privilege inside: writing outside /workspace and the read-only mounts fails.
+    let out = exec(&gw, "hardy", "touch /tools/bin/x 2>&1; touch /beige/run/x 2>&1; touch /data/x 2>&1; grep CapEff /proc/self/status").await;
+    let text = out.joined_text();
+    assert!(text.matches("Read-only file system").count() >= 3, "{text}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+
+    gw.shutdown().await.unwrap();
+    assert!(t.containers().await.is_empty());
+}
+
+#[tokio::test]
+async fn network_none_has_only_loopback() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let gw = t.gateway(&env, t.config(&env, &[("net", json!({}))])).await;
+    let out = exec(&gw, "net", "ls /sys/class/net").await;
+    assert_eq!(out.joined_text().trim(), "Exit code: 0\nlo");
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn restart_reattaches_recreates_and_removes_orphans() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let two = t.config(&env, &[("keep", json!({})), ("gone", json!({}))]);
+    let gw = t.gateway(&env, two.clone()).await;
+    assert_eq!(gw.reconcile_report().created.len(), 2);
+    let out = exec(&gw, "keep", "echo alive > /tmp/marker && echo ok").await;
+    assert!(!out.is_error, "{}", out.joined_text());
+    drop(gw); // a gateway restart without removing containers
+
+    // Same config: reattached, /tmp survives.
+    let gw = t.gateway(&env, two.clone()).await;
+    assert_eq!(gw.reconcile_report().reattached.len(), 2, "{:?}", gw.reconcile_report());
+    assert!(gw.reconcile_report().created.is_empty());
+    assert!(exec(&gw, "keep", "cat /tmp/marker").await.joined_text().contains("alive"));
+    drop(gw);
+
+    // Changed memoryLimit for `keep`, `gone` removed from the config.
+    let changed = t.config(&env, &[("keep", json!({"sandbox": {"memoryLimit": "300m"}}))]);
+    let gw = t.gateway(&env, changed).await;
+    let report = gw.reconcile_report().clone();
+    assert_eq!(report.created, vec!["keep".to_string()]);
+    assert_eq!(report.removed_orphans, vec!["gone".to_string()]);
+    let out = exec(&gw, "keep", "cat /tmp/marker").await;
+    assert!(out.is_error, "a recreated container must not keep /tmp: {}", out.joined_text());
+    let agents: Vec<String> = t.containers().await.into_iter().map(|(a, _)| a).collect();
+    assert_eq!(agents, vec!["keep".to_string()]);
+    gw.shutdown().await.unwrap();
+    assert!(t.containers().await.is_empty());
+}
+
+#[tokio::test]
+async fn dead_container_is_recreated_on_next_call() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let gw = t.gateway(&env, t.config(&env, &[("phoenix", json!({}))])).await;
+    std::fs::write(t.home.default_workspace("phoenix").join("kept.txt"), "still here").unwrap();
+    let docker = DockerSandbox::connect("x").await.unwrap();
+    docker
+        .client()
+        .kill_container(&gw.specs()[0].name, None::<bollard::query_parameters::KillContainerOptions>)
+        .await
+        .unwrap();
+    let out = exec(&gw, "phoenix", "cat kept.txt").await;
+    let text = out.joined_text();
+    assert!(text.contains("sandbox was restarted"), "{text}");
+    assert!(text.contains("exit code 137"), "{text}");
+    assert!(text.contains("still here"), "{text}");
+    assert!(!out.is_error);
+    // The next call runs normally, without the notice.
+    let out = exec(&gw, "phoenix", "echo fine").await;
+    assert_eq!(out.joined_text(), "Exit code: 0\nfine");
+    gw.shutdown().await.unwrap();
+}

@@ -1,0 +1,172 @@
+//! Test support: a temporary `BEIGE_HOME`, the busybox test image, the static shim and
+//! clean-up of every container a test created.
+//!
+//! Docker tests need an engine, the image `beige-test-busybox:latest` (built by
+//! `scripts/setup-docker`) and a static shim (`BEIGE_SHIM`, built by `scripts/build-shim`).
+//! When any is missing they are skipped with a printed reason — except in CI
+//! (`CI=true` or `BEIGE_REQUIRE_DOCKER=1`), where a missing piece fails the test.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use beige_core::config::Config;
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::{BeigeHome, GatewayBuilder, LocalGateway};
+
+pub fn required() -> bool {
+    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
+        || std::env::var("BEIGE_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+}
+
+pub fn test_image() -> String {
+    std::env::var("BEIGE_TEST_IMAGE").unwrap_or_else(|_| "beige-test-busybox:latest".into())
+}
+
+/// Everything a Docker test needs, or `None` (after printing why) when skipping.
+pub struct DockerEnv {
+    pub shim: PathBuf,
+    pub image: String,
+}
+
+pub async fn docker_env() -> Option<DockerEnv> {
+    let skip = |why: String| -> Option<DockerEnv> {
+        if required() {
+            panic!("Docker test cannot run in CI: {why}");
+        }
+        eprintln!("SKIPPED (not in CI): {why}");
+        None
+    };
+    let shim = match std::env::var_os("BEIGE_SHIM") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim");
+            if !p.exists() {
+                return skip("no static shim: run scripts/build-shim or set BEIGE_SHIM".into());
+            }
+            p
+        }
+    };
+    let docker = match DockerSandbox::connect("probe").await {
+        Ok(d) => d,
+        Err(e) => return skip(format!("no Docker engine: {e}")),
+    };
+    let image = test_image();
+    if docker.client().inspect_image(&image).await.is_err() {
+        return skip(format!("test image {image} missing: run scripts/setup-docker"));
+    }
+    Some(DockerEnv { shim, image })
+}
+
+/// A temporary home whose containers are removed when it is dropped.
+pub struct TestHome {
+    pub dir: tempfile::TempDir,
+    pub home: BeigeHome,
+}
+
+impl TestHome {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        Self { dir, home }
+    }
+
+    /// A config with the given agents (JSON objects merged over a default agent).
+    pub fn config(&self, env: &DockerEnv, agents: &[(&str, serde_json::Value)]) -> Config {
+        let mut map = serde_json::Map::new();
+        for (name, extra) in agents {
+            let mut agent = serde_json::json!({
+                "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                "tools": [],
+                "sandbox": {"image": env.image, "memoryLimit": "256m", "pidsLimit": 128},
+            });
+            merge(&mut agent, extra);
+            map.insert(name.to_string(), agent);
+        }
+        serde_json::from_value(serde_json::json!({
+            "llm": {"providers": {"anthropic": {"apiKey": "sk-test-secret-never-in-sandbox"}}},
+            "agents": map,
+        }))
+        .unwrap()
+    }
+
+    pub async fn gateway(&self, env: &DockerEnv, config: Config) -> LocalGateway {
+        let docker = DockerSandbox::connect(self.home.hash()).await.unwrap();
+        GatewayBuilder::new(config, self.home.clone())
+            .shim(&env.shim)
+            .sandbox(Arc::new(docker))
+            .build()
+            .await
+            .unwrap()
+    }
+
+    /// Container names of this home, from the engine.
+    pub async fn containers(&self) -> Vec<(String, String)> {
+        let docker = DockerSandbox::connect(self.home.hash()).await.unwrap();
+        let filters = std::collections::HashMap::from([(
+            "label".to_string(),
+            vec![format!("io.beige.home={}", self.home.hash())],
+        )]);
+        docker
+            .client()
+            .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                (
+                    labels.get("io.beige.agent").cloned().unwrap_or_default(),
+                    c.id.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestHome {
+    fn drop(&mut self) {
+        // Remove this home's containers even when the test panicked.
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=io.beige.home={}", self.home.hash())])
+            .output();
+        if let Ok(out) = out {
+            let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            if !ids.is_empty() {
+                let _ = std::process::Command::new("docker")
+                    .arg("rm")
+                    .arg("-f")
+                    .args(&ids)
+                    .output();
+            }
+        }
+    }
+}
+
+fn merge(base: &mut serde_json::Value, extra: &serde_json::Value) {
+    match (base, extra) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+            for (k, v) in e {
+                merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, e) => *b = e.clone(),
+    }
+}
+
+/// Skip the calling test when Docker pieces are missing outside CI.
+#[macro_export]
+macro_rules! docker_or_skip {
+    () => {
+        match $crate::suite::support::docker_env().await {
+            Some(env) => env,
+            None => return,
+        }
+    };
+}

@@ -1,0 +1,254 @@
+//! The `op` role: `beige-shim op <name>` performs one core-tool operation (`read`,
+//! `write`, `patch`, `exec`) inside the container.
+//!
+//! This module owns the invocation contract — one JSON [`OpRequest`] on stdin, one JSON
+//! [`OpReply`] line on stdout, exit code 0 whenever the operation ran (its failure is an
+//! [`OpReply::Error`]), exit code 2 with a message on stderr (and a `bad_request` reply
+//! on stdout) when the request cannot be decoded or does not match `<name>` — plus path
+//! resolution against the workspace and the mapping of I/O errors to [`OpError`]s. The
+//! operations themselves live in the submodules; none of them ever runs a shell except
+//! `exec`, whose whole purpose is to run one.
+
+mod capture;
+mod exec;
+mod patch;
+mod read;
+mod write;
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use beige_protocol::op::{OpError, OpErrorKind, OpReply, OpRequest};
+
+/// Environment variable that overrides the workspace directory (tests use a temp dir).
+pub const WORKSPACE_ENV: &str = "BEIGE_WORKSPACE";
+/// Where the agent's workspace is mounted inside the container.
+pub const DEFAULT_WORKSPACE: &str = "/workspace";
+
+/// The operation names accepted after `op`.
+pub const NAMES: [&str; 4] = ["read", "write", "patch", "exec"];
+
+/// Exit code for a request that could not be decoded or did not match the op name.
+const EXIT_BAD_REQUEST: i32 = 2;
+
+/// Where an operation runs: the base for relative paths.
+#[derive(Debug, Clone)]
+pub struct Context {
+    workspace: PathBuf,
+}
+
+impl Context {
+    /// A context with an explicit workspace directory.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        Self {
+            workspace: workspace.into(),
+        }
+    }
+
+    /// The workspace from `BEIGE_WORKSPACE`, or `/workspace`.
+    pub fn from_env() -> Self {
+        let workspace = std::env::var_os(WORKSPACE_ENV)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| OsString::from(DEFAULT_WORKSPACE));
+        Self::new(workspace)
+    }
+
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// Resolves a request path: absolute paths as given, relative ones against the
+    /// workspace. Symlinks are left to the kernel (the container's own view).
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, OpError> {
+        if path.is_empty() {
+            return Err(op_error(
+                OpErrorKind::BadRequest,
+                "The path must not be empty.",
+            ));
+        }
+        if path.contains('\0') {
+            return Err(op_error(
+                OpErrorKind::BadRequest,
+                "The path must not contain NUL characters.",
+            ));
+        }
+        let p = Path::new(path);
+        Ok(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.workspace.join(p)
+        })
+    }
+}
+
+/// Runs `beige-shim op <name>` with the process's stdin and stdout; returns the exit code.
+pub fn run(name: Option<&str>) -> i32 {
+    let Some(name) = name.filter(|n| NAMES.contains(n)) else {
+        let given = name.unwrap_or("");
+        return bad_request(&format!(
+            "unknown operation {given:?}; expected one of: {}",
+            NAMES.join(", ")
+        ));
+    };
+    let mut input = Vec::new();
+    if let Err(err) = io::stdin().lock().read_to_end(&mut input) {
+        return bad_request(&format!("cannot read the request from stdin: {err}"));
+    }
+    let request: OpRequest = match serde_json::from_slice(&input) {
+        Ok(request) => request,
+        Err(err) => return bad_request(&format!("invalid {name} request: {err}")),
+    };
+    if request.name() != name {
+        return bad_request(&format!(
+            "the request is a {:?} operation but the shim was invoked as `op {name}`",
+            request.name()
+        ));
+    }
+    let reply = perform(&Context::from_env(), request, true);
+    match write_reply(&reply) {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("beige-shim op {name}: cannot write the reply: {err}");
+            1
+        }
+    }
+}
+
+/// Performs one operation. `forward_signals` lets `exec` pass SIGTERM/SIGINT/SIGHUP it
+/// receives on to the command's process group (only sensible in the shim process itself).
+pub fn perform(ctx: &Context, request: OpRequest, forward_signals: bool) -> OpReply {
+    let result = match request {
+        OpRequest::Read(req) => read::read(ctx, &req).map(OpReply::Read),
+        OpRequest::Write(req) => write::write(ctx, &req).map(OpReply::Write),
+        OpRequest::Patch(req) => patch::patch(ctx, &req).map(OpReply::Patch),
+        OpRequest::Exec(req) => exec::exec(ctx, &req, forward_signals).map(OpReply::Exec),
+    };
+    result.unwrap_or_else(OpReply::Error)
+}
+
+/// Reports a bad invocation on stderr and as a `bad_request` reply on stdout.
+fn bad_request(message: &str) -> i32 {
+    eprintln!("beige-shim op: {message}");
+    let reply = OpReply::Error(op_error(OpErrorKind::BadRequest, message));
+    if let Err(err) = write_reply(&reply) {
+        eprintln!("beige-shim op: cannot write the reply: {err}");
+    }
+    EXIT_BAD_REQUEST
+}
+
+fn write_reply(reply: &OpReply) -> io::Result<()> {
+    let mut line = serde_json::to_vec(reply).map_err(io::Error::other)?;
+    line.push(b'\n');
+    let mut out = io::stdout().lock();
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// Builds an [`OpError`].
+pub(crate) fn op_error(kind: OpErrorKind, message: impl Into<String>) -> OpError {
+    OpError {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// The error for a path that is a directory where a file was expected (`read`).
+pub(crate) fn is_directory(path: &str) -> OpError {
+    op_error(
+        OpErrorKind::IsDirectory,
+        format!("{path} is a directory, not a file. Use exec with ls to list it."),
+    )
+}
+
+/// Maps an I/O error on `path` (as the request named it) to an [`OpError`]; `doing`
+/// completes "Failed to …" for errors without a dedicated kind (e.g. "read", "write").
+pub(crate) fn fs_error(err: &io::Error, path: &str, doing: &str) -> OpError {
+    match err.kind() {
+        io::ErrorKind::NotFound => {
+            op_error(OpErrorKind::NotFound, format!("File not found: {path}"))
+        }
+        io::ErrorKind::PermissionDenied => op_error(
+            OpErrorKind::PermissionDenied,
+            format!("Permission denied: {path}"),
+        ),
+        io::ErrorKind::ReadOnlyFilesystem => op_error(
+            OpErrorKind::PermissionDenied,
+            format!("Permission denied: {path} is on a read-only file system"),
+        ),
+        io::ErrorKind::IsADirectory => is_directory(path),
+        io::ErrorKind::NotADirectory => op_error(
+            OpErrorKind::NotFound,
+            format!("File not found: {path} (a component of the path is not a directory)"),
+        ),
+        _ => op_error(OpErrorKind::Io, format!("Failed to {doing} {path}: {err}")),
+    }
+}
+
+/// A short name for a non-regular, non-directory file type, for error messages.
+pub(crate) fn special_file_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a named pipe"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The error for a path that exists but is not a regular file or directory.
+pub(crate) fn not_regular(path: &str, ft: &std::fs::FileType) -> OpError {
+    op_error(
+        OpErrorKind::Io,
+        format!(
+            "{path} is {}, not a regular file. Use exec to inspect it.",
+            special_file_kind(ft)
+        ),
+    )
+}
+
+/// Checks that an existing regular file may be written by us, without changing it.
+/// A rename would replace even a read-only file; `cat >` would not, and neither do we.
+pub(crate) fn check_writable(target: &Path, path: &str) -> Result<(), OpError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(target)
+        .map(drop)
+        .map_err(|err| fs_error(&err, path, "write"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_relative_against_workspace() {
+        let ctx = Context::new("/ws");
+        assert_eq!(ctx.resolve("a/b").unwrap(), PathBuf::from("/ws/a/b"));
+        assert_eq!(ctx.resolve("/etc/x").unwrap(), PathBuf::from("/etc/x"));
+        assert_eq!(ctx.resolve("").unwrap_err().kind, OpErrorKind::BadRequest);
+        assert_eq!(
+            ctx.resolve("a\0b").unwrap_err().kind,
+            OpErrorKind::BadRequest
+        );
+    }
+
+    #[test]
+    fn maps_io_errors() {
+        let e = fs_error(&io::Error::from(io::ErrorKind::NotFound), "x", "read");
+        assert_eq!(e.kind, OpErrorKind::NotFound);
+        assert_eq!(e.message, "File not found: x");
+        let e = fs_error(
+            &io::Error::from(io::ErrorKind::PermissionDenied),
+            "x",
+            "read",
+        );
+        assert_eq!(e.kind, OpErrorKind::PermissionDenied);
+        assert!(e.message.contains('x'));
+    }
+}

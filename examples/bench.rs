@@ -1,0 +1,115 @@
+//! Run with `scripts/bench` (or `cargo run --release -p beige-examples --example bench`
+//! with `BEIGE_SHIM` and `BEIGE_TEST_IMAGE` set and a Docker engine running).
+//!
+//! The benchmark harness. Prints one line per figure,
+//! `BENCH <name> median=<x> p95=<y> unit=<ms|MiB|calls/s> n=<samples>`, and writes the
+//! same data to `target/bench/results.json`. Pass figure names to run only those.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use beige_core::config::Config;
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::tools::{CoreToolCall, ToolContext};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+
+struct Figure {
+    name: &'static str,
+    unit: &'static str,
+    samples: Vec<f64>,
+}
+
+impl Figure {
+    fn quantile(&self, q: f64) -> f64 {
+        let mut s = self.samples.clone();
+        s.sort_by(f64::total_cmp);
+        let idx = ((s.len() as f64 - 1.0) * q).round() as usize;
+        s.get(idx).copied().unwrap_or(f64::NAN)
+    }
+}
+
+fn config(image: &str) -> anyhow::Result<Config> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "llm": {"providers": {"anthropic": {}}},
+        "agents": {"bench": {
+            "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+            "tools": [],
+            "sandbox": {"image": image, "memoryLimit": "256m"}
+        }}
+    }))?)
+}
+
+async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<LocalGateway> {
+    let docker = DockerSandbox::connect(home.hash()).await?;
+    Ok(GatewayBuilder::new(config(image)?, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(docker))
+        .build()
+        .await?)
+}
+
+fn exec_true() -> anyhow::Result<CoreToolCall> {
+    Ok(CoreToolCall::parse("exec", serde_json::json!({"command": "true"}))?)
+}
+
+async fn exec_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+    let gw = gateway(home, image, shim).await?;
+    let call = exec_true()?;
+    for _ in 0..10 {
+        gw.call_tool("bench", call.clone(), ToolContext::default()).await?;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let out = gw.call_tool("bench", call.clone(), ToolContext::default()).await?;
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
+    }
+    gw.shutdown().await?;
+    Ok(Figure { name: "exec_roundtrip", unit: "ms", samples })
+}
+
+async fn sandbox_cold_start(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let gw = gateway(home, image, shim).await?;
+        let out = gw.call_tool("bench", exec_true()?, ToolContext::default()).await?;
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
+        gw.shutdown().await?;
+    }
+    Ok(Figure { name: "sandbox_cold_start", unit: "ms", samples })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let want = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
+    let image = std::env::var("BEIGE_TEST_IMAGE").unwrap_or_else(|_| "beige-test-busybox:latest".into());
+    let shim = PathBuf::from(std::env::var("BEIGE_SHIM").context("set BEIGE_SHIM to the static shim (scripts/build-shim)")?);
+    let tmp = std::env::temp_dir().join(format!("beige-bench-{}", std::process::id()));
+    let home = BeigeHome::new(&tmp);
+
+    let mut figures = Vec::new();
+    if want("exec_roundtrip") {
+        figures.push(exec_roundtrip(&home, &image, &shim).await?);
+    }
+    if want("sandbox_cold_start") {
+        figures.push(sandbox_cold_start(&home, &image, &shim).await?);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    let mut json = Vec::new();
+    for f in &figures {
+        let (median, p95) = (f.quantile(0.5), f.quantile(0.95));
+        println!("BENCH {} median={median:.3} p95={p95:.3} unit={} n={}", f.name, f.unit, f.samples.len());
+        json.push(serde_json::json!({"name": f.name, "median": median, "p95": p95, "unit": f.unit, "n": f.samples.len()}));
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
