@@ -1,21 +1,47 @@
 //! The [`Gateway`] trait — the single entry point every channel and embedder uses — and
 //! [`LocalGateway`], the in-process engine.
 //!
-//! Owns wiring config, home, shim and sandbox together at start-up (prepare each agent's
-//! folders, compute container specs, reconcile containers) and routing calls to the
-//! right agent. Later layers (policy, audit, hooks, the agent loop, sessions) plug in
-//! here so that every channel gets them identically.
+//! Owns wiring config, home, shim, plugins, policy, audit and sandbox together at
+//! start-up (register plugins, write launchers, compute container specs, reconcile
+//! containers, open each agent's tool socket) and the one guarded path every tool call
+//! takes, core or plugin, whichever channel it came from:
+//! policy → `preToolExec` hooks → audit `started` → run → `postToolExec` hooks → audit
+//! `finished`. A denied call is audited once; a call whose audit record cannot be
+//! written does not run.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use base64::Engine as _;
+use beige_protocol::socket::{SessionContext, ToolRequest, ToolResponse, MAX_RESPONSE_OUTPUT};
 use serde::Serialize;
 
-use crate::config::{AgentConfig, Config};
+use crate::audit::{
+    now_ts, secrets_of, AuditDecision, AuditError, AuditRecord, AuditSink, AuditType, JsonlAudit,
+    Phase, Target,
+};
+use crate::config::{AgentConfig, Config, ConfigError};
+use crate::fsutil::validate_cwd;
+use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
 use crate::home::BeigeHome;
-use crate::sandbox::{host, shim, ContainerSpec, ReconcileReport, Sandbox, SandboxError, SandboxUser, SpecInput};
+use crate::plugin::{
+    kv::KvPlugin, Plugin, PluginError, PluginRegistry, SessionInfo, ToolCall, ToolResult,
+};
+use crate::policy::{ConfigPolicy, Policy, PolicyRequest, ToolKind};
+use crate::sandbox::{
+    host, shim, ContainerSpec, ReconcileReport, Sandbox, SandboxError, SandboxUser, SpecInput,
+};
+use crate::socket::{SocketLimits, SocketServer, ToolRequestHandler};
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
+
+/// Default time limit of a plugin tool handler.
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Built-in plugins, enabled by listing their name under `plugins` without a `path`.
+pub const BUILTIN_PLUGINS: [&str; 1] = ["kv"];
 
 /// Errors at the gateway boundary.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +53,14 @@ pub enum GatewayError {
     InvalidCall(#[from] crate::tools::InvalidCall),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error("could not open the tool socket {path}: {message}")]
+    Socket { path: String, message: String },
 }
 
 /// What a channel may know about an agent.
@@ -49,7 +83,7 @@ pub trait Gateway: Send + Sync {
     async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError>;
 
     /// Run one core tool (`read`, `write`, `patch`, `exec`) in an agent's sandbox, through
-    /// the same path the model's calls take.
+    /// the same guarded path the model's calls take (policy, hooks, audit).
     async fn call_tool(
         &self,
         agent: &str,
@@ -62,19 +96,35 @@ pub trait Gateway: Send + Sync {
 #[derive(Debug)]
 pub struct GatewayBuilder {
     config: Config,
+    config_file: Option<PathBuf>,
     home: BeigeHome,
     sandbox: Option<Arc<dyn Sandbox>>,
     shim: Option<PathBuf>,
+    plugins: Vec<Arc<dyn Plugin>>,
+    policy: Option<Arc<dyn Policy>>,
+    audit: Option<Arc<dyn AuditSink>>,
+    socket_limits: SocketLimits,
 }
 
 impl GatewayBuilder {
     pub fn new(config: Config, home: BeigeHome) -> Self {
         Self {
             config,
+            config_file: None,
             home,
             sandbox: None,
             shim: None,
+            plugins: Vec::new(),
+            policy: None,
+            audit: None,
+            socket_limits: SocketLimits::default(),
         }
+    }
+
+    /// The file the config came from (named in error messages).
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config_file = Some(path.into());
+        self
     }
 
     /// Use this sandbox backend instead of connecting to Docker.
@@ -89,36 +139,167 @@ impl GatewayBuilder {
         self
     }
 
-    /// Prepare every agent's folders and bring its sandbox up (reattaching a running one
-    /// with the same spec).
+    /// Add an in-process plugin. It is registered in config order if the config lists
+    /// it under `plugins`, else after those.
+    pub fn plugin(mut self, plugin: Arc<dyn Plugin>) -> Self {
+        self.plugins.push(plugin);
+        self
+    }
+
+    /// Replace the config-based policy.
+    pub fn policy(mut self, policy: Arc<dyn Policy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Replace the JSONL audit log.
+    pub fn audit(mut self, audit: Arc<dyn AuditSink>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// Bounds of the agents' tool sockets.
+    pub fn socket_limits(mut self, limits: SocketLimits) -> Self {
+        self.socket_limits = limits;
+        self
+    }
+
+    /// Start: register plugins, prepare every agent's folders and launchers, bring its
+    /// sandbox up (reattaching a running one with the same spec), open its tool socket,
+    /// start plugins and fire `gatewayStarted`.
     pub async fn build(self) -> Result<LocalGateway, GatewayError> {
+        let config = self.config;
+        let home = self.home;
+        let config_file = self.config_file.unwrap_or_else(|| home.config_path());
         let shim = match self.shim {
             Some(p) => {
                 shim::check_static(&p)?;
                 p
             }
-            None => shim::locate(self.config.sandbox.shim.as_deref())?,
+            None => shim::locate(config.sandbox.shim.as_deref())?,
         };
+
+        // Plugins: config order first (built-ins by name), then the rest.
+        let mut extra = self.plugins;
+        let mut ordered: Vec<Arc<dyn Plugin>> = Vec::new();
+        let mut package_dirs = HashMap::new();
+        for (name, entry) in &config.plugins {
+            if let Some(i) = extra.iter().position(|p| p.name() == name) {
+                ordered.push(extra.remove(i));
+            } else if name == "kv" && entry.path.is_none() {
+                let dir = home.root().join("builtin").join("kv");
+                crate::plugin::kv::write_package_dir(&dir).map_err(|e| SandboxError::Host {
+                    path: dir.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                package_dirs.insert(name.clone(), dir);
+                ordered.push(Arc::new(KvPlugin::new()));
+            } else {
+                tracing::warn!(
+                    plugin = %name,
+                    "plugin is configured but not available in this build (external plugins arrive later); its tools are unavailable"
+                );
+            }
+        }
+        ordered.extend(extra);
+        let registry =
+            PluginRegistry::build(ordered, &config, &home.root().join("data"), &package_dirs)
+                .await?;
+        let names: Vec<&str> = registry.tool_names().iter().map(String::as_str).collect();
+        crate::config::validate_tools(&config, &config_file, &names)?;
+
+        let policy: Arc<dyn Policy> = self
+            .policy
+            .unwrap_or_else(|| Arc::new(ConfigPolicy::from_config(&config)));
+        let audit: Arc<dyn AuditSink> = match self.audit {
+            Some(a) => a,
+            None => {
+                let logs = home.logs_dir();
+                std::fs::create_dir_all(&logs).map_err(|e| SandboxError::Host {
+                    path: logs.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                Arc::new(JsonlAudit::new(
+                    home.audit_log_path(),
+                    config.gateway.log.max_size_bytes,
+                    config.gateway.log.max_files,
+                    secrets_of(&config),
+                ))
+            }
+        };
+
+        let mut specs = Vec::with_capacity(config.agents.len());
+        for (name, agent) in &config.agents {
+            let workspace = config.agent_workspace(&home, name);
+            let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
+            let user = host::prepare_agent(&home, name, &workspace, configured)?;
+            let tools = launchable_tools(policy.as_ref(), &registry, name, agent);
+            write_launchers(&home.launchers_dir(name), &tools)?;
+            let tool_packages = tools
+                .iter()
+                .filter_map(|t| {
+                    registry
+                        .tool(t)
+                        .and_then(|r| r.package_dir.clone())
+                        .map(|d| (t.clone(), d))
+                })
+                .collect();
+            specs.push(ContainerSpec::for_agent(&SpecInput {
+                home: &home,
+                agent: name,
+                config: agent,
+                workspace,
+                shim: shim.clone(),
+                user,
+                tool_packages,
+                skills: Vec::new(),
+            })
+            .map_err(SandboxError::from)?);
+        }
+
         let sandbox: Arc<dyn Sandbox> = match self.sandbox {
             Some(s) => s,
-            None => connect_default(&self.home, &self.config).await?,
+            None => connect_default(&home, &config).await?,
         };
-        let specs = compute_specs(&self.config, &self.home, &shim)?;
         let report = sandbox.reconcile(specs.clone()).await?;
+
+        let inner = Arc::new(Inner {
+            config,
+            home,
+            sandbox,
+            specs,
+            report,
+            registry,
+            policy,
+            audit,
+            sessions: RwLock::new(HashMap::new()),
+        });
+        let mut sockets = Vec::new();
+        let handler: Arc<dyn ToolRequestHandler> = Arc::new(SocketHandler(Arc::downgrade(&inner)));
+        for name in inner.config.agents.keys() {
+            let path = inner.home.socket_path(name);
+            let server = SocketServer::start(name, &path, handler.clone(), self.socket_limits)
+                .map_err(|e| GatewayError::Socket {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            sockets.push(server);
+        }
+        inner.registry.start_all().await?;
+        inner.registry.hooks().gateway_started().await;
+        tracing::info!(agents = inner.config.agents.len(), "beige gateway started ✓");
         Ok(LocalGateway {
-            inner: Arc::new(Inner {
-                config: self.config,
-                home: self.home,
-                sandbox,
-                specs,
-                report,
-            }),
+            inner,
+            sockets: Arc::new(std::sync::Mutex::new(sockets)),
         })
     }
 }
 
 #[cfg(feature = "docker")]
-async fn connect_default(home: &BeigeHome, config: &Config) -> Result<Arc<dyn Sandbox>, SandboxError> {
+async fn connect_default(
+    home: &BeigeHome,
+    config: &Config,
+) -> Result<Arc<dyn Sandbox>, SandboxError> {
     let docker = crate::sandbox::docker::DockerSandbox::connect(home.hash())
         .await?
         .with_build_base(config.sandbox.base_image.clone());
@@ -132,43 +313,70 @@ async fn connect_default(_: &BeigeHome, _: &Config) -> Result<Arc<dyn Sandbox>, 
     })
 }
 
-/// The workspace folder of an agent: `workspaceDir` or `<home>/agents/<name>/workspace`.
-pub fn agent_workspace(home: &BeigeHome, name: &str, agent: &AgentConfig) -> PathBuf {
-    agent
-        .workspace_dir
-        .clone()
-        .unwrap_or_else(|| home.default_workspace(name))
+/// The agent's tools that get a launcher: registered and allowed by policy.
+fn launchable_tools(
+    policy: &dyn Policy,
+    registry: &PluginRegistry,
+    agent: &str,
+    config: &AgentConfig,
+) -> Vec<String> {
+    config
+        .tools
+        .iter()
+        .filter(|t| registry.tool(t).is_some())
+        .filter(|t| {
+            policy
+                .check(&PolicyRequest {
+                    agent,
+                    tool: t,
+                    kind: ToolKind::Plugin,
+                    args: &[],
+                })
+                .allowed
+        })
+        .cloned()
+        .collect()
 }
 
-/// Prepare each agent's folders on the host and compute its container spec.
-pub fn compute_specs(
-    config: &Config,
-    home: &BeigeHome,
-    shim: &std::path::Path,
-) -> Result<Vec<ContainerSpec>, SandboxError> {
-    let mut specs = Vec::with_capacity(config.agents.len());
-    for (name, agent) in &config.agents {
-        let workspace = agent_workspace(home, name, agent);
-        let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
-        let user = host::prepare_agent(home, name, &workspace, configured)?;
-        specs.push(ContainerSpec::for_agent(&SpecInput {
-            home,
-            agent: name,
-            config: agent,
-            workspace,
-            shim: shim.to_path_buf(),
-            user,
-            tool_packages: Vec::new(),
-            skills: Vec::new(),
-        })?);
+/// Make `dir` hold exactly one symlink `<tool> → /beige/shim` per tool.
+fn write_launchers(dir: &Path, tools: &[String]) -> Result<(), SandboxError> {
+    let err = |p: &Path, e: std::io::Error| SandboxError::Host {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| err(dir, e))? {
+        let entry = entry.map_err(|e| err(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let keep = tools.contains(&name)
+            && std::fs::read_link(entry.path())
+                .map(|t| t == Path::new(crate::sandbox::spec::SHIM_PATH))
+                .unwrap_or(false);
+        if !keep {
+            let p = entry.path();
+            let removed = if p.is_dir() && !p.is_symlink() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            removed.map_err(|e| err(&p, e))?;
+        }
     }
-    Ok(specs)
+    for tool in tools {
+        let link = dir.join(tool);
+        if !link.is_symlink() {
+            std::os::unix::fs::symlink(crate::sandbox::spec::SHIM_PATH, &link)
+                .map_err(|e| err(&link, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The in-process gateway. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LocalGateway {
     inner: Arc<Inner>,
+    sockets: Arc<std::sync::Mutex<Vec<SocketServer>>>,
 }
 
 #[derive(Debug)]
@@ -178,6 +386,29 @@ struct Inner {
     sandbox: Arc<dyn Sandbox>,
     specs: Vec<ContainerSpec>,
     report: ReconcileReport,
+    registry: PluginRegistry,
+    policy: Arc<dyn Policy>,
+    audit: Arc<dyn AuditSink>,
+    /// Known sessions and the agent each belongs to.
+    sessions: RwLock<HashMap<String, String>>,
+}
+
+/// Everything the guarded path needs to know about one call.
+struct CallMeta<'a> {
+    agent: &'a str,
+    tool: &'a str,
+    kind: ToolKind,
+    args: Vec<String>,
+    session: Option<String>,
+    channel: Option<String>,
+    model: Option<String>,
+    target: Target,
+}
+
+/// The outcome of the guarded path.
+enum Guarded<T> {
+    Ran(T),
+    Denied(String),
 }
 
 impl LocalGateway {
@@ -199,23 +430,45 @@ impl LocalGateway {
         &self.inner.report
     }
 
-    /// Stop: remove the sandboxes unless `gateway.keepSandboxes` is set.
+    pub fn registry(&self) -> &PluginRegistry {
+        &self.inner.registry
+    }
+
+    /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
+    /// sandbox are honoured only when known and owned by the calling agent).
+    pub fn register_session(&self, agent: &str, session_key: &str) {
+        self.inner.register_session(agent, session_key);
+    }
+
+    /// Handle a tool request as if it arrived on `agent`'s socket.
+    pub async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        self.inner.handle_tool_request(agent, request).await
+    }
+
+    /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
+    /// and remove the sandboxes unless `gateway.keepSandboxes` is set.
     pub async fn shutdown(&self) -> Result<(), GatewayError> {
+        self.inner.registry.hooks().gateway_shutdown().await;
+        self.inner.registry.stop_all().await;
+        self.sockets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         if !self.inner.config.gateway.keep_sandboxes {
             self.inner.sandbox.remove_all().await?;
         }
         Ok(())
     }
+}
 
+impl Inner {
     fn agent(&self, name: &str) -> Result<&AgentConfig, GatewayError> {
-        self.inner
-            .config
+        self.config
             .agents
             .get(name)
             .ok_or_else(|| GatewayError::UnknownAgent {
                 agent: name.to_string(),
                 known: self
-                    .inner
                     .config
                     .agents
                     .keys()
@@ -224,16 +477,335 @@ impl LocalGateway {
                     .join(", "),
             })
     }
+
+    fn hooks(&self) -> &HookRunner {
+        self.registry.hooks()
+    }
+
+    fn register_session(&self, agent: &str, key: &str) {
+        let mut s = self.sessions.write().unwrap_or_else(|e| e.into_inner());
+        s.entry(key.to_string()).or_insert_with(|| agent.to_string());
+    }
+
+    fn session_owner(&self, key: &str) -> Option<String> {
+        self.sessions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn record(&self, meta: &CallMeta<'_>, phase: Phase, decision: AuditDecision) -> AuditRecord {
+        AuditRecord {
+            ts: now_ts(),
+            agent: meta.agent.to_string(),
+            session: meta.session.clone(),
+            model: meta.model.clone(),
+            channel: meta.channel.clone(),
+            phase,
+            kind: AuditType::from(meta.kind),
+            tool: meta.tool.to_string(),
+            args: meta.args.clone(),
+            decision,
+            target: Some(meta.target),
+            duration_ms: None,
+            exit_code: None,
+            output_bytes: None,
+            error: None,
+        }
+    }
+
+    /// Audit a call that never ran (denied, or rejected before it could run).
+    async fn audit_denied(&self, meta: &CallMeta<'_>, reason: &str) {
+        let mut r = self.record(meta, Phase::Finished, AuditDecision::Denied);
+        r.error = Some(reason.to_string());
+        r.duration_ms = Some(0);
+        if let Err(e) = self.audit.record(&r).await {
+            tracing::error!(error = %e, "could not audit a denied call");
+        }
+    }
+
+    /// policy → preToolExec → audit started → `run` → postToolExec → audit finished.
+    /// `as_result` views the output as `{output, exitCode}` for hooks and audit;
+    /// `rewrite` applies a `postToolExec` replacement.
+    async fn guarded<T, F>(
+        &self,
+        meta: CallMeta<'_>,
+        run: F,
+        as_result: impl Fn(&T) -> ToolResult,
+        rewrite: impl FnOnce(T, ToolResult) -> T,
+    ) -> Result<Guarded<T>, GatewayError>
+    where
+        F: std::future::Future<Output = Result<T, String>>,
+    {
+        let decision = self.policy.check(&PolicyRequest {
+            agent: meta.agent,
+            tool: meta.tool,
+            kind: meta.kind,
+            args: &meta.args,
+        });
+        if !decision.allowed {
+            self.audit_denied(&meta, &decision.reason).await;
+            return Ok(Guarded::Denied(decision.reason));
+        }
+        let pre = PreToolExecEvent {
+            tool_name: meta.tool.to_string(),
+            args: meta.args.clone(),
+            session_key: meta.session.clone().unwrap_or_default(),
+            agent_name: meta.agent.to_string(),
+        };
+        if let Err(reason) = self.hooks().pre_tool_exec(&pre).await {
+            self.audit_denied(&meta, &reason).await;
+            return Ok(Guarded::Denied(reason));
+        }
+        self.audit
+            .record(&self.record(&meta, Phase::Started, AuditDecision::Allowed))
+            .await?;
+        let started = Instant::now();
+        let outcome = run.await;
+        let mut finished = self.record(&meta, Phase::Finished, AuditDecision::Allowed);
+        finished.duration_ms = Some(started.elapsed().as_millis() as u64);
+        let out = match outcome {
+            Ok(value) => {
+                let result = as_result(&value);
+                let post = PostToolExecEvent {
+                    tool_name: meta.tool.to_string(),
+                    args: meta.args.clone(),
+                    result: result.clone(),
+                    session_key: meta.session.clone().unwrap_or_default(),
+                    agent_name: meta.agent.to_string(),
+                };
+                let after = self.hooks().post_tool_exec(post).await;
+                finished.exit_code = Some(after.exit_code);
+                finished.output_bytes = Some(after.output.len() as u64);
+                let value = if after != result {
+                    rewrite(value, after)
+                } else {
+                    value
+                };
+                Ok(Guarded::Ran(value))
+            }
+            Err(message) => {
+                finished.exit_code = Some(1);
+                finished.error = Some(message.clone());
+                Err(message)
+            }
+        };
+        if let Err(e) = self.audit.record(&finished).await {
+            tracing::error!(error = %e, tool = meta.tool, agent = meta.agent, "could not audit a finished call");
+        }
+        match out {
+            Ok(g) => Ok(g),
+            Err(message) => Ok(Guarded::Denied(message)),
+        }
+    }
+
+    async fn call_core(
+        &self,
+        agent: &str,
+        call: CoreToolCall,
+        ctx: ToolContext,
+    ) -> Result<ToolOutput, GatewayError> {
+        let config = self.agent(agent)?;
+        if let Some(key) = &ctx.session_key {
+            self.register_session(agent, key);
+        }
+        let meta = CallMeta {
+            agent,
+            tool: call.name(),
+            kind: ToolKind::Core,
+            args: audit_args(&call),
+            session: ctx.session_key.clone(),
+            channel: ctx.channel.clone(),
+            model: ctx.model.clone(),
+            target: Target::Sandbox,
+        };
+        let sandbox = self.sandbox.clone();
+        let run = async {
+            run_core_tool(sandbox.as_ref(), agent, &config.sandbox, &call, &ctx)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let guarded = self
+            .guarded(
+                meta,
+                run,
+                |out: &ToolOutput| ToolResult {
+                    output: out.joined_text(),
+                    exit_code: i32::from(out.is_error),
+                },
+                |_, r| ToolOutput {
+                    content: vec![crate::tools::ContentBlock::Text { text: r.output }],
+                    is_error: r.exit_code != 0,
+                },
+            )
+            .await?;
+        Ok(match guarded {
+            Guarded::Ran(out) => out,
+            Guarded::Denied(reason) => ToolOutput::error(reason),
+        })
+    }
+
+    /// The session a socket request runs in: the one it names if that exists and
+    /// belongs to the agent, else `socket:<agent>`.
+    fn socket_session(&self, agent: &str, ctx: Option<&SessionContext>) -> SessionInfo {
+        let named = ctx.and_then(|c| c.session_key.as_deref());
+        match (named, ctx) {
+            (Some(key), Some(c)) if self.session_owner(key).as_deref() == Some(agent) => {
+                SessionInfo {
+                    agent: agent.to_string(),
+                    key: key.to_string(),
+                    channel: c.channel.clone().unwrap_or_else(|| "socket".into()),
+                    chat_id: c.chat_id.clone(),
+                    thread_id: c.thread_id.clone(),
+                }
+            }
+            _ => SessionInfo {
+                agent: agent.to_string(),
+                key: format!("socket:{agent}"),
+                channel: "socket".to_string(),
+                chat_id: None,
+                thread_id: None,
+            },
+        }
+    }
+
+    async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        let session = self.socket_session(agent, request.session_context.as_ref());
+        let meta = CallMeta {
+            agent,
+            tool: &request.tool,
+            kind: ToolKind::Plugin,
+            args: request.args.clone(),
+            session: Some(session.key.clone()),
+            channel: Some(session.channel.clone()),
+            model: None,
+            target: Target::Gateway,
+        };
+        let Ok(config) = self.agent(agent) else {
+            return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
+        };
+        let cwd = match validate_cwd(request.cwd.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.audit_denied(&meta, &e.0).await;
+                return ToolResponse::error(e.0, 1);
+            }
+        };
+        let stdin = match request.stdin.as_deref().map(|s| base64::engine::general_purpose::STANDARD.decode(s)) {
+            None => None,
+            Some(Ok(bytes)) => Some(bytes),
+            Some(Err(e)) => {
+                let msg = format!("Invalid request: stdin is not valid base64 ({e})");
+                self.audit_denied(&meta, &msg).await;
+                return ToolResponse::error(msg, 1);
+            }
+        };
+        let registered = self.registry.tool(&request.tool).cloned();
+        let tool_config = self.registry.call_config(&self.config, agent, &request.tool);
+        let workspace = self.config.agent_workspace(&self.home, agent);
+        let _ = config;
+        let tool_name = request.tool.clone();
+        let run = async move {
+            let Some(registered) = registered else {
+                return Ok(ToolResult::fail(format!("Unknown tool: {tool_name}"), 1));
+            };
+            let limit = registered.tool.timeout().unwrap_or(DEFAULT_TOOL_TIMEOUT);
+            let call = ToolCall {
+                tool: tool_name.clone(),
+                args: request.args.clone(),
+                stdin,
+                cwd,
+                workspace,
+                session,
+                config: tool_config,
+            };
+            match tokio::time::timeout(limit, registered.tool.call(call)).await {
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(e)) => Err(format!("tool '{tool_name}' failed: {e}")),
+                Err(_) => Ok(ToolResult::fail(
+                    format!("tool '{tool_name}' did not finish within {} s and was stopped", limit.as_secs()),
+                    124,
+                )),
+            }
+        };
+        match self
+            .guarded(meta, run, ToolResult::clone, |_, r| r)
+            .await
+        {
+            Ok(Guarded::Ran(mut result)) => {
+                truncate_output(&mut result.output);
+                ToolResponse::from_result(result.output, result.exit_code)
+            }
+            Ok(Guarded::Denied(reason)) => ToolResponse::error(reason, 1),
+            Err(e) => ToolResponse::error(e.to_string(), 1),
+        }
+    }
+}
+
+/// Cut output over [`MAX_RESPONSE_OUTPUT`] at a character boundary, with a note.
+fn truncate_output(output: &mut String) {
+    if output.len() <= MAX_RESPONSE_OUTPUT {
+        return;
+    }
+    let total = output.len();
+    let mut cut = MAX_RESPONSE_OUTPUT;
+    while !output.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    output.truncate(cut);
+    output.push_str(&format!(
+        "\n[output truncated: {total} bytes, the first {cut} shown]\n"
+    ));
+}
+
+/// The audit `args` of a core tool, as in the original.
+fn audit_args(call: &CoreToolCall) -> Vec<String> {
+    match call {
+        CoreToolCall::Read(p) => vec![p.path.clone()],
+        CoreToolCall::Write(p) => vec![p.path.clone(), format!("({} bytes)", p.content.len())],
+        CoreToolCall::Patch(p) => vec![p.path.clone()],
+        CoreToolCall::Exec(p) => vec![p.command.clone()],
+    }
+}
+
+/// Routes socket requests to the gateway without keeping it alive.
+struct SocketHandler(std::sync::Weak<Inner>);
+
+#[async_trait]
+impl ToolRequestHandler for SocketHandler {
+    async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        match self.0.upgrade() {
+            Some(inner) => inner.handle_tool_request(agent, request).await,
+            None => ToolResponse::error("the gateway is shutting down", 1),
+        }
+    }
+
+    async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str) {
+        let (Some(inner), Some(tool)) = (self.0.upgrade(), tool) else {
+            tracing::warn!(agent, error, "rejected socket request");
+            return;
+        };
+        let meta = CallMeta {
+            agent,
+            tool,
+            kind: ToolKind::Plugin,
+            args: Vec::new(),
+            session: Some(format!("socket:{agent}")),
+            channel: Some("socket".into()),
+            model: None,
+            target: Target::Gateway,
+        };
+        inner.audit_denied(&meta, error).await;
+    }
 }
 
 #[async_trait]
 impl Gateway for LocalGateway {
     async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
         let model = |m: &crate::config::ModelRef| format!("{}/{}", m.provider, m.model);
-        Ok(self
-            .inner
-            .config
-            .agents
+        let c = &self.inner.config;
+        Ok(c.agents
             .iter()
             .map(|(name, a)| AgentInfo {
                 name: name.clone(),
@@ -241,7 +813,7 @@ impl Gateway for LocalGateway {
                 fallback_models: a.fallback_models.iter().map(model).collect(),
                 tools: a.tools.clone(),
                 skills: a.skills.clone(),
-                workspace_dir: agent_workspace(&self.inner.home, name, a),
+                workspace_dir: c.agent_workspace(&self.inner.home, name),
             })
             .collect())
     }
@@ -252,16 +824,6 @@ impl Gateway for LocalGateway {
         call: CoreToolCall,
         ctx: ToolContext,
     ) -> Result<ToolOutput, GatewayError> {
-        let config = self.agent(agent)?;
-        // Policy, hooks and audit wrap this call (tools-as-CLIs issue).
-        let out = run_core_tool(
-            self.inner.sandbox.as_ref(),
-            agent,
-            &config.sandbox,
-            &call,
-            &ctx,
-        )
-        .await?;
-        Ok(out)
+        self.inner.call_core(agent, call, ctx).await
     }
 }

@@ -14,13 +14,24 @@
 //! | [`sandbox`] | the container spec, the `Sandbox` trait and the Docker backend |
 //! | [`tools`] | the four core tools and their result texts |
 //! | [`gateway`] | the `Gateway` trait every channel talks to, and `LocalGateway` |
+//! | [`policy`] | whether a tool call may run, with its reason |
+//! | [`audit`] | the audit log (`audit.jsonl`) |
+//! | [`hooks`] | the nine hooks and how they chain |
+//! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
+//! | [`fsutil`] | host-side path safety (`safe_join`) |
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod audit;
 pub mod config;
+pub mod fsutil;
 pub mod gateway;
+pub mod hooks;
 pub mod home;
+pub mod plugin;
+pub mod policy;
 pub mod sandbox;
+pub mod socket;
 pub mod tools;
 
 pub use config::Config;

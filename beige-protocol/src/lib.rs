@@ -8,5 +8,8 @@
 //! - [`op`]: the core-tool operations (`read`, `write`, `patch`, `exec`) the gateway asks
 //!   `beige-shim op <name>` to perform inside a container — one JSON request on stdin,
 //!   one JSON reply on stdout.
+//! - [`socket`]: plugin-tool calls from scripts in the sandbox to the gateway over the
+//!   agent's Unix socket (newline-delimited JSON, compatible with the original).
 
 pub mod op;
+pub mod socket;

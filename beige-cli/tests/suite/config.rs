@@ -74,7 +74,12 @@ fn minimal_original_config_is_valid() {
     let run = env.run(&["config", "validate", path.to_str().unwrap()]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(run.stderr, "");
-    assert!(run.stdout.ends_with("minimal.json5 is valid: 1 agent (bot), 1 provider\n"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .ends_with("minimal.json5 is valid: 1 agent (bot), 1 provider\n"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -89,7 +94,10 @@ fn full_original_config_is_valid() {
         eprintln!("cannot create /srv/projects ({e}); mounting a temp folder instead");
         let projects = env.dir().join("projects");
         std::fs::create_dir_all(&projects).unwrap();
-        text = text.replace("\"/srv/projects\"", &format!("{:?}", projects.display().to_string()));
+        text = text.replace(
+            "\"/srv/projects\"",
+            &format!("{:?}", projects.display().to_string()),
+        );
     }
     let path = env.dir().join("config.json5");
     std::fs::write(&path, text).unwrap();
@@ -106,7 +114,10 @@ fn unknown_keys_are_warnings() {
     let path = env.fixture("unknown-keys.json5");
     let run = env.run(&["config", "validate", path.to_str().unwrap()]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_redacted_snapshot!(env, format!("stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr));
+    assert_redacted_snapshot!(
+        env,
+        format!("stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr)
+    );
 }
 
 #[test]

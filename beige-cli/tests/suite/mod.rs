@@ -47,7 +47,9 @@ impl TestEnv {
 
     /// Copy a fixture into the temp folder; returns its new path.
     pub fn fixture(&self, name: &str) -> PathBuf {
-        let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
         let to = self.dir().join(Path::new(name).file_name().unwrap());
         std::fs::copy(&from, &to).unwrap();
         to

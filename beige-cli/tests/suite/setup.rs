@@ -27,7 +27,14 @@ fn state(root: &Path) -> BTreeMap<PathBuf, (SystemTime, u32, Option<Vec<u8>>)> {
         } else {
             Some(std::fs::read(&p).unwrap())
         };
-        out.insert(p, (meta.modified().unwrap(), meta.permissions().mode(), contents));
+        out.insert(
+            p,
+            (
+                meta.modified().unwrap(),
+                meta.permissions().mode(),
+                contents,
+            ),
+        );
     }
     out
 }
@@ -79,8 +86,11 @@ fn setup_keeps_existing_files_and_tightens_loose_modes() {
     std::fs::create_dir_all(&home).unwrap();
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(home.join("gateway.token"), "my-own-token").unwrap();
-    std::fs::set_permissions(home.join("gateway.token"), std::fs::Permissions::from_mode(0o644))
-        .unwrap();
+    std::fs::set_permissions(
+        home.join("gateway.token"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
     std::fs::write(home.join("config.json5"), "{ mine: true }").unwrap();
 
     let run = env.run(&["setup"]);
@@ -88,8 +98,14 @@ fn setup_keeps_existing_files_and_tightens_loose_modes() {
     assert_redacted_snapshot!(env, run.stdout);
     assert_eq!(mode(&home), 0o700);
     assert_eq!(mode(&home.join("gateway.token")), 0o600);
-    assert_eq!(std::fs::read_to_string(home.join("gateway.token")).unwrap(), "my-own-token");
-    assert_eq!(std::fs::read_to_string(home.join("config.json5")).unwrap(), "{ mine: true }");
+    assert_eq!(
+        std::fs::read_to_string(home.join("gateway.token")).unwrap(),
+        "my-own-token"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("config.json5")).unwrap(),
+        "{ mine: true }"
+    );
 }
 
 #[test]
@@ -99,5 +115,8 @@ fn validate_without_a_config_runs_setup_first() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(env.home().join("config.json5").is_file());
     assert!(env.home().join("gateway.token").is_file());
-    assert_redacted_snapshot!(env, format!("stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr));
+    assert_redacted_snapshot!(
+        env,
+        format!("stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr)
+    );
 }

@@ -39,7 +39,9 @@ impl NameKind {
         match self {
             NameKind::Provider => "Add it under llm.providers or fix the name.",
             NameKind::Plugin => "pluginConfigs keys must name a plugin configured under plugins.",
-            NameKind::Skill => "Add it under skills (or install a plugin that provides it) or fix the name.",
+            NameKind::Skill => {
+                "Add it under skills (or install a plugin that provides it) or fix the name."
+            }
             NameKind::Tool => {
                 "Install the plugin that provides it (beige plugins install) or fix the name."
             }
@@ -55,13 +57,18 @@ pub enum ConfigError {
     NotFound { file: PathBuf },
     /// The file exists but cannot be read (permissions, not UTF-8, …). The I/O error is
     /// part of the message rather than a `source`, so printing the chain does not repeat it.
-    Read { file: PathBuf, error: std::io::Error },
-    /// Not valid JSON5.
+    Read {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+    /// Not valid JSON5. `message` is the parser's expectation; `source_line` the text of
+    /// the line it stopped on.
     Syntax {
         file: PathBuf,
         line: Option<usize>,
         column: Option<usize>,
         message: String,
+        source_line: Option<String>,
     },
     /// `${NAME}` without a default, and `NAME` is not set.
     UnsetVariable {
@@ -161,12 +168,20 @@ impl fmt::Display for ConfigError {
                 line,
                 column,
                 message,
+                source_line,
             } => {
                 write!(f, "{}", file.display())?;
                 if let (Some(line), Some(column)) = (line, column) {
                     write!(f, ":{line}:{column}")?;
                 }
-                write!(f, ": invalid JSON5: {message}")
+                f.write_str(": invalid JSON5")?;
+                if let Some(text) = source_line.as_deref().filter(|t| !t.is_empty()) {
+                    write!(f, " in `{text}`")?;
+                }
+                write!(
+                    f,
+                    " ({message}) — usually a missing comma, colon, quote or bracket around this spot"
+                )
             }
             ConfigError::UnsetVariable {
                 file,

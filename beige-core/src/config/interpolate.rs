@@ -145,7 +145,10 @@ mod tests {
 
     #[test]
     fn multiple_refs_in_one_string() {
-        assert_eq!(i("${ID}-${HOME}-${NOPE:-z}-${ID}").unwrap(), "42-/home/u-z-42");
+        assert_eq!(
+            i("${ID}-${HOME}-${NOPE:-z}-${ID}").unwrap(),
+            "42-/home/u-z-42"
+        );
     }
 
     #[test]

@@ -83,7 +83,11 @@ mod tests {
 
     #[test]
     fn formats_keys_indices_and_odd_keys() {
-        let p = KeyPath::root().key("agents").key("intern").key("tools").index(1);
+        let p = KeyPath::root()
+            .key("agents")
+            .key("intern")
+            .key("tools")
+            .index(1);
         assert_eq!(p.to_string(), "agents.intern.tools[1]");
         let p = KeyPath::root().key("agents").key("bad name");
         assert_eq!(p.to_string(), "agents.bad name");

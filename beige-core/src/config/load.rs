@@ -73,7 +73,16 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<LoadedConfig, ConfigError> {
         let file = absolute(file);
-        let mut value: Value = json5::from_str(text).map_err(|e| syntax_error(&file, e))?;
+        if text.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                file,
+                path: String::new(),
+                message: "the file is empty — a config needs at least llm.providers and \
+                          agents; docs/configuration.md has an example"
+                    .to_string(),
+            });
+        }
+        let mut value: Value = json5::from_str(text).map_err(|e| syntax_error(&file, text, e))?;
         if !value.is_object() {
             return Err(ConfigError::Invalid {
                 file,
@@ -82,12 +91,10 @@ impl Config {
                     .to_string(),
             });
         }
-        interpolate_tree(&mut value, &env).map_err(|(path, unset)| {
-            ConfigError::UnsetVariable {
-                file: file.clone(),
-                path: path.to_string(),
-                variable: unset.name,
-            }
+        interpolate_tree(&mut value, &env).map_err(|(path, unset)| ConfigError::UnsetVariable {
+            file: file.clone(),
+            path: path.to_string(),
+            variable: unset.name,
         })?;
         check_raw(&value, &file)?;
 
@@ -101,7 +108,10 @@ impl Config {
         let warnings = unknown_key_warnings(&ignored);
 
         let resolver = Resolver {
-            base: file.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into()),
+            base: file
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| "/".into()),
             user_home: env("HOME")
                 .filter(|h| !h.is_empty())
                 .map(PathBuf::from)
@@ -136,7 +146,7 @@ fn absolute(path: &Path) -> PathBuf {
     }
 }
 
-fn syntax_error(file: &Path, err: json5::Error) -> ConfigError {
+fn syntax_error(file: &Path, text: &str, err: json5::Error) -> ConfigError {
     let json5::Error::Message { msg, location } = err;
     // pest's message is a multi-line drawing; its last `= …` line says what was expected.
     let message = msg
@@ -145,11 +155,19 @@ fn syntax_error(file: &Path, err: json5::Error) -> ConfigError {
         .find_map(|l| l.trim().strip_prefix("= "))
         .unwrap_or(&msg)
         .to_string();
+    let source_line = location.as_ref().and_then(|l| {
+        let line = text.lines().nth(l.line.checked_sub(1)?)?.trim();
+        Some(match line.char_indices().nth(80) {
+            Some((cut, _)) => format!("{}…", &line[..cut]),
+            None => line.to_string(),
+        })
+    });
     ConfigError::Syntax {
         file: file.to_path_buf(),
         line: location.as_ref().map(|l| l.line),
         column: location.as_ref().map(|l| l.column),
         message,
+        source_line,
     }
 }
 
@@ -253,7 +271,10 @@ fn known_keys(schema: &Value, path: &[Seg]) -> Vec<String> {
         node = deref(schema, node);
         let next = match seg {
             Seg::Key(k) => node
-                .pointer(&format!("/properties/{}", k.replace('~', "~0").replace('/', "~1")))
+                .pointer(&format!(
+                    "/properties/{}",
+                    k.replace('~', "~0").replace('/', "~1")
+                ))
                 .or_else(|| node.get("additionalProperties").filter(|v| v.is_object())),
             Seg::Index(_) => node.get("items"),
         };
@@ -363,7 +384,10 @@ mod tests {
     fn unknown_keys_are_warnings_with_suggestions() {
         let text = MINIMAL
             .replace("{\n", "{\n  $schema: 'x', extra: 1,\n")
-            .replace("tools: []", "tools: [], modle: {}, sandbox: { memoryLimt: '1g' }")
+            .replace(
+                "tools: []",
+                "tools: [], modle: {}, sandbox: { memoryLimt: '1g' }",
+            )
             .replace("model: \"m\"", "model: \"m\", thinkinglevel: 'high'");
         let loaded = load(&text).unwrap();
         let warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
@@ -406,16 +430,28 @@ mod tests {
         let loaded = Config::from_str_with_env(text, &file, &home, env).unwrap();
         let c = &loaded.config;
         let d = dir.path();
-        assert_eq!(c.plugins["p"].path.as_deref(), Some(d.join("plugins/p").as_path()));
+        assert_eq!(
+            c.plugins["p"].path.as_deref(),
+            Some(d.join("plugins/p").as_path())
+        );
         assert_eq!(c.plugins["q"].path.as_deref(), Some(Path::new("/opt/q")));
         assert_eq!(c.plugins["builtin"].path, None);
         assert_eq!(c.skills["s"].path, d.join("skills/s"));
-        assert_eq!(c.agents["a"].workspace_dir.as_deref(), Some(Path::new("/home/u/work")));
+        assert_eq!(
+            c.agents["a"].workspace_dir.as_deref(),
+            Some(Path::new("/home/u/work"))
+        );
         assert_eq!(c.agent_workspace(&home, "a"), Path::new("/home/u/work"));
         let mounts: Vec<_> = c.agents["a"].sandbox.extra_mounts.keys().cloned().collect();
         assert_eq!(mounts, [d.join("skills").display().to_string()]);
-        assert_eq!(c.sandbox.shim.as_deref(), Some(d.join("bin/beige-shim").as_path()));
-        assert_eq!(c.gateway.log_file.as_deref(), Some(Path::new("/home/u/logs/g.log")));
+        assert_eq!(
+            c.sandbox.shim.as_deref(),
+            Some(d.join("bin/beige-shim").as_path())
+        );
+        assert_eq!(
+            c.gateway.log_file.as_deref(),
+            Some(Path::new("/home/u/logs/g.log"))
+        );
     }
 
     #[test]

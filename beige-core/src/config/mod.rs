@@ -131,13 +131,25 @@ mod tests {
         let a = &c.agents["assistant"];
         assert_eq!(a.model.thinking_level, ThinkingLevel::Medium);
         assert_eq!(a.fallback_models[1].provider, "zai");
-        assert_eq!(a.workspace_dir.as_deref(), Some(dir.path().join("workspaces/assistant").as_path()));
-        assert_eq!(c.skills["code-review"].path, dir.path().join("skills/code-review"));
         assert_eq!(
-            a.sandbox.extra_mounts.get(mount.to_str().unwrap()).map(String::as_str),
+            a.workspace_dir.as_deref(),
+            Some(dir.path().join("workspaces/assistant").as_path())
+        );
+        assert_eq!(
+            c.skills["code-review"].path,
+            dir.path().join("skills/code-review")
+        );
+        assert_eq!(
+            a.sandbox
+                .extra_mounts
+                .get(mount.to_str().unwrap())
+                .map(String::as_str),
             Some("/projects")
         );
-        assert_eq!(c.gateway.log_file.as_deref(), Some(Path::new("/home/u/.beige/logs/gateway.log")));
+        assert_eq!(
+            c.gateway.log_file.as_deref(),
+            Some(Path::new("/home/u/.beige/logs/gateway.log"))
+        );
         assert_eq!(c.agents["intern"].model.model, "llama3.1:8b");
     }
 
@@ -145,7 +157,9 @@ mod tests {
     fn full_original_config_without_mount_source_names_the_mount() {
         let dir = tempfile::tempdir().unwrap();
         let err = load_full(dir.path(), "/nonexistent/projects").unwrap_err();
-        insta::assert_snapshot!(err.to_string().replace(&dir.path().display().to_string(), "[DIR]"));
+        insta::assert_snapshot!(err
+            .to_string()
+            .replace(&dir.path().display().to_string(), "[DIR]"));
     }
 
     #[test]
@@ -153,7 +167,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.json5");
         let home = BeigeHome::new(dir.path().join("home"));
-        let err = Config::from_str_with_env(&original("full.json5"), &file, &home, env).unwrap_err();
-        insta::assert_snapshot!(err.to_string().replace(&dir.path().display().to_string(), "[DIR]"));
+        let err =
+            Config::from_str_with_env(&original("full.json5"), &file, &home, env).unwrap_err();
+        insta::assert_snapshot!(err
+            .to_string()
+            .replace(&dir.path().display().to_string(), "[DIR]"));
     }
 }

@@ -74,13 +74,22 @@ mod tests {
             base: "/etc/beige".into(),
             user_home: "/home/u".into(),
         };
-        assert_eq!(r.resolve(Path::new("./skills/x")), Path::new("/etc/beige/skills/x"));
+        assert_eq!(
+            r.resolve(Path::new("./skills/x")),
+            Path::new("/etc/beige/skills/x")
+        );
         assert_eq!(r.resolve(Path::new("../data")), Path::new("/etc/data"));
         assert_eq!(r.resolve(Path::new("/abs/./p")), Path::new("/abs/p"));
         assert_eq!(r.resolve(Path::new("~")), Path::new("/home/u"));
-        assert_eq!(r.resolve(Path::new("~/logs/g.log")), Path::new("/home/u/logs/g.log"));
+        assert_eq!(
+            r.resolve(Path::new("~/logs/g.log")),
+            Path::new("/home/u/logs/g.log")
+        );
         // Only a leading `~` component expands; `~user` and `a/~` are ordinary names.
-        assert_eq!(r.resolve(Path::new("~bob/x")), Path::new("/etc/beige/~bob/x"));
+        assert_eq!(
+            r.resolve(Path::new("~bob/x")),
+            Path::new("/etc/beige/~bob/x")
+        );
         assert_eq!(r.resolve(Path::new("a/~")), Path::new("/etc/beige/a/~"));
     }
 }

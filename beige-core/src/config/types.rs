@@ -83,11 +83,7 @@ pub struct PluginEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<serde_json::Value>,
     /// Where the plugin was installed from (written by `beige plugins install`).
-    #[serde(
-        default,
-        rename = "_source",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "_source", skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
 }
 
@@ -142,6 +138,10 @@ pub struct AgentConfig {
     pub workspace_dir: Option<PathBuf>,
     #[serde(default)]
     pub sandbox: AgentSandboxConfig,
+    /// New in beige: tools taken away from this agent, core tools included
+    /// (e.g. `["exec"]`); wins over `tools`.
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
     /// Upper bound on model turns per prompt (new in beige).
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,

@@ -24,7 +24,7 @@ const BUILTIN_PROVIDERS: [&str; 3] = ["anthropic", "openai", "google"];
 /// Container paths beige mounts itself; extra mounts may not be or shadow them.
 const RESERVED_TARGETS: [&str; 4] = ["/workspace", "/tools", "/skills", "/beige"];
 
-/// Where Docker's socket usually lives.
+/// Where Docker's socket usually lives (any file named `docker.sock` is refused too).
 const DOCKER_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/docker.sock"];
 
 /// `^[a-z0-9][a-z0-9_-]{0,62}$`: safe as a path segment and in a container name.
@@ -71,8 +71,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, row) in d.iter_mut().enumerate() {
         row[0] = i;
     }
-    for j in 0..=b.len() {
-        d[0][j] = j;
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {
@@ -105,7 +105,13 @@ pub fn did_you_mean<'a>(
         .map(|(_, c)| c)
 }
 
-fn unknown_name(file: &Path, path: KeyPath, kind: NameKind, name: &str, known: &[&str]) -> ConfigError {
+fn unknown_name(
+    file: &Path,
+    path: KeyPath,
+    kind: NameKind,
+    name: &str,
+    known: &[&str],
+) -> ConfigError {
     ConfigError::UnknownName {
         file: file.to_path_buf(),
         path: path.to_string(),
@@ -148,7 +154,9 @@ pub fn parse_memory_limit(s: &str) -> Option<u64> {
     };
     let bytes = (number.parse::<f64>().ok()? * factor).floor();
     // 2^64 is exactly representable; anything at or above it does not fit.
-    (bytes >= 1.0 && bytes < 18_446_744_073_709_551_616.0).then_some(bytes as u64)
+    (1.0..18_446_744_073_709_551_616.0)
+        .contains(&bytes)
+        .then_some(bytes as u64)
 }
 
 /// A checked `extraMounts` entry.
@@ -156,16 +164,18 @@ pub fn parse_memory_limit(s: &str) -> Option<u64> {
 pub struct MountTarget {
     /// The absolute, normalised host path.
     pub host: PathBuf,
-    /// The absolute container path, without the `:ro` suffix.
+    /// The absolute container path, without the `:ro`/`:rw` suffix.
     pub container: String,
     pub read_only: bool,
 }
 
 /// Check one `extraMounts` entry (`host` already resolved) against the refusal rules:
-/// no `/`, no Docker socket, nothing of `BEIGE_HOME` except within the agent's own
-/// workspace, no ancestor of `BEIGE_HOME`, an existing host path, and an absolute
-/// container path that does not shadow `/workspace`, `/tools`, `/skills` or `/beige`.
-/// The error is the reason, for a sentence like "refusing to mount X at Y: <reason>".
+/// an absolute host path that is not `/`, not a Docker socket (or a folder holding one),
+/// not `BEIGE_HOME`, not inside it except within the agent's own workspace and not an
+/// ancestor of it; and an absolute container path that does not shadow `/workspace`,
+/// `/tools`, `/skills` or `/beige`. Symlinks are resolved when the path exists; that the
+/// host path exists is checked when the config loads, not here. The error is the reason,
+/// for a sentence like `refusing to mount X at Y: <reason>`.
 pub fn check_extra_mount(
     home: &BeigeHome,
     agent_workspace: &Path,
@@ -174,13 +184,6 @@ pub fn check_extra_mount(
 ) -> Result<MountTarget, String> {
     let host = check_host_path(home, agent_workspace, host)?;
     let (container, read_only) = parse_container_target(container)?;
-    if !host.exists() {
-        return Err(
-            "the host path does not exist — create it, or fix the path (relative paths \
-             are resolved against the config file's folder)"
-                .to_string(),
-        );
-    }
     Ok(MountTarget {
         host,
         container,
@@ -191,7 +194,11 @@ pub fn check_extra_mount(
 /// The host side of a mount: absolute, and nothing that hands the agent the host or
 /// beige's own state. `allowed` is the one place inside `BEIGE_HOME` that may be
 /// mounted. Checks the path as written and, when it exists, with symlinks resolved.
-pub(crate) fn check_host_path(home: &BeigeHome, allowed: &Path, host: &Path) -> Result<PathBuf, String> {
+pub(crate) fn check_host_path(
+    home: &BeigeHome,
+    allowed: &Path,
+    host: &Path,
+) -> Result<PathBuf, String> {
     if !host.is_absolute() {
         return Err("the host path must be absolute".to_string());
     }
@@ -210,23 +217,25 @@ pub(crate) fn check_host_path(home: &BeigeHome, allowed: &Path, host: &Path) -> 
     };
     let homes = with_real(home.root());
     let allowed = with_real(allowed);
+    let what = "the config, the API token, the database and every agent's workspace";
     for p in with_real(&lexical) {
         if p == Path::new("/") {
             return Err("that is the host's whole file system".to_string());
         }
-        if p.file_name().is_some_and(|n| n == "docker.sock")
-            || DOCKER_SOCKETS.iter().any(|s| p == Path::new(s))
-        {
-            return Err("that is a Docker socket — whoever can reach it controls the host".to_string());
+        if p.file_name().is_some_and(|n| n == "docker.sock") {
+            return Err(
+                "that is a Docker socket — whoever can reach it controls the host".to_string(),
+            );
         }
-        if DOCKER_SOCKETS.iter().any(|s| Path::new(s).starts_with(&p)) || p.join("docker.sock").exists() {
+        if DOCKER_SOCKETS.iter().any(|s| Path::new(s).starts_with(&p))
+            || p.join("docker.sock").exists()
+        {
             return Err(
                 "that folder holds a Docker socket — whoever can reach it controls the host"
                     .to_string(),
             );
         }
         for h in &homes {
-            let what = "the config, the API token, the database and every agent's workspace";
             if p == *h {
                 return Err(format!("that is BEIGE_HOME, which holds {what}"));
             }
@@ -267,7 +276,9 @@ fn parse_container_target(container: &str) -> Result<(String, bool), String> {
         ));
     }
     if path.components().any(|c| c == Component::ParentDir) {
-        return Err(format!("the container path '{target}' must not contain '..'"));
+        return Err(format!(
+            "the container path '{target}' must not contain '..'"
+        ));
     }
     let path = normalize(path);
     if path == Path::new("/") {
@@ -288,7 +299,11 @@ pub(crate) fn check_raw(value: &Value, file: &Path) -> Result<(), ConfigError> {
     if let Some(agents) = value.get("agents").and_then(Value::as_object) {
         for (name, agent) in agents {
             if agent.pointer("/sandbox/network").and_then(Value::as_str) == Some("host") {
-                let path = KeyPath::root().key("agents").key(name).key("sandbox").key("network");
+                let path = KeyPath::root()
+                    .key("agents")
+                    .key(name)
+                    .key("sandbox")
+                    .key("network");
                 return Err(invalid(
                     file,
                     path,
@@ -412,7 +427,10 @@ fn validate_agent(
         return Err(invalid(
             file,
             at_sandbox.key("pidsLimit"),
-            format!("pidsLimit must be greater than 0 (got {}; default 512)", sandbox.pids_limit),
+            format!(
+                "pidsLimit must be greater than 0 (got {}; default 512)",
+                sandbox.pids_limit
+            ),
         ));
     }
     if let Some(cpus) = sandbox.cpus {
@@ -453,20 +471,30 @@ fn validate_agent(
     };
     for (host, container) in &sandbox.extra_mounts {
         let resolved = resolver.resolve(Path::new(host));
-        check_extra_mount(home, &workspace, &resolved, container).map_err(|reason| {
-            ConfigError::MountRefused {
+        check_extra_mount(home, &workspace, &resolved, container)
+            .and_then(|mount| match mount.host.exists() {
+                true => Ok(()),
+                false => Err("the host path does not exist — create it, or fix the path \
+                              (relative paths are resolved against the config file's folder)"
+                    .to_string()),
+            })
+            .map_err(|reason| ConfigError::MountRefused {
                 file: file.to_path_buf(),
                 path: at_sandbox.key("extraMounts").key(host).to_string(),
                 host: resolved.display().to_string(),
                 container: container.clone(),
                 reason,
-            }
-        })?;
+            })?;
     }
     Ok(())
 }
 
-fn check_model(config: &Config, file: &Path, at: KeyPath, model: &ModelRef) -> Result<(), ConfigError> {
+fn check_model(
+    config: &Config,
+    file: &Path,
+    at: KeyPath,
+    model: &ModelRef,
+) -> Result<(), ConfigError> {
     if model.provider.trim().is_empty() || model.model.trim().is_empty() {
         return Err(invalid(
             file,
@@ -476,7 +504,13 @@ fn check_model(config: &Config, file: &Path, at: KeyPath, model: &ModelRef) -> R
     }
     if !config.llm.providers.contains_key(&model.provider) {
         let known: Vec<&str> = config.llm.providers.keys().map(String::as_str).collect();
-        return Err(unknown_name(file, at.key("provider"), NameKind::Provider, &model.provider, &known));
+        return Err(unknown_name(
+            file,
+            at.key("provider"),
+            NameKind::Provider,
+            &model.provider,
+            &known,
+        ));
     }
     if model.compaction_threshold == Some(0) {
         return Err(invalid(
@@ -491,13 +525,27 @@ fn check_model(config: &Config, file: &Path, at: KeyPath, model: &ModelRef) -> R
 /// `root`, or `uid:gid` with numeric ids.
 fn is_valid_user(user: &str) -> bool {
     let numeric = |id: &str| id.bytes().all(|b| b.is_ascii_digit()) && id.parse::<u32>().is_ok();
-    user == "root" || user.split_once(':').is_some_and(|(uid, gid)| numeric(uid) && numeric(gid))
+    user == "root"
+        || user
+            .split_once(':')
+            .is_some_and(|(uid, gid)| numeric(uid) && numeric(gid))
 }
 
-fn check_agent_skills(file: &Path, at: &KeyPath, agent: &AgentConfig, known: &[&str]) -> Result<(), ConfigError> {
+fn check_agent_skills(
+    file: &Path,
+    at: &KeyPath,
+    agent: &AgentConfig,
+    known: &[&str],
+) -> Result<(), ConfigError> {
     for (i, skill) in agent.skills.iter().enumerate() {
         if !known.contains(&skill.as_str()) {
-            return Err(unknown_name(file, at.key("skills").index(i), NameKind::Skill, skill, known));
+            return Err(unknown_name(
+                file,
+                at.key("skills").index(i),
+                NameKind::Skill,
+                skill,
+                known,
+            ));
         }
     }
     Ok(())
@@ -506,11 +554,25 @@ fn check_agent_skills(file: &Path, at: &KeyPath, agent: &AgentConfig, known: &[&
 /// Check every agent's `skills` against the configured skills plus those registered by
 /// plugins. At load only configured skills are known; the gateway calls this again with
 /// the plugins' skills once they are loaded.
-pub fn validate_skills(config: &Config, file: &Path, plugin_skills: &[&str]) -> Result<(), ConfigError> {
+pub fn validate_skills(
+    config: &Config,
+    file: &Path,
+    plugin_skills: &[&str],
+) -> Result<(), ConfigError> {
     let mut known: Vec<&str> = config.skills.keys().map(String::as_str).collect();
-    known.extend(plugin_skills.iter().copied().filter(|s| !config.skills.contains_key(*s)));
+    known.extend(
+        plugin_skills
+            .iter()
+            .copied()
+            .filter(|s| !config.skills.contains_key(*s)),
+    );
     for (name, agent) in &config.agents {
-        check_agent_skills(file, &KeyPath::root().key("agents").key(name), agent, &known)?;
+        check_agent_skills(
+            file,
+            &KeyPath::root().key("agents").key(name),
+            agent,
+            &known,
+        )?;
     }
     Ok(())
 }
@@ -518,12 +580,22 @@ pub fn validate_skills(config: &Config, file: &Path, plugin_skills: &[&str]) -> 
 /// Check every agent's `tools` against the tools the loaded plugins registered
 /// (called by the gateway once plugins are loaded; `file` is the config file, for the
 /// message).
-pub fn validate_tools(config: &Config, file: &Path, registered: &[&str]) -> Result<(), ConfigError> {
+pub fn validate_tools(
+    config: &Config,
+    file: &Path,
+    registered: &[&str],
+) -> Result<(), ConfigError> {
     for (name, agent) in &config.agents {
         let at = KeyPath::root().key("agents").key(name).key("tools");
         for (i, tool) in agent.tools.iter().enumerate() {
             if !registered.contains(&tool.as_str()) {
-                return Err(unknown_name(file, at.index(i), NameKind::Tool, tool, registered));
+                return Err(unknown_name(
+                    file,
+                    at.index(i),
+                    NameKind::Tool,
+                    tool,
+                    registered,
+                ));
             }
         }
     }
@@ -580,7 +652,17 @@ mod tests {
         for ok in ["a", "0", "intern", "my-agent_2", &"a".repeat(63)] {
             assert!(is_valid_agent_name(ok), "{ok}");
         }
-        for bad in ["", "Intern", "-a", "_a", "bad name", "a.b", "a/b", "é", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "Intern",
+            "-a",
+            "_a",
+            "bad name",
+            "a.b",
+            "a/b",
+            "é",
+            &"a".repeat(64),
+        ] {
             assert!(!is_valid_agent_name(bad), "{bad}");
         }
         assert_eq!(suggest_agent_name("Intern"), "intern");
@@ -594,7 +676,9 @@ mod tests {
     #[test]
     fn agents_must_exist_and_be_non_empty() {
         insta::assert_snapshot!(err(r#"{ llm: { providers: { anthropic: {} } } }"#));
-        insta::assert_snapshot!(err(r#"{ llm: { providers: { anthropic: {} } }, agents: {} }"#));
+        insta::assert_snapshot!(err(
+            r#"{ llm: { providers: { anthropic: {} } }, agents: {} }"#
+        ));
     }
 
     #[test]
@@ -612,7 +696,10 @@ mod tests {
     fn model_providers_must_be_configured() {
         let text = with_agent("a", "").replace("provider: \"anthropic\"", "provider: \"antropic\"");
         insta::assert_snapshot!(err(&text));
-        let text = with_agent("a", r#"fallbackModels: [{ provider: "openai", model: "gpt-4o" }, { provider: "zai", model: "glm" }],"#);
+        let text = with_agent(
+            "a",
+            r#"fallbackModels: [{ provider: "openai", model: "gpt-4o" }, { provider: "zai", model: "glm" }],"#,
+        );
         insta::assert_snapshot!(err(&text));
     }
 
@@ -626,7 +713,8 @@ mod tests {
     fn unknown_provider_names_need_an_api() {
         let text = with_agent("a", "").replace("openai: {}", "zai: { baseUrl: \"https://x\" }");
         insta::assert_snapshot!(err(&text));
-        let text = with_agent("a", "").replace("openai: {}", "zai: { api: \"openai-completions\" }");
+        let text =
+            with_agent("a", "").replace("openai: {}", "zai: { api: \"openai-completions\" }");
         assert!(load(&text).is_ok());
     }
 
@@ -639,7 +727,10 @@ mod tests {
     #[test]
     fn skills_must_be_configured() {
         insta::assert_snapshot!(err(&with_agent("a", r#"skills: ["code-review"],"#)));
-        let text = with_agent("a", "").replace("plugins:", "skills: { review: { path: \"/nonexistent/skill\" } }, plugins:");
+        let text = with_agent("a", "").replace(
+            "plugins:",
+            "skills: { review: { path: \"/nonexistent/skill\" } }, plugins:",
+        );
         insta::assert_snapshot!(err(&text));
     }
 
@@ -656,9 +747,15 @@ mod tests {
 
     #[test]
     fn compaction_threshold_at_least_one() {
-        let text = with_agent("a", "").replace("claude-sonnet-4-6\"", "claude-sonnet-4-6\", compactionThreshold: 0");
+        let text = with_agent("a", "").replace(
+            "claude-sonnet-4-6\"",
+            "claude-sonnet-4-6\", compactionThreshold: 0",
+        );
         insta::assert_snapshot!(err(&text));
-        let text = with_agent("a", "").replace("claude-sonnet-4-6\"", "claude-sonnet-4-6\", compactionThreshold: -5");
+        let text = with_agent("a", "").replace(
+            "claude-sonnet-4-6\"",
+            "claude-sonnet-4-6\", compactionThreshold: -5",
+        );
         insta::assert_snapshot!(err(&text));
     }
 
@@ -675,10 +772,28 @@ mod tests {
         assert_eq!(parse_memory_limit("100"), Some(100));
         assert_eq!(parse_memory_limit("100b"), Some(100));
         assert_eq!(parse_memory_limit("100B"), Some(100));
-        for bad in ["", "g", "0", "0.1", "-1g", "1.g", ".5g", "1.2.3", "3t", "3 gig", "1e9", "3bb", "1b g", "99999999999999999999g"] {
+        for bad in [
+            "",
+            "g",
+            "0",
+            "0.1",
+            "-1g",
+            "1.g",
+            ".5g",
+            "1.2.3",
+            "3t",
+            "3 gig",
+            "1e9",
+            "3bb",
+            "1b g",
+            "99999999999999999999g",
+        ] {
             assert_eq!(parse_memory_limit(bad), None, "{bad:?}");
         }
-        insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { memoryLimit: "lots" },"#)));
+        insta::assert_snapshot!(err(&with_agent(
+            "a",
+            r#"sandbox: { memoryLimit: "lots" },"#
+        )));
     }
 
     #[test]
@@ -686,7 +801,8 @@ mod tests {
         assert!(err(&with_agent("a", "maxTurns: 0,")).contains("maxTurns must be at least 1"));
         insta::assert_snapshot!(err(&with_agent("a", "sandbox: { pidsLimit: 0 },")));
         insta::assert_snapshot!(err(&with_agent("a", "sandbox: { cpus: 0 },")));
-        assert!(err(&with_agent("a", "sandbox: { cpus: -1.5 },")).contains("cpus must be a positive number"));
+        assert!(err(&with_agent("a", "sandbox: { cpus: -1.5 },"))
+            .contains("cpus must be a positive number"));
         assert!(load(&with_agent("a", "sandbox: { cpus: 1.5, pidsLimit: 64 },")).is_ok());
     }
 
@@ -705,23 +821,45 @@ mod tests {
         insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { network: "host" },"#)));
         insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { network: "brige" },"#)));
         let loaded = load(&with_agent("a", r#"sandbox: { network: "bridge" },"#)).unwrap();
-        assert_eq!(loaded.config.agents["a"].sandbox.network, crate::config::NetworkMode::Bridge);
+        assert_eq!(
+            loaded.config.agents["a"].sandbox.network,
+            crate::config::NetworkMode::Bridge
+        );
     }
 
     #[test]
     fn sandbox_user() {
         for ok in ["root", "1000:1000", "0:0"] {
-            assert!(load(&with_agent("a", &format!("sandbox: {{ user: \"{ok}\" }},"))).is_ok(), "{ok}");
+            assert!(
+                load(&with_agent("a", &format!("sandbox: {{ user: \"{ok}\" }},"))).is_ok(),
+                "{ok}"
+            );
         }
-        for bad in ["1000", "alice", "1000:", ":1000", "+1:2", "1:99999999999", "root:root"] {
-            assert!(err(&with_agent("a", &format!("sandbox: {{ user: \"{bad}\" }},"))).contains("invalid user"), "{bad}");
+        for bad in [
+            "1000",
+            "alice",
+            "1000:",
+            ":1000",
+            "+1:2",
+            "1:99999999999",
+            "root:root",
+        ] {
+            assert!(
+                err(&with_agent(
+                    "a",
+                    &format!("sandbox: {{ user: \"{bad}\" }},")
+                ))
+                .contains("invalid user"),
+                "{bad}"
+            );
         }
         insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { user: "alice" },"#)));
     }
 
     #[test]
     fn tools_are_checked_against_registered_ones() {
-        let loaded = load(&with_agent("a", "").replace("tools: []", r#"tools: ["kv", "gti"]"#)).unwrap();
+        let loaded =
+            load(&with_agent("a", "").replace("tools: []", r#"tools: ["kv", "gti"]"#)).unwrap();
         let file = Path::new(FILE);
         assert!(validate_tools(&loaded.config, file, &["git", "kv", "gti"]).is_ok());
         let e = validate_tools(&loaded.config, file, &["git", "kv"]).unwrap_err();
@@ -753,11 +891,15 @@ mod tests {
             ("/var/lib", "/lib"),
             ("relative/path", "/r"),
             ("/a/../../etc", "/e"),
-            ("/nonexistent/data", "/data"),
         ];
         let out: Vec<String> = cases
             .iter()
-            .map(|(host, container)| format!("{host} -> {container}: {}", mount_err(&home, host, container)))
+            .map(|(host, container)| {
+                format!(
+                    "{host} -> {container}: {}",
+                    mount_err(&home, host, container)
+                )
+            })
             .collect();
         insta::assert_snapshot!(out.join("\n"));
     }
@@ -767,8 +909,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(HOME);
         let host = dir.path().to_str().unwrap();
-        let cases = ["data", "/", "/workspace", "/workspace/sub", "/tools/bin", "/skills", "/beige:ro", "/a/../workspace", "/x:z", "/x:ro:ro"];
-        let out: Vec<String> = cases.iter().map(|c| format!("{c}: {}", mount_err(&home, host, c))).collect();
+        let cases = [
+            "data",
+            "/",
+            "/workspace",
+            "/workspace/sub",
+            "/tools/bin",
+            "/skills",
+            "/beige:ro",
+            "/a/../workspace",
+            "/x:z",
+            "/x:ro:ro",
+        ];
+        let out: Vec<String> = cases
+            .iter()
+            .map(|c| format!("{c}: {}", mount_err(&home, host, c)))
+            .collect();
         insta::assert_snapshot!(out.join("\n"));
     }
 
@@ -782,10 +938,21 @@ mod tests {
         std::fs::create_dir_all(&data).unwrap();
 
         let m = check_extra_mount(&home, &ws, &data, "/data:ro").unwrap();
-        assert_eq!(m, MountTarget { host: data.clone(), container: "/data".into(), read_only: true });
+        assert_eq!(
+            m,
+            MountTarget {
+                host: data.clone(),
+                container: "/data".into(),
+                read_only: true
+            }
+        );
         let m = check_extra_mount(&home, &ws, &data, "/srv/./data/").unwrap();
         assert_eq!((m.container.as_str(), m.read_only), ("/srv/data", false));
-        assert!(!check_extra_mount(&home, &ws, &data, "/workspaces:rw").unwrap().read_only);
+        assert!(
+            !check_extra_mount(&home, &ws, &data, "/workspaces:rw")
+                .unwrap()
+                .read_only
+        );
         // Inside the agent's own workspace is fine, even though it is inside BEIGE_HOME.
         assert!(check_extra_mount(&home, &ws, &ws.join("sub"), "/sub").is_ok());
         // Another agent's workspace is not.
@@ -811,28 +978,67 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
         std::fs::create_dir_all(dir.path().join("user/notes")).unwrap();
         let file = dir.path().join("config.json5");
-        let text = with_agent("a", r#"sandbox: { extraMounts: { "./data": "/data:ro", "~/notes": "/notes" } },"#);
+        let text = with_agent(
+            "a",
+            r#"sandbox: { extraMounts: { "./data": "/data:ro", "~/notes": "/notes" } },"#,
+        );
         let home = BeigeHome::new(dir.path().join("home"));
         let user = dir.path().join("user");
         let env = |n: &str| (n == "HOME").then(|| user.display().to_string());
         let loaded = Config::from_str_with_env(&text, &file, &home, env).unwrap();
-        let mounts: Vec<(&String, &String)> = loaded.config.agents["a"].sandbox.extra_mounts.iter().collect();
+        let mounts: Vec<(&String, &String)> = loaded.config.agents["a"]
+            .sandbox
+            .extra_mounts
+            .iter()
+            .collect();
         let data = dir.path().join("data").display().to_string();
         let notes = user.join("notes").display().to_string();
-        assert_eq!(mounts, [(&data, &"/data:ro".to_string()), (&notes, &"/notes".to_string())]);
+        assert_eq!(
+            mounts,
+            [
+                (&data, &"/data:ro".to_string()),
+                (&notes, &"/notes".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn mount_sources_must_exist_at_load() {
+        let home = BeigeHome::new(HOME);
+        let ws = home.default_workspace("a");
+        // The pure check accepts it (the container spec may be computed before the folder
+        // exists); loading the config does not.
+        assert!(check_extra_mount(&home, &ws, Path::new("/nonexistent/data"), "/data").is_ok());
+        insta::assert_snapshot!(err(&with_agent(
+            "a",
+            r#"sandbox: { extraMounts: { "/nonexistent/data": "/data" } },"#
+        )));
     }
 
     #[test]
     fn mount_errors_in_config_name_the_entry() {
-        insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { extraMounts: { "/": "/host" } },"#)));
-        insta::assert_snapshot!(err(&with_agent("a", r#"sandbox: { extraMounts: { "/tmp": "/workspace/tmp" } },"#)));
+        insta::assert_snapshot!(err(&with_agent(
+            "a",
+            r#"sandbox: { extraMounts: { "/": "/host" } },"#
+        )));
+        insta::assert_snapshot!(err(&with_agent(
+            "a",
+            r#"sandbox: { extraMounts: { "/tmp": "/workspace/tmp" } },"#
+        )));
     }
 
     #[test]
     fn workspace_dir_may_not_expose_the_home() {
-        insta::assert_snapshot!(err(&with_agent("a", &format!(r#"workspaceDir: "{HOME}","#))));
+        insta::assert_snapshot!(err(&with_agent(
+            "a",
+            &format!(r#"workspaceDir: "{HOME}","#)
+        )));
         assert!(err(&with_agent("a", r#"workspaceDir: "/","#)).contains("whole file system"));
-        assert!(load(&with_agent("a", &format!(r#"workspaceDir: "{HOME}/agents/a/ws","#))).is_ok());
+        assert!(load(&with_agent(
+            "a",
+            &format!(r#"workspaceDir: "{HOME}/agents/a/ws","#)
+        ))
+        .is_ok());
         assert!(load(&with_agent("a", r#"workspaceDir: "/srv/a","#)).is_ok());
     }
 }

@@ -308,15 +308,13 @@ impl DockerSandbox {
             let mut stderr = Vec::new();
             while let Some(chunk) = output.next().await {
                 match chunk? {
-                    bollard::container::LogOutput::StdOut { message } => {
-                        if stdout.len() + message.len() <= MAX_REPLY_BYTES {
-                            stdout.extend_from_slice(&message);
-                        }
+                    bollard::container::LogOutput::StdOut { message }
+                        if stdout.len() + message.len() <= MAX_REPLY_BYTES =>
+                    {
+                        stdout.extend_from_slice(&message);
                     }
-                    bollard::container::LogOutput::StdErr { message } => {
-                        if stderr.len() < 64 * 1024 {
-                            stderr.extend_from_slice(&message);
-                        }
+                    bollard::container::LogOutput::StdErr { message } if stderr.len() < 64 * 1024 => {
+                        stderr.extend_from_slice(&message);
                     }
                     _ => {}
                 }

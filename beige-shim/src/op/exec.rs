@@ -38,6 +38,10 @@ pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// process stuck in uninterruptible sleep).
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// Longest timeout honoured (a year); larger values are clamped so deadlines cannot
+/// overflow. A timeout of 0 counts as 1 second.
+const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
 /// Bytes read from a pipe per step.
 const PIPE_CHUNK: usize = 64 * 1024;
 
@@ -137,7 +141,7 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
         });
     }
 
-    let timeout = Duration::from_secs(req.timeout_secs.max(1));
+    let timeout = Duration::from_secs(req.timeout_secs.clamp(1, MAX_TIMEOUT_SECS));
     let outcome = supervise(pgid, &events, timeout);
     let duration = started.elapsed();
 
@@ -173,13 +177,22 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
     })
 }
 
-/// Waits for the shell to exit, enforcing the timeout and forwarding signals:
-/// running → (timeout or signal) SIGTERM sent → (grace) SIGKILL sent → give up.
+/// Where the supervisor is in killing the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Running,
+    /// SIGTERM (or a forwarded signal) sent; SIGKILL follows after the grace.
+    Terminating,
+    /// SIGKILL sent; waiting at most [`KILL_WAIT`] more.
+    Killed,
+}
+
+/// Waits for the shell to exit, enforcing the timeout and forwarding signals.
 fn supervise(pgid: u32, events: &mpsc::Receiver<Event>, timeout: Duration) -> Outcome {
+    let grace = Duration::from_secs(EXEC_KILL_GRACE_SECS);
     let mut outcome = Outcome::default();
     let mut deadline = Instant::now() + timeout;
-    // 0: running, 1: SIGTERM sent, 2: SIGKILL sent.
-    let mut stage = 0u8;
+    let mut stage = Stage::Running;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match events.recv_timeout(left) {
@@ -189,24 +202,24 @@ fn supervise(pgid: u32, events: &mpsc::Receiver<Event>, timeout: Duration) -> Ou
             }
             Ok(Event::Signal(signal)) => {
                 let _ = sys::kill_process_group(pgid, signal);
-                if stage == 0 {
-                    stage = 1;
-                    deadline = Instant::now() + Duration::from_secs(EXEC_KILL_GRACE_SECS);
+                if stage == Stage::Running {
+                    stage = Stage::Terminating;
+                    deadline = Instant::now() + grace;
                 }
             }
             Err(RecvTimeoutError::Timeout) => match stage {
-                0 => {
+                Stage::Running => {
                     outcome.timed_out = true;
                     let _ = sys::kill_process_group(pgid, libc::SIGTERM);
-                    stage = 1;
-                    deadline = Instant::now() + Duration::from_secs(EXEC_KILL_GRACE_SECS);
+                    stage = Stage::Terminating;
+                    deadline = Instant::now() + grace;
                 }
-                1 => {
+                Stage::Terminating => {
                     let _ = sys::kill_process_group(pgid, libc::SIGKILL);
-                    stage = 2;
+                    stage = Stage::Killed;
                     deadline = Instant::now() + KILL_WAIT;
                 }
-                _ => return outcome,
+                Stage::Killed => return outcome,
             },
         }
     }
@@ -360,6 +373,12 @@ mod tests {
         let marker = format!("\n[... {} bytes omitted ...]\n", reply.stdout_omitted);
         assert!(reply.stdout.contains(&marker), "{}", reply.stdout);
         assert!(reply.stdout.len() <= 100 + marker.len(), "{}", reply.stdout);
+    }
+
+    #[test]
+    fn huge_timeout_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(run(dir.path(), &req("exit 0", u64::MAX)).exit_code, Some(0));
     }
 
     #[test]

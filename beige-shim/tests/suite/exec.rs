@@ -152,7 +152,7 @@ fn escaped_daemon_holding_the_pipe_cannot_hold_the_reply() {
     let r = run_exec(
         ws.path(),
         exec(
-            "setsid sh -c 'echo $$ > d.pid; sleep 30' & sleep 0.3; echo done",
+            "setsid sh -c 'echo $$ > d.pid; exec sleep 30' & sleep 0.3; echo done",
             10,
         ),
     );
@@ -164,6 +164,10 @@ fn escaped_daemon_holding_the_pipe_cannot_hold_the_reply() {
     assert_eq!(r.exit_code, Some(0));
     assert!(r.stdout.starts_with("done"));
     if let Ok(pid) = std::fs::read_to_string(ws.path().join("d.pid")) {
-        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+        // The daemon leads its own session and group: end all of it.
+        let group = format!("-{}", pid.trim());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
     }
 }

@@ -1,0 +1,184 @@
+//! Plugins and plugin tools: the [`Plugin`] and [`Tool`] traits, the registrar plugins
+//! register through, and the registry the gateway routes calls with.
+//!
+//! Owns naming rules (a tool is named after its plugin, or `<plugin>.<name>`), uniqueness
+//! of tools, hooks and skills, per-call config merging (the agent's `pluginConfigs` deep
+//! merged over the plugin's `config`) and start/stop order (config order, reverse on
+//! stop). It does not decide whether a call may run (policy) and does not record it
+//! (audit). Plugins never see LLM keys or other plugins' configuration: a plugin gets
+//! only its own config.
+
+pub mod registry;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::hooks::HookHandler;
+
+pub use registry::{merge_config, PluginRegistry, Registrar};
+
+/// The session a tool call belongs to, as far as the gateway could verify it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInfo {
+    /// Always the agent the call came from (from the socket, never the payload).
+    pub agent: String,
+    /// `socket:<agent>` when the caller named no valid session.
+    pub key: String,
+    /// `socket` when the caller named no valid session.
+    pub channel: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+}
+
+/// One invocation of a plugin tool.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub tool: String,
+    pub args: Vec<String>,
+    /// Data piped into the tool in the sandbox, if any.
+    pub stdin: Option<Vec<u8>>,
+    /// The caller's working directory relative to the workspace (validated: it stays
+    /// inside). Resolve it on the host with [`crate::fsutil::safe_join`].
+    pub cwd: Option<String>,
+    /// The agent's workspace on the host.
+    pub workspace: PathBuf,
+    pub session: SessionInfo,
+    /// The plugin's config deep-merged with the agent's `pluginConfigs` entry.
+    pub config: serde_json::Value,
+}
+
+/// What a tool returns: stdout for the caller and an exit code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResult {
+    pub output: String,
+    pub exit_code: i32,
+}
+
+impl ToolResult {
+    pub fn ok(output: impl Into<String>) -> Self {
+        Self {
+            output: output.into(),
+            exit_code: 0,
+        }
+    }
+
+    pub fn fail(output: impl Into<String>, exit_code: i32) -> Self {
+        Self {
+            output: output.into(),
+            exit_code,
+        }
+    }
+}
+
+/// A failure inside a tool handler (as opposed to a result with a non-zero exit code).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A plugin tool: runs on the host, called from the sandbox as `/tools/bin/<name>`.
+#[async_trait]
+pub trait Tool: Send + Sync + std::fmt::Debug {
+    /// `<plugin>` or `<plugin>.<sub>`.
+    fn name(&self) -> &str;
+    /// One line for the system prompt and `--help`.
+    fn description(&self) -> &str;
+    /// Usage lines, e.g. `kv get <key>`.
+    fn commands(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Handler time limit; the socket server's default (120 s) when `None`.
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+    async fn call(&self, call: ToolCall) -> Result<ToolResult, ToolError>;
+}
+
+/// A skill: a read-only folder mounted at `/skills/<name>/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkillDef {
+    pub name: String,
+    pub path: PathBuf,
+    pub description: String,
+}
+
+/// What a plugin gets when it registers.
+#[derive(Debug, Clone)]
+pub struct PluginContext {
+    /// The plugin's own `plugins.<name>.config` (no other plugin's, no LLM keys).
+    pub config: serde_json::Value,
+    /// `<BEIGE_HOME>/data/<plugin>/`, created before `register`.
+    pub data_dir: PathBuf,
+    /// Where the plugin's docs (`SKILL.md`, `README.md`) live, mounted at
+    /// `/tools/packages/<tool>/` for each of its tools; `None` for none.
+    pub package_dir: Option<PathBuf>,
+}
+
+/// A plugin: registers tools, hooks and skills; may start and stop background work.
+#[async_trait]
+pub trait Plugin: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &str;
+
+    /// Register tools, hooks and skills. Called once, in config order.
+    async fn register(&self, ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError>;
+
+    /// Called after the gateway is up, in config order.
+    async fn start(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// Called on shutdown, in reverse config order. Errors are logged.
+    async fn stop(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Registration and lifecycle errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PluginError {
+    #[error("plugin '{plugin}' cannot register tool '{tool}': tool names must be '{plugin}' or start with '{plugin}.'")]
+    ToolName { plugin: String, tool: String },
+    #[error("tool '{tool}' is registered twice (by plugin '{first}' and by plugin '{second}')")]
+    DuplicateTool {
+        tool: String,
+        first: String,
+        second: String,
+    },
+    #[error("skill '{skill}' is registered twice (by '{first}' and by '{second}')")]
+    DuplicateSkill {
+        skill: String,
+        first: String,
+        second: String,
+    },
+    #[error("plugin '{plugin}' is listed in the config but no such plugin exists (built-in plugins: {builtin}); give it a `path` or install it with `beige plugins install`")]
+    Unknown { plugin: String, builtin: String },
+    #[error("plugin '{plugin}': {message}")]
+    Failed { plugin: String, message: String },
+}
+
+/// A registered tool and the plugin that owns it.
+#[derive(Debug, Clone)]
+pub struct RegisteredTool {
+    pub plugin: String,
+    pub tool: Arc<dyn Tool>,
+    pub package_dir: Option<PathBuf>,
+}
+
+/// A registered hook handler and the plugin that owns it.
+#[derive(Debug, Clone)]
+pub struct RegisteredHooks {
+    pub plugin: String,
+    pub handler: Arc<dyn HookHandler>,
+}
