@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use beige_core::config::Config;
 use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::plugin::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 use beige_core::tools::{CoreToolCall, ToolContext};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 
@@ -35,10 +36,40 @@ fn config(image: &str) -> anyhow::Result<Config> {
         "llm": {"providers": {"anthropic": {}}},
         "agents": {"bench": {
             "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
-            "tools": [],
+            "tools": ["noop"],
             "sandbox": {"image": image, "memoryLimit": "256m"}
         }}
     }))?)
+}
+
+/// A tool that does nothing, to measure the path around a plugin tool call.
+#[derive(Debug)]
+struct Noop;
+
+#[async_trait::async_trait]
+impl Tool for Noop {
+    fn name(&self) -> &str {
+        "noop"
+    }
+    fn description(&self) -> &str {
+        "does nothing"
+    }
+    async fn call(&self, _call: ToolCall) -> Result<ToolResult, ToolError> {
+        Ok(ToolResult::ok(""))
+    }
+}
+
+#[derive(Debug)]
+struct NoopPlugin;
+
+#[async_trait::async_trait]
+impl Plugin for NoopPlugin {
+    fn name(&self) -> &str {
+        "noop"
+    }
+    async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
+        reg.tool(Arc::new(Noop))
+    }
 }
 
 async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<LocalGateway> {
@@ -46,6 +77,7 @@ async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Resul
     Ok(GatewayBuilder::new(config(image)?, home.clone())
         .shim(shim)
         .sandbox(Arc::new(docker))
+        .plugin(Arc::new(NoopPlugin))
         .build()
         .await?)
 }
@@ -84,6 +116,33 @@ async fn sandbox_cold_start(home: &BeigeHome, image: &str, shim: &PathBuf) -> an
     Ok(Figure { name: "sandbox_cold_start", unit: "ms", samples })
 }
 
+/// 200 calls of a no-op plugin tool from a shell loop in the sandbox. Each sample is
+/// one loop's time minus an empty loop's, divided by 200.
+async fn tool_call_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+    let gw = gateway(home, image, shim).await?;
+    let run = |cmd: &'static str| {
+        let gw = gw.clone();
+        async move {
+            let call = CoreToolCall::parse("exec", serde_json::json!({"command": cmd}))?;
+            let t = Instant::now();
+            let out = gw.call_tool("bench", call, ToolContext::default()).await?;
+            anyhow::ensure!(!out.is_error, "loop failed: {}", out.joined_text());
+            Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+        }
+    };
+    let with = "i=0; while [ $i -lt 200 ]; do noop; i=$((i+1)); done";
+    let without = "i=0; while [ $i -lt 200 ]; do true; i=$((i+1)); done";
+    run(with).await?;
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        let base = run(without).await?;
+        let total = run(with).await?;
+        samples.push((total - base) / 200.0);
+    }
+    gw.shutdown().await?;
+    Ok(Figure { name: "tool_call_roundtrip", unit: "ms", samples })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let only: Vec<String> = std::env::args().skip(1).collect();
@@ -96,6 +155,9 @@ async fn main() -> anyhow::Result<()> {
     let mut figures = Vec::new();
     if want("exec_roundtrip") {
         figures.push(exec_roundtrip(&home, &image, &shim).await?);
+    }
+    if want("tool_call_roundtrip") {
+        figures.push(tool_call_roundtrip(&home, &image, &shim).await?);
     }
     if want("sandbox_cold_start") {
         figures.push(sandbox_cold_start(&home, &image, &shim).await?);

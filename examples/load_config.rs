@@ -1,6 +1,40 @@
-//! Run with `cargo run -p beige-examples --example load_config -- path/to/config.json5`.
+//! Run with `cargo run -p beige-examples --example load_config -- path/to/config.json5`
+//! (defaults to `$BEIGE_HOME/config.json5`).
 //!
-//! Loads and validates a configuration the way the gateway does and prints its agents.
+//! Loads and validates a configuration exactly as the gateway does, prints the warnings,
+//! and shows each agent's model, tools and the container the gateway would ask Docker
+//! for — without starting anything.
+
+use beige_core::config::Config;
+use beige_core::sandbox::{ContainerSpec, SandboxUser, SpecInput};
+use beige_core::BeigeHome;
+
 fn main() -> anyhow::Result<()> {
+    let home = BeigeHome::from_env();
+    let path = std::env::args()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| home.config_path());
+    let loaded = Config::load(&path, &home)?;
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    for (name, agent) in &loaded.config.agents {
+        println!(
+            "{name}: {}/{} tools={:?}",
+            agent.model.provider, agent.model.model, agent.tools
+        );
+        let spec = ContainerSpec::for_agent(&SpecInput {
+            home: &home,
+            agent: name,
+            config: agent,
+            workspace: loaded.config.agent_workspace(&home, name),
+            shim: "/usr/local/lib/beige/beige-shim".into(),
+            user: SandboxUser::DEFAULT,
+            tool_packages: Vec::new(),
+            skills: Vec::new(),
+        })?;
+        println!("{}", serde_json::to_string_pretty(&spec)?);
+    }
     Ok(())
 }

@@ -18,6 +18,7 @@
 //! | [`audit`] | the audit log (`audit.jsonl`) |
 //! | [`hooks`] | the nine hooks and how they chain |
 //! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
+//! | [`skills`] | skill folders: manifests, requirements |
 //! | [`fsutil`] | host-side path safety (`safe_join`) |
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
@@ -31,6 +32,7 @@ pub mod home;
 pub mod plugin;
 pub mod policy;
 pub mod sandbox;
+pub mod skills;
 pub mod socket;
 pub mod tools;
 

@@ -6,8 +6,10 @@
 //! |---|---|
 //! | `beige-shim init` | PID 1 of the container ([`init`]) |
 //! | `beige-shim op read\|write\|patch\|exec` | one core-tool operation, JSON in and out ([`op`]) |
+//! | `beige-shim tool <name> [args…]` | tool client for `<name>` ([`tool`]) |
 //! | `beige-shim --version` | prints the version |
-//! | `/tools/bin/<tool>` (a symlink) or `beige-shim tool <name>` | tool client (not yet) |
+//! | invoked as `init` (a link named `init`) | PID 1, as `beige-shim init` |
+//! | invoked under any other name, e.g. `/tools/bin/kv` (a symlink) | tool client for that name |
 //!
 //! It must stay free of C dependencies and of anything that needs NSS (user or host
 //! name look-ups), so the statically linked build runs in any image.
@@ -16,8 +18,9 @@ mod fsutil;
 mod init;
 mod op;
 mod sys;
+mod tool;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 /// Names under which the binary acts on its first argument rather than as a tool.
@@ -33,22 +36,30 @@ fn main() {
     std::process::exit(dispatch(&argv0, &rest));
 }
 
-fn dispatch(argv0: &OsString, rest: &[OsString]) -> i32 {
-    let invoked_as = Path::new(argv0)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if !invoked_as.is_empty() && !SHIM_NAMES.contains(&invoked_as.as_str()) {
-        return tool_client(&invoked_as);
+fn dispatch(argv0: &OsStr, rest: &[OsString]) -> i32 {
+    let invoked_as = Path::new(argv0).file_name().unwrap_or_default();
+    let lossy = |args: &[OsString]| -> Vec<String> {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    };
+    if invoked_as == "init" {
+        return init::run(&lossy(rest));
     }
-    let rest: Vec<String> = rest
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    match rest.first().map(String::as_str) {
-        Some("init") => init::run(&rest[1..]),
-        Some("op") => op::run(rest.get(1).map(String::as_str)),
-        Some("tool") => tool_client(rest.get(1).map_or("", String::as_str)),
+    if !invoked_as.is_empty() && !SHIM_NAMES.iter().any(|n| invoked_as == *n) {
+        // `/tools/bin/<tool>`: every argument goes to the tool, `--help` included.
+        return tool::run(invoked_as, rest);
+    }
+    match rest.first().and_then(|a| a.to_str()) {
+        Some("init") => init::run(&lossy(&rest[1..])),
+        Some("op") => op::run(rest.get(1).and_then(|a| a.to_str())),
+        Some("tool") => match rest.get(1) {
+            Some(name) if !name.is_empty() => tool::run(name, &rest[2..]),
+            _ => {
+                eprintln!("beige-shim tool: missing the tool name\n\n{}", usage());
+                EXIT_USAGE
+            }
+        },
         Some("--version" | "-V") => {
             println!("beige-shim {}", env!("CARGO_PKG_VERSION"));
             0
@@ -64,23 +75,16 @@ fn dispatch(argv0: &OsString, rest: &[OsString]) -> i32 {
     }
 }
 
-fn tool_client(tool: &str) -> i32 {
-    eprintln!(
-        "beige-shim: invoked as tool {tool:?}, but the tool-client role is not available in \
-         this version of the shim.\n\n{}",
-        usage()
-    );
-    EXIT_USAGE
-}
-
 fn usage() -> String {
     format!(
         "beige-shim {} — the in-sandbox helper of beige\n\n\
          usage:\n  \
          beige-shim init               run as PID 1 of the container\n  \
          beige-shim op <operation>     one operation ({}) — JSON request on stdin, JSON reply on stdout\n  \
-         beige-shim --version          print the version",
+         beige-shim --version          print the version\n\
+         {}",
         env!("CARGO_PKG_VERSION"),
-        op::NAMES.join("|")
+        op::NAMES.join("|"),
+        tool::USAGE
     )
 }

@@ -1,6 +1,7 @@
 //! Safe wrappers over the few raw libc calls the shim needs: blocking and waiting for
 //! signals, sending signals to process groups (and, for PID 1 only, to every process of
-//! the container), reaping children and waiting for a child's exit without reaping it.
+//! the container), reaping children, waiting for a child's exit without reaping it, and
+//! waiting (bounded) for a file descriptor to become readable.
 //!
 //! This is the only module of the shim that contains `unsafe` code. Everything else goes
 //! through the small, checked functions below; none of them can signal "all processes"
@@ -10,8 +11,9 @@
 
 use std::fmt;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A set of signals blocked in the calling thread (and in every thread spawned from it
 /// afterwards), to be received synchronously with [`SignalSet::wait`].
@@ -221,6 +223,43 @@ pub fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
     }
 }
 
+/// Waits up to `timeout` for `fd` to become readable and returns whether it did.
+///
+/// "Readable" means a read would not block: data is there, or the other end is gone
+/// (end of file, POLLHUP) or in error — the following read reports which. An invalid
+/// descriptor (POLLNVAL) is an error. Interruptions by signals are retried with the
+/// remaining time.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        // Round up so a sub-millisecond remainder still waits instead of spinning.
+        let millis = remaining.as_micros().div_ceil(1000);
+        let millis = libc::c_int::try_from(millis).unwrap_or(libc::c_int::MAX);
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid, exclusively borrowed array of exactly one pollfd for
+        // the duration of the call; `fd` is borrowed, so it stays open meanwhile.
+        let rc = unsafe { libc::poll(&mut pfd, 1, millis) };
+        if rc > 0 {
+            if pfd.revents & libc::POLLNVAL != 0 {
+                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            }
+            return Ok(pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0);
+        }
+        if rc == 0 {
+            return Ok(false);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +300,21 @@ mod tests {
         let set = SignalSet::block(&[libc::SIGUSR2]).unwrap();
         let got = set.wait(Some(Duration::from_millis(20))).unwrap();
         assert_eq!(got, None);
+    }
+
+    #[test]
+    fn readable_after_write_or_hangup_but_not_when_idle() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixStream;
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let started = Instant::now();
+        assert!(!wait_readable(a.as_fd(), Duration::from_millis(30)).unwrap());
+        assert!(started.elapsed() >= Duration::from_millis(25));
+        b.write_all(b"x").unwrap();
+        assert!(wait_readable(a.as_fd(), Duration::from_millis(30)).unwrap());
+        let (c, d) = UnixStream::pair().unwrap();
+        drop(d);
+        assert!(wait_readable(c.as_fd(), Duration::ZERO).unwrap());
     }
 }

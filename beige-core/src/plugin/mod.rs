@@ -8,6 +8,7 @@
 //! (audit). Plugins never see LLM keys or other plugins' configuration: a plugin gets
 //! only its own config.
 
+pub mod kv;
 pub mod registry;
 
 use std::path::PathBuf;

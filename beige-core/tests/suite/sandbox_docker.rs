@@ -172,3 +172,33 @@ async fn dead_container_is_recreated_on_next_call() {
     assert_eq!(out.joined_text(), "Exit code: 0\nfine");
     gw.shutdown().await.unwrap();
 }
+
+/// The gateway builds the default image itself from the bundled Dockerfile. Offline
+/// here, so it builds from the local Debian base made by `scripts/setup-docker
+/// --debian-base` (always made in CI).
+#[tokio::test]
+async fn default_image_builds_from_local_debian_base() {
+    let _env = docker_or_skip!();
+    let base = "beige-test-debian:bookworm";
+    let docker = DockerSandbox::connect("x").await.unwrap();
+    if docker.client().inspect_image(base).await.is_err() {
+        if super::support::required() {
+            panic!("{base} missing: scripts/setup-docker --debian-base builds it");
+        }
+        eprintln!("SKIPPED (not in CI): {base} missing; run scripts/setup-docker --debian-base");
+        return;
+    }
+    let tag = format!("beige-sandbox:test-{}", std::process::id());
+    let docker = docker.with_build_base(Some(base.to_string()));
+    docker.build_default_image(&tag).await.unwrap();
+    let image = docker.client().inspect_image(&tag).await.unwrap();
+    let config = image.config.unwrap();
+    assert_eq!(config.working_dir.as_deref(), Some("/workspace"));
+    assert!(config.env.unwrap().iter().any(|e| e.starts_with("PATH=/tools/bin:")));
+    assert_eq!(config.labels.unwrap().get("io.beige.image").map(String::as_str), Some("default"));
+    docker
+        .client()
+        .remove_image(&tag, None::<bollard::query_parameters::RemoveImageOptions>, None)
+        .await
+        .unwrap();
+}

@@ -1,0 +1,717 @@
+//! Skills: read-only folders of instructions and reference material an agent reads at
+//! `/skills/<name>/`.
+//!
+//! Owns reading a skill's manifest (`skill.json`), merging the configured (standalone)
+//! skills with the skills plugins register — a configured skill wins a name clash — and
+//! checking each agent's skills: every skill it names exists, and every skill's
+//! `requires.tools` and `requires.skills` are available to that agent. It keeps the
+//! manifests for the system prompt. It does not mount folders (the sandbox spec does) or
+//! write the prompt.
+
+use std::path::{Component, Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{did_you_mean, AgentConfig, SkillEntry};
+use crate::plugin::SkillDef;
+use crate::tools::CORE_TOOLS;
+
+/// The manifest file every skill folder holds.
+pub const MANIFEST_FILE: &str = "skill.json";
+
+/// The context file when a manifest names none.
+pub const DEFAULT_CONTEXT_FILE: &str = "README.md";
+
+/// A skill's `skill.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkillManifest {
+    /// Informative only: the skill's name is its key in the config (or the name a plugin
+    /// registered it under).
+    pub name: String,
+    /// One line, shown in the agent's system prompt.
+    pub description: String,
+    /// The file an agent should read first, relative to the folder; default `README.md`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_file: Option<String>,
+    #[serde(default)]
+    pub requires: Requires,
+}
+
+impl SkillManifest {
+    /// [`Self::context_file`], or `README.md` when unset.
+    pub fn context_file_or_default(&self) -> &str {
+        self.context_file.as_deref().unwrap_or(DEFAULT_CONTEXT_FILE)
+    }
+}
+
+/// What an agent must have for a skill to work.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Requires {
+    /// Tools (plugin or core) the agent must be allowed to use.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Other skills the agent must also list.
+    #[serde(default)]
+    pub skills: Vec<String>,
+}
+
+/// `skill.json` as written, before the required fields are checked.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawManifest {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    context_file: Option<String>,
+    #[serde(default)]
+    requires: Requires,
+}
+
+/// Why a skill could not be loaded or an agent's skills do not fit together.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SkillError {
+    #[error("Skill folder not found: {} (skill '{skill}') — create the folder or fix the skill's path (skills.{skill}.path in the config)", path.display())]
+    FolderMissing { skill: String, path: PathBuf },
+
+    #[error("Skill manifest not found: {} — a skill folder needs a skill.json with \"name\" and \"description\"", path.display())]
+    ManifestMissing { skill: String, path: PathBuf },
+
+    #[error("Cannot read skill manifest {}: {source}", path.display())]
+    Io {
+        skill: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("Invalid JSON in skill manifest: {} (line {line}, column {column}): {message}", path.display())]
+    InvalidJson {
+        skill: String,
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    #[error("Skill manifest {} requires 'name' and 'description'; {} missing or empty", path.display(), missing_list(.missing))]
+    MissingFields {
+        skill: String,
+        path: PathBuf,
+        missing: Vec<&'static str>,
+    },
+
+    #[error("Skill manifest {}: contextFile '{context_file}' must be a relative path inside the skill folder", path.display())]
+    InvalidContextFile {
+        skill: String,
+        path: PathBuf,
+        context_file: String,
+    },
+
+    #[error("agent '{agent}' uses skill '{skill}', which is not configured; {}", unknown_hint(.suggestion, .configured))]
+    UnknownSkill {
+        agent: String,
+        skill: String,
+        suggestion: Option<String>,
+        configured: Vec<String>,
+    },
+
+    #[error("Skill '{skill}' requires tool '{tool}' but it's not available to agent '{agent}'. Add '{tool}' to agents.{agent}.tools or remove the skill.")]
+    MissingTool {
+        skill: String,
+        tool: String,
+        agent: String,
+    },
+
+    #[error("Skill '{skill}' requires tool '{tool}' but agents.{agent}.denyTools takes it away from agent '{agent}'. Remove '{tool}' from agents.{agent}.denyTools or remove the skill.")]
+    DeniedTool {
+        skill: String,
+        tool: String,
+        agent: String,
+    },
+
+    #[error("Skill '{skill}' requires skill '{required}' but it's not available to agent '{agent}'. Add '{required}' to agents.{agent}.skills or remove the skill.")]
+    MissingSkill {
+        skill: String,
+        required: String,
+        agent: String,
+    },
+}
+
+fn missing_list(missing: &[&str]) -> String {
+    let quoted: Vec<String> = missing.iter().map(|m| format!("'{m}'")).collect();
+    match quoted.as_slice() {
+        [one] => format!("{one} is"),
+        _ => format!("{} are", quoted.join(" and ")),
+    }
+}
+
+fn unknown_hint(suggestion: &Option<String>, configured: &[String]) -> String {
+    let list = if configured.is_empty() {
+        "(none)".to_string()
+    } else {
+        configured.join(", ")
+    };
+    match suggestion {
+        Some(s) => format!("did you mean '{s}'? configured skills: {list}"),
+        None => format!("configured skills: {list}"),
+    }
+}
+
+/// Read and check `<dir>/skill.json`.
+pub fn read_manifest(name: &str, dir: &Path) -> Result<SkillManifest, SkillError> {
+    if !dir.is_dir() {
+        return Err(SkillError::FolderMissing {
+            skill: name.to_string(),
+            path: dir.to_path_buf(),
+        });
+    }
+    let path = dir.join(MANIFEST_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SkillError::ManifestMissing {
+                skill: name.to_string(),
+                path,
+            })
+        }
+        Err(source) => {
+            return Err(SkillError::Io {
+                skill: name.to_string(),
+                path,
+                source,
+            })
+        }
+    };
+    let raw: RawManifest = serde_json::from_str(&text).map_err(|e| {
+        let message = e.to_string();
+        let position = format!(" at line {} column {}", e.line(), e.column());
+        SkillError::InvalidJson {
+            skill: name.to_string(),
+            path: path.clone(),
+            line: e.line(),
+            column: e.column(),
+            message: message
+                .strip_suffix(&position)
+                .unwrap_or(&message)
+                .to_string(),
+        }
+    })?;
+    let present = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.trim().is_empty());
+    let missing: Vec<&'static str> = [("name", &raw.name), ("description", &raw.description)]
+        .into_iter()
+        .filter(|(_, v)| !present(v))
+        .map(|(field, _)| field)
+        .collect();
+    if !missing.is_empty() {
+        return Err(SkillError::MissingFields {
+            skill: name.to_string(),
+            path,
+            missing,
+        });
+    }
+    if let Some(file) = &raw.context_file {
+        if !is_inside(file) {
+            return Err(SkillError::InvalidContextFile {
+                skill: name.to_string(),
+                path,
+                context_file: file.clone(),
+            });
+        }
+    }
+    Ok(SkillManifest {
+        name: raw.name.unwrap_or_default(),
+        description: raw.description.unwrap_or_default(),
+        context_file: raw.context_file,
+        requires: raw.requires,
+    })
+}
+
+/// A non-empty relative path that never climbs out of its folder.
+fn is_inside(file: &str) -> bool {
+    let path = Path::new(file);
+    !file.is_empty()
+        && !file.contains('\0')
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+}
+
+/// Load the skill `name` (its config key) from `dir`: the folder must exist and hold a
+/// valid `skill.json`.
+pub fn load_skill(name: &str, dir: &Path) -> Result<SkillDef, SkillError> {
+    let manifest = read_manifest(name, dir)?;
+    Ok(SkillDef {
+        name: name.to_string(),
+        path: dir.to_path_buf(),
+        description: manifest.description,
+    })
+}
+
+/// Where a skill came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Config,
+    Plugin,
+}
+
+#[derive(Debug, Clone)]
+struct Loaded {
+    def: SkillDef,
+    manifest: SkillManifest,
+    origin: Origin,
+}
+
+/// Every skill of a gateway: the configured ones, then those plugins registered, by name.
+#[derive(Debug, Clone, Default)]
+pub struct SkillSet {
+    skills: IndexMap<String, Loaded>,
+}
+
+impl SkillSet {
+    /// Load the configured skills (`config.skills`, paths already absolute) and add the
+    /// plugins' skills. A configured skill wins over a plugin skill of the same name (a
+    /// warning is logged). A plugin skill's folder must exist; its `skill.json` is
+    /// optional (without one it has no requirements) but must be valid when present.
+    pub fn load(
+        standalone: &IndexMap<String, SkillEntry>,
+        plugin_skills: impl IntoIterator<Item = SkillDef>,
+    ) -> Result<Self, SkillError> {
+        let mut skills = IndexMap::new();
+        for (name, entry) in standalone {
+            let manifest = read_manifest(name, &entry.path)?;
+            let def = SkillDef {
+                name: name.clone(),
+                path: entry.path.clone(),
+                description: manifest.description.clone(),
+            };
+            skills.insert(
+                name.clone(),
+                Loaded {
+                    def,
+                    manifest,
+                    origin: Origin::Config,
+                },
+            );
+        }
+        for def in plugin_skills {
+            if let Some(existing) = skills.get(&def.name) {
+                if existing.origin == Origin::Config {
+                    tracing::warn!(
+                        skill = %def.name,
+                        configured = %existing.def.path.display(),
+                        ignored = %def.path.display(),
+                        "skill '{}' is configured under skills and also registered by a plugin; using the configured one",
+                        def.name
+                    );
+                }
+                continue;
+            }
+            let manifest = plugin_manifest(&def)?;
+            let def = SkillDef {
+                description: if def.description.trim().is_empty() {
+                    manifest.description.clone()
+                } else {
+                    def.description
+                },
+                ..def
+            };
+            skills.insert(
+                def.name.clone(),
+                Loaded {
+                    def,
+                    manifest,
+                    origin: Origin::Plugin,
+                },
+            );
+        }
+        Ok(Self { skills })
+    }
+
+    /// A skill by name.
+    pub fn get(&self, name: &str) -> Option<&SkillDef> {
+        self.skills.get(name).map(|l| &l.def)
+    }
+
+    /// A skill's manifest by name (for the system prompt's name + description lines).
+    pub fn manifest(&self, name: &str) -> Option<&SkillManifest> {
+        self.skills.get(name).map(|l| &l.manifest)
+    }
+
+    /// Skill names: configured ones in config order, then plugin ones.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.skills.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.skills.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.skills.is_empty()
+    }
+
+    /// The skills of agent `agent_name`, in the order its `skills` lists them (each
+    /// once). Fails when it names a skill that does not exist or when a skill's
+    /// `requires` is not met: every required tool must be a core tool or listed in the
+    /// agent's `tools`, and not in its `denyTools`; every required skill must be listed
+    /// in its `skills`.
+    pub fn for_agent(
+        &self,
+        agent_name: &str,
+        agent: &AgentConfig,
+    ) -> Result<Vec<SkillDef>, SkillError> {
+        let mut out: Vec<SkillDef> = Vec::new();
+        for name in &agent.skills {
+            let Some(skill) = self.skills.get(name) else {
+                return Err(SkillError::UnknownSkill {
+                    agent: agent_name.to_string(),
+                    skill: name.clone(),
+                    suggestion: did_you_mean(name, self.names()).map(str::to_string),
+                    configured: self.names().map(str::to_string).collect(),
+                });
+            };
+            for tool in &skill.manifest.requires.tools {
+                if agent.deny_tools.contains(tool) {
+                    return Err(SkillError::DeniedTool {
+                        skill: name.clone(),
+                        tool: tool.clone(),
+                        agent: agent_name.to_string(),
+                    });
+                }
+                if !CORE_TOOLS.contains(&tool.as_str()) && !agent.tools.contains(tool) {
+                    return Err(SkillError::MissingTool {
+                        skill: name.clone(),
+                        tool: tool.clone(),
+                        agent: agent_name.to_string(),
+                    });
+                }
+            }
+            for required in &skill.manifest.requires.skills {
+                if !agent.skills.contains(required) {
+                    return Err(SkillError::MissingSkill {
+                        skill: name.clone(),
+                        required: required.clone(),
+                        agent: agent_name.to_string(),
+                    });
+                }
+            }
+            if !out.iter().any(|s| &s.name == name) {
+                out.push(skill.def.clone());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A plugin skill's manifest: its `skill.json` when it has one, else one made from what
+/// the plugin registered (no requirements).
+fn plugin_manifest(def: &SkillDef) -> Result<SkillManifest, SkillError> {
+    match read_manifest(&def.name, &def.path) {
+        Ok(manifest) => Ok(manifest),
+        Err(SkillError::ManifestMissing { .. }) => Ok(SkillManifest {
+            name: def.name.clone(),
+            description: def.description.clone(),
+            context_file: None,
+            requires: Requires::default(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn skill_dir(root: &Path, name: &str, manifest: serde_json::Value) -> PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("skill.json"), manifest.to_string()).unwrap();
+        dir
+    }
+
+    fn agent(tools: &[&str], skills: &[&str], deny: &[&str]) -> AgentConfig {
+        serde_json::from_value(json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": tools,
+            "skills": skills,
+            "denyTools": deny,
+        }))
+        .unwrap()
+    }
+
+    fn entries(dirs: &[(&str, &Path)]) -> IndexMap<String, SkillEntry> {
+        dirs.iter()
+            .map(|(n, p)| {
+                (
+                    n.to_string(),
+                    SkillEntry {
+                        path: p.to_path_buf(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn loads_a_skill_under_its_config_key() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = skill_dir(
+            root.path(),
+            "review",
+            json!({"name": "Code review", "description": "Review code", "contextFile": "guide.md",
+                   "requires": {"tools": ["git"]}, "extra": 1}),
+        );
+        let def = load_skill("review", &dir).unwrap();
+        assert_eq!(
+            def,
+            SkillDef {
+                name: "review".into(),
+                path: dir.clone(),
+                description: "Review code".into()
+            }
+        );
+        let m = read_manifest("review", &dir).unwrap();
+        assert_eq!(m.name, "Code review");
+        assert_eq!(m.context_file_or_default(), "guide.md");
+        assert_eq!(m.requires.tools, ["git"]);
+        assert!(m.requires.skills.is_empty());
+        let plain = skill_dir(
+            root.path(),
+            "plain",
+            json!({"name": "p", "description": "d"}),
+        );
+        assert_eq!(
+            read_manifest("plain", &plain)
+                .unwrap()
+                .context_file_or_default(),
+            "README.md"
+        );
+    }
+
+    #[test]
+    fn manifest_errors_name_the_path_and_the_fix() {
+        let root = tempfile::tempdir().unwrap();
+
+        let gone = root.path().join("gone");
+        let e = load_skill("gone", &gone).unwrap_err();
+        assert!(matches!(e, SkillError::FolderMissing { .. }), "{e}");
+        assert!(e.to_string().contains(&gone.display().to_string()), "{e}");
+        assert!(e.to_string().contains("skills.gone.path"), "{e}");
+
+        let empty = root.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let e = load_skill("empty", &empty).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "Skill manifest not found: {} — a skill folder needs a skill.json with \"name\" and \"description\"",
+                empty.join("skill.json").display()
+            )
+        );
+
+        let bad = root.path().join("bad");
+        std::fs::create_dir(&bad).unwrap();
+        std::fs::write(bad.join("skill.json"), "{\n  \"name\": \"x\",\n  oops\n}").unwrap();
+        let e = load_skill("bad", &bad).unwrap_err();
+        let SkillError::InvalidJson { line, column, .. } = &e else {
+            panic!("{e}");
+        };
+        assert_eq!((*line, *column), (3, 3));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("Invalid JSON in skill manifest: "),
+            "{text}"
+        );
+        assert!(text.contains("(line 3, column 3)"), "{text}");
+        assert!(!text.contains(" at line "), "{text}");
+
+        let wrong_type = skill_dir(root.path(), "wt", json!({"name": 5, "description": "d"}));
+        let e = load_skill("wt", &wrong_type).unwrap_err();
+        assert!(matches!(e, SkillError::InvalidJson { .. }), "{e}");
+
+        let nameless = skill_dir(root.path(), "nameless", json!({"description": "d"}));
+        let e = load_skill("nameless", &nameless).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("requires 'name' and 'description'; 'name' is missing or empty"),
+            "{e}"
+        );
+        let bare = skill_dir(root.path(), "bare", json!({"name": " ", "requires": {}}));
+        let e = load_skill("bare", &bare).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("'name' and 'description' are missing or empty"),
+            "{e}"
+        );
+
+        for escape in ["../secret", "/etc/passwd", ""] {
+            let dir = skill_dir(
+                root.path(),
+                "esc",
+                json!({"name": "n", "description": "d", "contextFile": escape}),
+            );
+            let e = load_skill("esc", &dir).unwrap_err();
+            assert!(
+                matches!(e, SkillError::InvalidContextFile { .. }),
+                "{escape}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn configured_skills_win_over_plugin_skills() {
+        let root = tempfile::tempdir().unwrap();
+        let review = skill_dir(
+            root.path(),
+            "review",
+            json!({"name": "r", "description": "configured"}),
+        );
+        let plugin_review = root.path().join("plugin-review");
+        std::fs::create_dir(&plugin_review).unwrap();
+        let docs = root.path().join("docs");
+        std::fs::create_dir(&docs).unwrap();
+        let set = SkillSet::load(
+            &entries(&[("review", &review)]),
+            [
+                SkillDef {
+                    name: "review".into(),
+                    path: plugin_review,
+                    description: "from plugin".into(),
+                },
+                SkillDef {
+                    name: "docs".into(),
+                    path: docs.clone(),
+                    description: "Plugin docs".into(),
+                },
+            ],
+        )
+        .unwrap();
+        assert_eq!(set.names().collect::<Vec<_>>(), ["review", "docs"]);
+        assert_eq!(set.get("review").unwrap().path, review);
+        assert_eq!(set.get("review").unwrap().description, "configured");
+        // A plugin skill without skill.json gets a manifest from its registration.
+        assert_eq!(set.get("docs").unwrap().path, docs);
+        assert_eq!(set.manifest("docs").unwrap().description, "Plugin docs");
+        assert!(set.manifest("docs").unwrap().requires.tools.is_empty());
+        assert_eq!(set.len(), 2);
+
+        // A plugin skill whose folder is missing is an error.
+        let e = SkillSet::load(
+            &IndexMap::new(),
+            [SkillDef {
+                name: "ghost".into(),
+                path: root.path().join("ghost"),
+                description: "d".into(),
+            }],
+        )
+        .unwrap_err();
+        assert!(matches!(e, SkillError::FolderMissing { .. }), "{e}");
+        // A configured skill with a broken folder fails the whole set.
+        let e = SkillSet::load(&entries(&[("x", &root.path().join("nope"))]), []).unwrap_err();
+        assert!(matches!(e, SkillError::FolderMissing { .. }), "{e}");
+    }
+
+    #[test]
+    fn for_agent_returns_skills_in_the_agents_order() {
+        let root = tempfile::tempdir().unwrap();
+        let basics = skill_dir(
+            root.path(),
+            "git-basics",
+            json!({"name": "b", "description": "Git basics"}),
+        );
+        let review = skill_dir(
+            root.path(),
+            "review",
+            json!({"name": "r", "description": "Review", "requires": {"tools": ["git", "exec"], "skills": ["git-basics"]}}),
+        );
+        let set = SkillSet::load(
+            &entries(&[("git-basics", &basics), ("review", &review)]),
+            [],
+        )
+        .unwrap();
+        let got = set
+            .for_agent(
+                "senior",
+                &agent(&["git"], &["review", "git-basics", "review"], &[]),
+            )
+            .unwrap();
+        let names: Vec<&str> = got.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["review", "git-basics"]);
+        assert!(set
+            .for_agent("none", &agent(&[], &[], &[]))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn for_agent_errors() {
+        let root = tempfile::tempdir().unwrap();
+        let basics = skill_dir(
+            root.path(),
+            "git-basics",
+            json!({"name": "b", "description": "Git basics"}),
+        );
+        let review = skill_dir(
+            root.path(),
+            "review",
+            json!({"name": "r", "description": "Review", "requires": {"tools": ["git", "exec"], "skills": ["git-basics"]}}),
+        );
+        let set = SkillSet::load(
+            &entries(&[("git-basics", &basics), ("review", &review)]),
+            [],
+        )
+        .unwrap();
+
+        let e = set
+            .for_agent("intern", &agent(&["git"], &["reveiw"], &[]))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "agent 'intern' uses skill 'reveiw', which is not configured; did you mean 'review'? \
+             configured skills: git-basics, review"
+        );
+        let e = set
+            .for_agent("intern", &agent(&[], &["cooking"], &[]))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "agent 'intern' uses skill 'cooking', which is not configured; configured skills: git-basics, review"
+        );
+        let e = SkillSet::default()
+            .for_agent("intern", &agent(&[], &["x"], &[]))
+            .unwrap_err();
+        assert!(e.to_string().ends_with("configured skills: (none)"), "{e}");
+
+        let e = set
+            .for_agent("intern", &agent(&[], &["review", "git-basics"], &[]))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Skill 'review' requires tool 'git' but it's not available to agent 'intern'. \
+             Add 'git' to agents.intern.tools or remove the skill."
+        );
+        let e = set
+            .for_agent(
+                "intern",
+                &agent(&["git"], &["review", "git-basics"], &["exec"]),
+            )
+            .unwrap_err();
+        assert!(matches!(e, SkillError::DeniedTool { .. }), "{e}");
+        assert!(e.to_string().contains("agents.intern.denyTools"), "{e}");
+        let e = set
+            .for_agent("intern", &agent(&["git"], &["review"], &[]))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Skill 'review' requires skill 'git-basics' but it's not available to agent 'intern'. \
+             Add 'git-basics' to agents.intern.skills or remove the skill."
+        );
+    }
+}
