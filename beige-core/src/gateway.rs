@@ -54,13 +54,19 @@ pub enum GatewayError {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(Box<ConfigError>),
     #[error(transparent)]
     Plugin(#[from] PluginError),
     #[error(transparent)]
     Audit(#[from] AuditError),
     #[error("could not open the tool socket {path}: {message}")]
     Socket { path: String, message: String },
+}
+
+impl From<ConfigError> for GatewayError {
+    fn from(e: ConfigError) -> Self {
+        GatewayError::Config(Box::new(e))
+    }
 }
 
 /// What a channel may know about an agent.

@@ -28,6 +28,7 @@ pub mod config;
 pub mod fsutil;
 pub mod gateway;
 pub mod hooks;
+pub mod llm;
 pub mod home;
 pub mod plugin;
 pub mod policy;

@@ -113,7 +113,7 @@ pub enum SkillError {
         context_file: String,
     },
 
-    #[error("agent '{agent}' uses skill '{skill}', which is not configured; {}", unknown_hint(.suggestion, .configured))]
+    #[error("agent '{agent}' uses skill '{skill}', which is not configured; {}. Add it under skills (or install a plugin that provides it) or fix the name in agents.{agent}.skills.", unknown_hint(.suggestion, .configured))]
     UnknownSkill {
         agent: String,
         skill: String,
@@ -675,19 +675,25 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "agent 'intern' uses skill 'reveiw', which is not configured; did you mean 'review'? \
-             configured skills: git-basics, review"
+             configured skills: git-basics, review. Add it under skills (or install a plugin \
+             that provides it) or fix the name in agents.intern.skills."
         );
         let e = set
             .for_agent("intern", &agent(&[], &["cooking"], &[]))
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "agent 'intern' uses skill 'cooking', which is not configured; configured skills: git-basics, review"
+            "agent 'intern' uses skill 'cooking', which is not configured; configured skills: \
+             git-basics, review. Add it under skills (or install a plugin that provides it) or \
+             fix the name in agents.intern.skills."
         );
         let e = SkillSet::default()
             .for_agent("intern", &agent(&[], &["x"], &[]))
             .unwrap_err();
-        assert!(e.to_string().ends_with("configured skills: (none)"), "{e}");
+        assert!(
+            e.to_string().contains("configured skills: (none). Add it"),
+            "{e}"
+        );
 
         let e = set
             .for_agent("intern", &agent(&[], &["review", "git-basics"], &[]))

@@ -79,9 +79,11 @@ fn usage() -> String {
     format!(
         "beige-shim {} — the in-sandbox helper of beige\n\n\
          usage:\n  \
-         beige-shim init               run as PID 1 of the container\n  \
-         beige-shim op <operation>     one operation ({}) — JSON request on stdin, JSON reply on stdout\n  \
-         beige-shim --version          print the version\n\
+         beige-shim init                run as PID 1 of the container\n  \
+         beige-shim op <operation>      one operation ({}) — JSON request on stdin, JSON reply on stdout\n  \
+         beige-shim tool <tool> [args…] call a plugin tool through the gateway\n  \
+         <tool> [args…]                 the same, when the shim is run under the tool's name\n  \
+         beige-shim --version           print the version\n\n\
          {}",
         env!("CARGO_PKG_VERSION"),
         op::NAMES.join("|"),

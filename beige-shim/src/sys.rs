@@ -285,7 +285,10 @@ mod tests {
         std::thread::spawn(|| {
             let _set = SignalSet::block(&[libc::SIGTERM, libc::SIGHUP]).unwrap();
             let mut cmd = std::process::Command::new("/bin/sh");
-            cmd.args(["-c", "grep -E '^SigBlk' /proc/$$/status"]);
+            // `exec`: grep reads its own status, inherited from the shell. Reading the
+            // shell's while it forks races with the all-signals mask the shell's libc
+            // may hold during the fork.
+            cmd.args(["-c", "exec grep -E '^SigBlk' /proc/self/status"]);
             reset_signals_on_exec(&mut cmd);
             let out = cmd.output().unwrap();
             let text = String::from_utf8(out.stdout).unwrap();

@@ -66,21 +66,21 @@ const AGENT_NAME_ENV: &str = "BEIGE_AGENT_NAME";
 const CHAT_ID_ENV: &str = "BEIGE_CHAT_ID";
 const THREAD_ID_ENV: &str = "BEIGE_THREAD_ID";
 
-/// Usage lines for the shim's help text.
-pub const USAGE: &str = "\
-  beige-shim tool <tool> [args…]  call a plugin tool through the gateway (also: run the\n    \
-    shim under the tool's name, e.g. /tools/bin/kv → /beige/shim; `--help` goes to the tool)\n\n\
-tool client:\n  \
-  Sends one request to $BEIGE_SOCKET (default /beige/run/gateway.sock), prints the tool's\n  \
-  output on stdout (errors on stderr) and exits with the tool's exit code.\n  \
-  stdin: a terminal, /dev/null or other character device is never read; a regular file is\n  \
-  read; a pipe or socket is read to end of file only if it is readable within 50 ms (so\n  \
-  `echo x | kv set k` forwards x, an idle inherited pipe is ignored). At most 8 MiB.\n  \
-  BEIGE_TOOL_STDIN=1 always reads stdin, BEIGE_TOOL_STDIN=0 never does. Inside a\n  \
-  `while read` loop, call tools with `< /dev/null`.\n  \
-  BEIGE_TOOL_TIMEOUT=<seconds> limits the wait for the reply (default: none).\n  \
-  Own exit codes: 2 invalid invocation, 124 timeout, 125 gateway unreachable,\n  \
-  126 protocol error.";
+/// The tool client's section of the shim's help text.
+pub const USAGE: &str = concat!(
+    "tool client (`beige-shim tool <tool> [args…]`, or the shim run under the tool's name,\n",
+    "e.g. /tools/bin/kv -> /beige/shim; every argument, `--help` included, goes to the tool):\n",
+    "  Sends one request to $BEIGE_SOCKET (default /beige/run/gateway.sock), prints the\n",
+    "  tool's output on stdout (errors on stderr) and exits with the tool's exit code.\n",
+    "  stdin: a terminal, /dev/null or another character device is never read; a regular\n",
+    "  file is read; a pipe or socket is read to end of file only if it is readable within\n",
+    "  50 ms (so `echo x | kv set k` forwards x, while an idle inherited pipe is ignored).\n",
+    "  At most 8 MiB. BEIGE_TOOL_STDIN=1 always reads stdin (slow producers),\n",
+    "  BEIGE_TOOL_STDIN=0 never does. In a `while read` loop, call tools with `< /dev/null`.\n",
+    "  BEIGE_TOOL_TIMEOUT=<seconds> limits the wait for the reply (default: none).\n",
+    "  Own exit codes: 2 invalid invocation, 124 timeout, 125 gateway unreachable,\n",
+    "  126 protocol error.",
+);
 
 /// Why the call ended before the tool's own result: exit code and message.
 #[derive(Debug)]
@@ -122,7 +122,8 @@ fn call(tool: &str, args: &[OsString]) -> Result<i32, Failure> {
     let mut request = ToolRequest::new(tool, utf8_args(args)?);
     request.session_context = session_context(|name| env_string(name));
     request.cwd = current_relative_dir()?;
-    request.stdin = read_stdin()?.map(|data| base64::engine::general_purpose::STANDARD.encode(data));
+    request.stdin =
+        read_stdin()?.map(|data| base64::engine::general_purpose::STANDARD.encode(data));
 
     let socket = std::env::var_os(SOCKET_ENV)
         .filter(|v| !v.is_empty())
@@ -181,8 +182,8 @@ fn current_relative_dir() -> Result<Option<String>, Failure> {
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from(DEFAULT_WORKSPACE), PathBuf::from);
     let canonical = std::fs::canonicalize(&workspace).ok();
-    let rel = relative_dir(&cwd, &workspace)
-        .or_else(|| canonical.and_then(|w| relative_dir(&cwd, &w)));
+    let rel =
+        relative_dir(&cwd, &workspace).or_else(|| canonical.and_then(|w| relative_dir(&cwd, &w)));
     match rel {
         None => Ok(None),
         Some(rel) => match rel.to_str() {
@@ -324,9 +325,8 @@ fn exchange(
             ),
         )
     })?;
-    let mut line = serde_json::to_vec(request).map_err(|err| {
-        Failure::new(EXIT_PROTOCOL, format!("cannot encode the request: {err}"))
-    })?;
+    let mut line = serde_json::to_vec(request)
+        .map_err(|err| Failure::new(EXIT_PROTOCOL, format!("cannot encode the request: {err}")))?;
     line.push(b'\n');
     match send(&mut stream, &line, deadline) {
         Ok(()) => receive(&mut stream, deadline),
@@ -451,6 +451,13 @@ fn receive(
             Err(err) if is_timeout(&err) && deadline.is_some() => {
                 remaining(deadline)?;
             }
+            Err(err) if err.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Failure::new(
+                    EXIT_PROTOCOL,
+                    "the beige gateway closed the connection without replying (connection \
+                     reset).",
+                ))
+            }
             Err(err) => {
                 return Err(Failure::new(
                     EXIT_PROTOCOL,
@@ -481,8 +488,8 @@ fn parse_reply(line: &[u8]) -> Result<ToolResponse, String> {
             shown(line)
         )
     };
-    let mut value: serde_json::Value =
-        serde_json::from_slice(line).map_err(|err| not_a_response(&format!("invalid JSON: {err}")))?;
+    let mut value: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|err| not_a_response(&format!("invalid JSON: {err}")))?;
     let Some(object) = value.as_object_mut() else {
         return Err(not_a_response("not a JSON object"));
     };
@@ -491,7 +498,10 @@ fn parse_reply(line: &[u8]) -> Result<ToolResponse, String> {
         Some(other) => return Err(not_a_response(&format!("type {other:?}"))),
         None => return Err(not_a_response("no type")),
     }
-    if object.get("exitCode").is_none_or(serde_json::Value::is_null) {
+    if object
+        .get("exitCode")
+        .is_none_or(serde_json::Value::is_null)
+    {
         object.insert("exitCode".to_owned(), serde_json::Value::from(0));
     }
     serde_json::from_value(value).map_err(|err| not_a_response(&err.to_string()))
@@ -594,7 +604,10 @@ mod tests {
     fn timeouts_parse() {
         assert_eq!(parse_timeout("0"), Some(None));
         assert_eq!(parse_timeout("2"), Some(Some(Duration::from_secs(2))));
-        assert_eq!(parse_timeout(" 0.5 "), Some(Some(Duration::from_millis(500))));
+        assert_eq!(
+            parse_timeout(" 0.5 "),
+            Some(Some(Duration::from_millis(500)))
+        );
         assert_eq!(parse_timeout("-1"), None);
         assert_eq!(parse_timeout("inf"), None);
         assert_eq!(parse_timeout("NaN"), None);
@@ -605,7 +618,8 @@ mod tests {
     fn replies_parse_and_map_to_exit_codes() {
         let ok = parse_reply(br#"{"type":"tool_response","success":true,"output":"v"}"#).unwrap();
         assert_eq!(exit_code(&ok), 0);
-        let failed = parse_reply(br#"{"type":"tool_response","success":false,"error":"x"}"#).unwrap();
+        let failed =
+            parse_reply(br#"{"type":"tool_response","success":false,"error":"x"}"#).unwrap();
         assert_eq!(exit_code(&failed), 1);
         let zero =
             parse_reply(br#"{"type":"tool_response","success":false,"exitCode":0}"#).unwrap();

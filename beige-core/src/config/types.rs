@@ -66,6 +66,13 @@ pub struct ProviderConfig {
     /// Concurrent model calls to this provider; `-1` is unlimited.
     #[serde(default = "default_concurrency")]
     pub concurrency: i64,
+    /// New in beige: extra HTTP headers sent with every request.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<String, String>,
+    /// New in beige: model metadata overrides by model id (`contextWindow`,
+    /// `maxOutputTokens`, `images`, `reasoning`, `costInput`, `costOutput`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub models: IndexMap<String, serde_json::Value>,
 }
 
 fn default_concurrency() -> i64 {

@@ -43,7 +43,7 @@ const USAGE: &str = "Usage:
 
 /// The built-in `kv` plugin. Enable it with `plugins: { kv: {} }` and give agents the
 /// tool with `tools: ["kv"]`.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 pub struct KvPlugin;
 
 impl KvPlugin {
@@ -132,10 +132,13 @@ impl Tool for KvTool {
                     )
                 }
             }
-            Command::Del(key) => match self.store.del(agent, &key).await? {
-                true => ToolResult::ok(""),
-                false => not_found(&key),
-            },
+            Command::Del(key) => {
+                if self.store.del(agent, &key).await? {
+                    ToolResult::ok("")
+                } else {
+                    not_found(&key)
+                }
+            }
             Command::List(prefix) => {
                 let keys = self.store.list(agent, &prefix).await?;
                 ToolResult::ok(keys.into_iter().map(|k| k + "\n").collect::<String>())
@@ -156,7 +159,7 @@ fn max_keys(config: &serde_json::Value) -> Result<u64, ToolError> {
         None | Some(serde_json::Value::Null) => Ok(DEFAULT_MAX_KEYS),
         Some(v) => v.as_u64().ok_or_else(|| {
             ToolError::Failed(format!(
-                "kv: plugins.kv.config.maxKeys must be a whole number ≥ 0, not {v}"
+                "maxKeys (plugins.kv.config, or the agent's pluginConfigs.kv) must be a whole number ≥ 0, not {v}"
             ))
         }),
     }
@@ -327,14 +330,14 @@ impl Store {
                 let loaded = match tokio::fs::read(&path).await {
                     Ok(bytes) => serde_json::from_slice(&bytes).map_err(|err| {
                         ToolError::Failed(format!(
-                            "kv: {} is not a valid kv file ({err}); fix it or move it away",
+                            "{} is not a valid kv file ({err}); fix it or move it away",
                             path.display()
                         ))
                     })?,
                     Err(err) if err.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
                     Err(err) => {
                         return Err(ToolError::Failed(format!(
-                            "kv: cannot read {}: {err}",
+                            "cannot read {}: {err}",
                             path.display()
                         )))
                     }
@@ -347,20 +350,18 @@ impl Store {
     async fn save(&self, agent: &str, entries: &BTreeMap<String, String>) -> Result<(), ToolError> {
         let path = self.path(agent)?;
         let bytes = serde_json::to_vec_pretty(entries)
-            .map_err(|e| ToolError::Failed(format!("kv: cannot encode the store: {e}")))?;
+            .map_err(|e| ToolError::Failed(format!("cannot encode the store: {e}")))?;
         let target = path.clone();
         tokio::task::spawn_blocking(move || write_atomic(&target, &bytes))
             .await
-            .map_err(|e| ToolError::Failed(format!("kv: the write was interrupted: {e}")))?
-            .map_err(|e| ToolError::Failed(format!("kv: cannot save {}: {e}", path.display())))
+            .map_err(|e| ToolError::Failed(format!("the write was interrupted: {e}")))?
+            .map_err(|e| ToolError::Failed(format!("cannot save {}: {e}", path.display())))
     }
 
     fn path(&self, agent: &str) -> Result<PathBuf, ToolError> {
         // The gateway validated the name already; the file name depends on it, so check.
         if !is_valid_agent_name(agent) {
-            return Err(ToolError::Failed(format!(
-                "kv: invalid agent name {agent:?}"
-            )));
+            return Err(ToolError::Failed(format!("invalid agent name {agent:?}")));
         }
         Ok(self.dir.join(format!("{agent}.json")))
     }
@@ -635,7 +636,7 @@ mod tests {
         assert!(
             call_err
                 .to_string()
-                .contains("maxKeys must be a whole number"),
+                .contains("must be a whole number ≥ 0, not \"lots\""),
             "{call_err}"
         );
     }

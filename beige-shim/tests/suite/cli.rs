@@ -58,16 +58,30 @@ fn op_name_must_match_the_request() {
 }
 
 #[test]
-fn unknown_invocation_name_is_the_future_tool_client() {
+fn invoked_as_init_runs_init() {
+    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
-    let link = dir.path().join("kv");
+    let link = dir.path().join("init");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_beige-shim"), &link).unwrap();
-    let out = std::process::Command::new(&link)
-        .arg("get")
-        .output()
+    let mut child = std::process::Command::new(&link).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Still running: it is init, not a tool client that would have failed at once.
+    assert!(child.try_wait().unwrap().is_none());
+    let started = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
         .unwrap();
+    assert!(status.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn tool_without_a_name_is_a_usage_error() {
+    let out = shim().arg("tool").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("\"kv\""));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing the tool name"));
 }
 
 #[test]

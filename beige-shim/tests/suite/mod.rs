@@ -4,6 +4,7 @@ mod cli;
 mod exec;
 mod patch;
 mod read;
+mod tool_client;
 mod write;
 
 use std::io::Write;

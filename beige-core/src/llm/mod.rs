@@ -1,0 +1,382 @@
+//! LLM providers: the provider-neutral message format, the streamed events of one model
+//! call, typed provider errors, the model catalogue and the [`LlmProvider`] trait.
+//!
+//! Owns what a model call *is*, independent of any wire format. Each client module
+//! (`anthropic`, `openai_completions`, `openai_responses`, `google`) translates these
+//! types to and from one API. Nothing here knows about sessions, fallback or tools'
+//! execution — that is the agent loop's business. API keys live inside the clients and
+//! never appear in `Debug` output, errors or logs.
+
+pub mod catalog;
+pub mod scripted;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ProviderApi, ThinkingLevel};
+
+/// Who said it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// One piece of a message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text {
+        text: String,
+    },
+    /// Base64 image data.
+    Image {
+        data: String,
+        #[serde(rename = "mimeType")]
+        mime_type: String,
+    },
+    /// Model reasoning. Anthropic's signature must be sent back unchanged.
+    Thinking {
+        thinking: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// The model asks for a tool call.
+    ToolUse {
+        id: String,
+        name: String,
+        input: serde_json::Value,
+    },
+    /// The result of the tool call with the same id (in a user message).
+    ToolResult {
+        #[serde(rename = "toolUseId")]
+        tool_use_id: String,
+        content: Vec<ToolResultPart>,
+        #[serde(rename = "isError", default)]
+        is_error: bool,
+    },
+}
+
+/// Content of a tool result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolResultPart {
+    Text {
+        text: String,
+    },
+    Image {
+        data: String,
+        #[serde(rename = "mimeType")]
+        mime_type: String,
+    },
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Block>,
+}
+
+impl Message {
+    pub fn user_text(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::User,
+            content: vec![Block::Text { text: text.into() }],
+        }
+    }
+
+    pub fn assistant_text(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: vec![Block::Text { text: text.into() }],
+        }
+    }
+
+    /// All text blocks, joined.
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("")
+    }
+
+    /// The tool calls in this message, in order.
+    pub fn tool_uses(&self) -> Vec<(&str, &str, &serde_json::Value)> {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                Block::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the input object.
+    pub input_schema: serde_json::Value,
+}
+
+/// One model call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRequest {
+    /// The provider's model id.
+    pub model: String,
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: u32,
+    pub thinking: ThinkingLevel,
+    /// Whether the model supports reasoning controls (else `thinking` is ignored).
+    pub reasoning: bool,
+}
+
+/// Token usage of one model call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    /// Anything else the provider said.
+    Other(String),
+}
+
+/// The complete answer of one model call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelResponse {
+    /// Text, thinking and tool-use blocks in the order the model produced them.
+    pub content: Vec<Block>,
+    pub stop_reason: StopReason,
+    pub usage: Usage,
+}
+
+/// What a streaming model call yields. Exactly one `Completed` ends a good stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    TextDelta(String),
+    ThinkingDelta(String),
+    /// The model started a tool call (its input arrives later, in `Completed`).
+    ToolUseStarted { id: String, name: String },
+    Completed(ModelResponse),
+}
+
+/// A stream of events from one model call.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, LlmError>> + Send>>;
+
+/// What kind of failure, for fallback decisions and user-facing hints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// 429 or the provider's rate-limit error type: cool the model down.
+    RateLimit,
+    /// 529 / 503 / overloaded: transient, no global cooldown.
+    Overloaded,
+    /// The prompt does not fit the context window: compact and retry once.
+    ContextOverflow,
+    /// 401 / 403: the key is wrong or lacks access.
+    Auth,
+    /// No event within the idle timeout, or the watchdog fired.
+    Timeout,
+    /// A 4xx the request itself caused.
+    InvalidRequest,
+    /// Connection failures, 5xx, malformed or cut-off streams.
+    Other,
+}
+
+/// A provider call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LlmError {
+    /// The provider answered with an error status (or an error event mid-stream).
+    #[error("{provider} answered HTTP {status}{}: {message}", error_type.as_deref().map(|t| format!(" ({t})")).unwrap_or_default())]
+    Api {
+        provider: String,
+        status: u16,
+        /// `retry-after`, parsed from seconds or an HTTP date.
+        retry_after: Option<Duration>,
+        error_type: Option<String>,
+        message: String,
+    },
+    #[error("{provider}: could not reach the API: {message}")]
+    Transport { provider: String, message: String },
+    #[error("{provider}: no data for {} s; the stream was abandoned", .idle.as_secs())]
+    IdleTimeout { provider: String, idle: Duration },
+    #[error("{provider}: the stream ended before the response was complete")]
+    Truncated { provider: String },
+    #[error("{provider}: unreadable response: {message}")]
+    Decode { provider: String, message: String },
+    #[error("{provider}: {message}")]
+    Config { provider: String, message: String },
+}
+
+impl LlmError {
+    /// Classify by status and error type — never by searching message text.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            LlmError::Api {
+                status, error_type, ..
+            } => {
+                let t = error_type.as_deref().unwrap_or("");
+                match (*status, t) {
+                    (429, _) | (_, "rate_limit_error" | "rate_limit_exceeded" | "RESOURCE_EXHAUSTED") => ErrorKind::RateLimit,
+                    (529 | 503, _) | (_, "overloaded_error" | "UNAVAILABLE") => ErrorKind::Overloaded,
+                    (_, "context_length_exceeded" | "context_overflow") => ErrorKind::ContextOverflow,
+                    (401 | 403, _) | (_, "authentication_error" | "permission_error") => ErrorKind::Auth,
+                    (413, _) => ErrorKind::ContextOverflow,
+                    (400..=499, _) => ErrorKind::InvalidRequest,
+                    _ => ErrorKind::Other,
+                }
+            }
+            LlmError::IdleTimeout { .. } => ErrorKind::Timeout,
+            _ => ErrorKind::Other,
+        }
+    }
+
+    /// `retry-after` when the provider gave one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LlmError::Api { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// One streamed model call in the provider-neutral format.
+#[async_trait]
+pub trait LlmProvider: Send + Sync + std::fmt::Debug {
+    /// The configured provider name (`anthropic`, `ollama`, …).
+    fn name(&self) -> &str;
+
+    /// Start the call. Errors before the first byte (HTTP status errors included) are
+    /// returned here; errors after it arrive in the stream. Never retried after the
+    /// first byte.
+    async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError>;
+}
+
+/// Wrap an API key so it never shows in `Debug` output.
+#[derive(Clone, Default)]
+pub struct ApiKey(Option<String>);
+
+impl ApiKey {
+    pub fn new(key: Option<String>) -> Self {
+        Self(key.filter(|k| !k.is_empty()))
+    }
+
+    pub fn expose(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "ApiKey(***)" } else { "ApiKey(none)" })
+    }
+}
+
+/// Parse `retry-after`: seconds, or an HTTP date.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(delta.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// The default wire format of a provider name, if it is a well-known one.
+pub fn default_api(provider: &str) -> Option<ProviderApi> {
+    match provider {
+        "anthropic" => Some(ProviderApi::AnthropicMessages),
+        "openai" => Some(ProviderApi::OpenAiCompletions),
+        "google" => Some(ProviderApi::GoogleGenerativeAi),
+        _ => None,
+    }
+}
+
+/// The default base URL of a well-known provider name.
+pub fn default_base_url(provider: &str) -> Option<&'static str> {
+    match provider {
+        "anthropic" => Some("https://api.anthropic.com"),
+        "openai" => Some("https://api.openai.com/v1"),
+        "google" => Some("https://generativelanguage.googleapis.com"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_retry_after("1.5"), Some(Duration::from_millis(1500)));
+        let future = (chrono::Utc::now() + chrono::Duration::seconds(120)).to_rfc2822();
+        let d = parse_retry_after(&future).unwrap();
+        assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120), "{d:?}");
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn errors_are_classified_by_fields() {
+        let api = |status, t: Option<&str>| LlmError::Api {
+            provider: "p".into(),
+            status,
+            retry_after: None,
+            error_type: t.map(str::to_string),
+            message: "rate limit mentioned in text only".into(),
+        };
+        assert_eq!(api(429, None).kind(), ErrorKind::RateLimit);
+        assert_eq!(api(529, Some("overloaded_error")).kind(), ErrorKind::Overloaded);
+        assert_eq!(api(503, None).kind(), ErrorKind::Overloaded);
+        assert_eq!(api(400, Some("context_length_exceeded")).kind(), ErrorKind::ContextOverflow);
+        assert_eq!(api(401, None).kind(), ErrorKind::Auth);
+        assert_eq!(api(400, None).kind(), ErrorKind::InvalidRequest);
+        assert_eq!(api(500, None).kind(), ErrorKind::Other);
+    }
+
+    #[test]
+    fn keys_do_not_leak_through_debug() {
+        let k = ApiKey::new(Some("sk-secret".into()));
+        assert_eq!(format!("{k:?}"), "ApiKey(***)");
+        assert_eq!(k.expose(), Some("sk-secret"));
+    }
+}
