@@ -34,6 +34,7 @@ use crate::policy::{ConfigPolicy, Policy, PolicyRequest, ToolKind};
 use crate::sandbox::{
     host, shim, ContainerSpec, ReconcileReport, Sandbox, SandboxError, SandboxUser, SpecInput,
 };
+use crate::skills::{SkillError, SkillSet};
 use crate::socket::{SocketLimits, SocketServer, ToolRequestHandler};
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
 
@@ -59,6 +60,8 @@ pub enum GatewayError {
     Plugin(#[from] PluginError),
     #[error(transparent)]
     Audit(#[from] AuditError),
+    #[error(transparent)]
+    Skill(#[from] SkillError),
     #[error("could not open the tool socket {path}: {message}")]
     Socket { path: String, message: String },
 }
@@ -213,6 +216,7 @@ impl GatewayBuilder {
                 .await?;
         let names: Vec<&str> = registry.tool_names().iter().map(String::as_str).collect();
         crate::config::validate_tools(&config, &config_file, &names)?;
+        let skills = SkillSet::load(&config.skills, registry.skills().cloned())?;
 
         let policy: Arc<dyn Policy> = self
             .policy
@@ -250,6 +254,11 @@ impl GatewayBuilder {
                         .map(|d| (t.clone(), d))
                 })
                 .collect();
+            let agent_skills = skills
+                .for_agent(name, agent)?
+                .into_iter()
+                .map(|s| (s.name, s.path))
+                .collect();
             specs.push(ContainerSpec::for_agent(&SpecInput {
                 home: &home,
                 agent: name,
@@ -258,7 +267,7 @@ impl GatewayBuilder {
                 shim: shim.clone(),
                 user,
                 tool_packages,
-                skills: Vec::new(),
+                skills: agent_skills,
             })
             .map_err(SandboxError::from)?);
         }
@@ -276,6 +285,7 @@ impl GatewayBuilder {
             specs,
             report,
             registry,
+            skills,
             policy,
             audit,
             sessions: RwLock::new(HashMap::new()),
@@ -393,6 +403,7 @@ struct Inner {
     specs: Vec<ContainerSpec>,
     report: ReconcileReport,
     registry: PluginRegistry,
+    skills: SkillSet,
     policy: Arc<dyn Policy>,
     audit: Arc<dyn AuditSink>,
     /// Known sessions and the agent each belongs to.
@@ -438,6 +449,11 @@ impl LocalGateway {
 
     pub fn registry(&self) -> &PluginRegistry {
         &self.inner.registry
+    }
+
+    /// Standalone and plugin skills.
+    pub fn skills(&self) -> &SkillSet {
+        &self.inner.skills
     }
 
     /// Record that `session_key` belongs to `agent` (sessions named by scripts in the

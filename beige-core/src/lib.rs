@@ -23,6 +23,7 @@
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod agent;
 pub mod audit;
 pub mod config;
 pub mod fsutil;

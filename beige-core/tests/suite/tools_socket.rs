@@ -289,3 +289,39 @@ async fn unwritable_audit_log_refuses_calls_and_secrets_are_redacted() {
     assert!(r["error"].as_str().unwrap().contains("audit log"), "{r}");
     gw.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn skills_are_mounted_read_only_and_requirements_checked() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let skill = t.dir.path().join("skills/review");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(skill.join("skill.json"), r#"{"name":"review","description":"How to review code","requires":{"tools":["kv"]}}"#).unwrap();
+    std::fs::write(skill.join("README.md"), "Check the tests first.").unwrap();
+    let mut config = t.config(&env, &[("rev", json!({"tools": ["kv"], "skills": ["review"]}))]);
+    config.skills = serde_json::from_value(json!({"review": {"path": skill}})).unwrap();
+    config.plugins = serde_json::from_value(json!({"kv": {}})).unwrap();
+    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let gw = GatewayBuilder::new(config.clone(), t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(docker))
+        .build()
+        .await
+        .unwrap();
+    let out = exec(&gw, "rev", "cat /skills/review/README.md; echo; touch /skills/review/x 2>&1; true").await;
+    let text = out.joined_text();
+    assert!(text.contains("Check the tests first."), "{text}");
+    assert!(text.contains("Read-only file system"), "{text}");
+    gw.shutdown().await.unwrap();
+
+    // A skill whose required tool the agent lacks stops the start with a clear error.
+    config.agents.get_mut("rev").unwrap().tools.clear();
+    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let err = GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(docker))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("requires tool 'kv'"), "{err}");
+}

@@ -1,0 +1,184 @@
+//! The system prompt: a template shipped with beige-core, filled with the agent's name,
+//! its plugin tools, its skills, the session's channel and the agent's own `AGENTS.md`.
+//!
+//! Owns the template and the default `AGENTS.md` (seeded once into a workspace, never
+//! overwritten) and the literal placeholder substitution (no pattern characters in
+//! descriptions are ever interpreted).
+
+use std::path::Path;
+
+/// The template; placeholders `{{agentName}}`, `{{toolContext}}`, `{{skillContext}}`,
+/// `{{sessionContext}}`, `{{agentsFile}}`.
+pub const TEMPLATE: &str = include_str!("../../assets/system-prompt.md");
+
+/// Written to `/workspace/AGENTS.md` when the file does not exist.
+pub const DEFAULT_AGENTS_MD: &str = include_str!("../../assets/AGENTS.md");
+
+/// A plugin tool as the prompt lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTool {
+    pub name: String,
+    pub description: String,
+    pub commands: Vec<String>,
+}
+
+/// A skill as the prompt lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptSkill {
+    pub name: String,
+    pub description: String,
+    /// The skill's context file, when the skill asks for it to be inlined.
+    pub context: Option<String>,
+}
+
+/// Where a conversation came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptSession {
+    pub channel: String,
+    pub chat_id: Option<String>,
+    pub thread_id: Option<String>,
+}
+
+/// `## Available Tools` block (empty without tools).
+pub fn tool_context(tools: &[PromptTool]) -> String {
+    if tools.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("\n## Available Tools\n\n");
+    for t in tools {
+        s.push_str(&format!("### {}\n{}\n", t.name, t.description));
+        if !t.commands.is_empty() {
+            s.push_str("Commands:\n");
+            for c in &t.commands {
+                s.push_str(&format!("  {c}\n"));
+            }
+        }
+        s.push_str(&format!(
+            "Docs: /tools/packages/{}/SKILL.md\n\n",
+            t.name
+        ));
+    }
+    s
+}
+
+/// `## Available Skills` block (empty without skills).
+pub fn skill_context(skills: &[PromptSkill]) -> String {
+    if skills.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n## Available Skills\n\nSkills are read-only folders of instructions and material, mounted at /skills/<name>/.\n\n",
+    );
+    for k in skills {
+        s.push_str(&format!(
+            "### {}\n{} — see /skills/{}/\n",
+            k.name, k.description, k.name
+        ));
+        if let Some(ctx) = &k.context {
+            s.push('\n');
+            s.push_str(ctx.trim_end());
+            s.push('\n');
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// `## Session Context` block for channels other than the TUI.
+pub fn session_context(session: &PromptSession) -> String {
+    if session.channel.is_empty() || session.channel == "tui" {
+        return String::new();
+    }
+    format!(
+        "\n## Session Context\n\nThis conversation comes from an external channel.\n- Channel: {}\n- Chat ID: {}\n- Thread ID: {}\n",
+        session.channel,
+        session.chat_id.as_deref().unwrap_or("none"),
+        session.thread_id.as_deref().unwrap_or("none"),
+    )
+}
+
+/// Assemble the prompt. Substitution is literal and single-pass: text inserted for one
+/// placeholder is never scanned for another.
+pub fn assemble(
+    agent: &str,
+    tools: &[PromptTool],
+    skills: &[PromptSkill],
+    session: &PromptSession,
+    agents_md: Option<&str>,
+) -> String {
+    let agents_file = agents_md
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| format!("\n## /workspace/AGENTS.md\n\n{}\n", s.trim_end()))
+        .unwrap_or_default();
+    let values = [
+        ("{{agentName}}", agent.to_string()),
+        ("{{toolContext}}", tool_context(tools)),
+        ("{{skillContext}}", skill_context(skills)),
+        ("{{sessionContext}}", session_context(session)),
+        ("{{agentsFile}}", agents_file),
+    ];
+    let mut out = String::with_capacity(TEMPLATE.len() + 1024);
+    let mut rest = TEMPLATE;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let tail = &rest[start..];
+        match values.iter().find(|(k, _)| tail.starts_with(k)) {
+            Some((k, v)) => {
+                out.push_str(v);
+                rest = &tail[k.len()..];
+            }
+            None => {
+                out.push_str("{{");
+                rest = &tail[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Write the default `AGENTS.md` into a workspace unless one exists. Returns whether it
+/// wrote the file.
+pub fn seed_agents_md(workspace: &Path) -> std::io::Result<bool> {
+    let path = workspace.join("AGENTS.md");
+    if path.exists() || path.is_symlink() {
+        return Ok(false);
+    }
+    let tmp = workspace.join(".AGENTS.md.beige-tmp");
+    std::fs::write(&tmp, DEFAULT_AGENTS_MD)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assembles_all_sections_literally() {
+        let tools = vec![PromptTool {
+            name: "kv".into(),
+            description: "key-value store; costs $& nothing {{agentName}}".into(),
+            commands: vec!["kv get <key>".into()],
+        }];
+        let skills = vec![PromptSkill { name: "review".into(), description: "Review code".into(), context: None }];
+        let session = PromptSession { channel: "telegram".into(), chat_id: Some("42".into()), thread_id: None };
+        let p = assemble("assistant", &tools, &skills, &session, Some("# notes\nuse tabs"));
+        assert!(p.starts_with("You are assistant,"));
+        assert!(p.contains("### kv\nkey-value store; costs $& nothing {{agentName}}\nCommands:\n  kv get <key>\n"));
+        assert!(p.contains("### review\nReview code — see /skills/review/"));
+        assert!(p.contains("- Channel: telegram\n- Chat ID: 42\n- Thread ID: none"));
+        assert!(p.contains("## /workspace/AGENTS.md\n\n# notes\nuse tabs"));
+        assert!(!p.contains("{{toolContext}}"));
+        insta::assert_snapshot!("prompt_minimal", assemble("bot", &[], &[], &PromptSession { channel: "tui".into(), ..Default::default() }, None));
+    }
+
+    #[test]
+    fn agents_md_is_seeded_once() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(seed_agents_md(dir.path()).unwrap());
+        std::fs::write(dir.path().join("AGENTS.md"), "mine").unwrap();
+        assert!(!seed_agents_md(dir.path()).unwrap());
+        assert_eq!(std::fs::read_to_string(dir.path().join("AGENTS.md")).unwrap(), "mine");
+    }
+}
