@@ -11,8 +11,10 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use beige_core::config::Config;
+use beige_core::plugin::{
+    Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
+};
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::plugin::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 use beige_core::tools::{CoreToolCall, ToolContext};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 
@@ -83,42 +85,66 @@ async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Resul
 }
 
 fn exec_true() -> anyhow::Result<CoreToolCall> {
-    Ok(CoreToolCall::parse("exec", serde_json::json!({"command": "true"}))?)
+    Ok(CoreToolCall::parse(
+        "exec",
+        serde_json::json!({"command": "true"}),
+    )?)
 }
 
 async fn exec_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
     let gw = gateway(home, image, shim).await?;
     let call = exec_true()?;
     for _ in 0..10 {
-        gw.call_tool("bench", call.clone(), ToolContext::default()).await?;
+        gw.call_tool("bench", call.clone(), ToolContext::default())
+            .await?;
     }
     let mut samples = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        let out = gw.call_tool("bench", call.clone(), ToolContext::default()).await?;
+        let out = gw
+            .call_tool("bench", call.clone(), ToolContext::default())
+            .await?;
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
         anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
     }
     gw.shutdown().await?;
-    Ok(Figure { name: "exec_roundtrip", unit: "ms", samples })
+    Ok(Figure {
+        name: "exec_roundtrip",
+        unit: "ms",
+        samples,
+    })
 }
 
-async fn sandbox_cold_start(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+async fn sandbox_cold_start(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Figure> {
     let mut samples = Vec::new();
     for _ in 0..10 {
         let t = Instant::now();
         let gw = gateway(home, image, shim).await?;
-        let out = gw.call_tool("bench", exec_true()?, ToolContext::default()).await?;
+        let out = gw
+            .call_tool("bench", exec_true()?, ToolContext::default())
+            .await?;
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
         anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
         gw.shutdown().await?;
     }
-    Ok(Figure { name: "sandbox_cold_start", unit: "ms", samples })
+    Ok(Figure {
+        name: "sandbox_cold_start",
+        unit: "ms",
+        samples,
+    })
 }
 
 /// 200 calls of a no-op plugin tool from a shell loop in the sandbox. Each sample is
 /// one loop's time minus an empty loop's, divided by 200.
-async fn tool_call_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+async fn tool_call_roundtrip(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Figure> {
     let gw = gateway(home, image, shim).await?;
     let run = |cmd: &'static str| {
         let gw = gw.clone();
@@ -140,15 +166,23 @@ async fn tool_call_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> a
         samples.push((total - base) / 200.0);
     }
     gw.shutdown().await?;
-    Ok(Figure { name: "tool_call_roundtrip", unit: "ms", samples })
+    Ok(Figure {
+        name: "tool_call_roundtrip",
+        unit: "ms",
+        samples,
+    })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let only: Vec<String> = std::env::args().skip(1).collect();
     let want = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
-    let image = std::env::var("BEIGE_TEST_IMAGE").unwrap_or_else(|_| "beige-test-busybox:latest".into());
-    let shim = PathBuf::from(std::env::var("BEIGE_SHIM").context("set BEIGE_SHIM to the static shim (scripts/build-shim)")?);
+    let image =
+        std::env::var("BEIGE_TEST_IMAGE").unwrap_or_else(|_| "beige-test-busybox:latest".into());
+    let shim = PathBuf::from(
+        std::env::var("BEIGE_SHIM")
+            .context("set BEIGE_SHIM to the static shim (scripts/build-shim)")?,
+    );
     let tmp = std::env::temp_dir().join(format!("beige-bench-{}", std::process::id()));
     let home = BeigeHome::new(&tmp);
 
@@ -167,11 +201,19 @@ async fn main() -> anyhow::Result<()> {
     let mut json = Vec::new();
     for f in &figures {
         let (median, p95) = (f.quantile(0.5), f.quantile(0.95));
-        println!("BENCH {} median={median:.3} p95={p95:.3} unit={} n={}", f.name, f.unit, f.samples.len());
+        println!(
+            "BENCH {} median={median:.3} p95={p95:.3} unit={} n={}",
+            f.name,
+            f.unit,
+            f.samples.len()
+        );
         json.push(serde_json::json!({"name": f.name, "median": median, "p95": p95, "unit": f.unit, "n": f.samples.len()}));
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
     Ok(())
 }

@@ -34,7 +34,9 @@ pub fn validate_cwd(cwd: Option<&str>) -> Result<Option<String>, PathError> {
     let mut parts: Vec<&str> = Vec::new();
     for c in p.components() {
         match c {
-            Component::Normal(s) => parts.push(s.to_str().ok_or_else(|| reject("it is not UTF-8"))?),
+            Component::Normal(s) => {
+                parts.push(s.to_str().ok_or_else(|| reject("it is not UTF-8"))?)
+            }
             Component::CurDir => {}
             Component::ParentDir => {
                 if parts.pop().is_none() {
@@ -44,7 +46,11 @@ pub fn validate_cwd(cwd: Option<&str>) -> Result<Option<String>, PathError> {
             Component::RootDir | Component::Prefix(_) => return Err(reject("it is absolute")),
         }
     }
-    Ok(if parts.is_empty() { None } else { Some(parts.join("/")) })
+    Ok(if parts.is_empty() {
+        None
+    } else {
+        Some(parts.join("/"))
+    })
 }
 
 /// Resolve `rel` below `root`, following symlinks, and refuse a result outside `root`.
@@ -55,7 +61,9 @@ pub fn safe_join(root: &Path, rel: &str) -> Result<PathBuf, PathError> {
         .map_err(|e| PathError(format!("workspace {} is not usable: {e}", root.display())))?;
     let rel_path = Path::new(rel);
     if rel_path.is_absolute() {
-        return Err(PathError(format!("{rel:?} is absolute; give a path relative to the workspace")));
+        return Err(PathError(format!(
+            "{rel:?} is absolute; give a path relative to the workspace"
+        )));
     }
     let joined = root.join(rel_path);
     // Resolve the deepest existing ancestor, then append the rest lexically.
@@ -99,7 +107,10 @@ mod tests {
     #[test]
     fn cwd_rules() {
         assert_eq!(validate_cwd(None).unwrap(), None);
-        assert_eq!(validate_cwd(Some("a/./b/../c")).unwrap().as_deref(), Some("a/c"));
+        assert_eq!(
+            validate_cwd(Some("a/./b/../c")).unwrap().as_deref(),
+            Some("a/c")
+        );
         assert_eq!(validate_cwd(Some("a/..")).unwrap(), None);
         assert!(validate_cwd(Some("../../etc")).is_err());
         assert!(validate_cwd(Some("a/../../etc")).is_err());

@@ -25,8 +25,8 @@ use crate::audit::{
 };
 use crate::config::{AgentConfig, Config, ConfigError};
 use crate::fsutil::validate_cwd;
-use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
 use crate::home::BeigeHome;
+use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
 use crate::plugin::{
     kv::KvPlugin, Plugin, PluginError, PluginRegistry, SessionInfo, ToolCall, ToolResult,
 };
@@ -259,17 +259,19 @@ impl GatewayBuilder {
                 .into_iter()
                 .map(|s| (s.name, s.path))
                 .collect();
-            specs.push(ContainerSpec::for_agent(&SpecInput {
-                home: &home,
-                agent: name,
-                config: agent,
-                workspace,
-                shim: shim.clone(),
-                user,
-                tool_packages,
-                skills: agent_skills,
-            })
-            .map_err(SandboxError::from)?);
+            specs.push(
+                ContainerSpec::for_agent(&SpecInput {
+                    home: &home,
+                    agent: name,
+                    config: agent,
+                    workspace,
+                    shim: shim.clone(),
+                    user,
+                    tool_packages,
+                    skills: agent_skills,
+                })
+                .map_err(SandboxError::from)?,
+            );
         }
 
         let sandbox: Arc<dyn Sandbox> = match self.sandbox {
@@ -303,7 +305,10 @@ impl GatewayBuilder {
         }
         inner.registry.start_all().await?;
         inner.registry.hooks().gateway_started().await;
-        tracing::info!(agents = inner.config.agents.len(), "beige gateway started ✓");
+        tracing::info!(
+            agents = inner.config.agents.len(),
+            "beige gateway started ✓"
+        );
         Ok(LocalGateway {
             inner,
             sockets: Arc::new(std::sync::Mutex::new(sockets)),
@@ -506,7 +511,8 @@ impl Inner {
 
     fn register_session(&self, agent: &str, key: &str) {
         let mut s = self.sessions.write().unwrap_or_else(|e| e.into_inner());
-        s.entry(key.to_string()).or_insert_with(|| agent.to_string());
+        s.entry(key.to_string())
+            .or_insert_with(|| agent.to_string());
     }
 
     fn session_owner(&self, key: &str) -> Option<String> {
@@ -714,7 +720,11 @@ impl Inner {
                 return ToolResponse::error(e.0, 1);
             }
         };
-        let stdin = match request.stdin.as_deref().map(|s| base64::engine::general_purpose::STANDARD.decode(s)) {
+        let stdin = match request
+            .stdin
+            .as_deref()
+            .map(|s| base64::engine::general_purpose::STANDARD.decode(s))
+        {
             None => None,
             Some(Ok(bytes)) => Some(bytes),
             Some(Err(e)) => {
@@ -724,7 +734,9 @@ impl Inner {
             }
         };
         let registered = self.registry.tool(&request.tool).cloned();
-        let tool_config = self.registry.call_config(&self.config, agent, &request.tool);
+        let tool_config = self
+            .registry
+            .call_config(&self.config, agent, &request.tool);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let _ = config;
         let tool_name = request.tool.clone();
@@ -746,15 +758,15 @@ impl Inner {
                 Ok(Ok(result)) => Ok(result),
                 Ok(Err(e)) => Err(format!("tool '{tool_name}' failed: {e}")),
                 Err(_) => Ok(ToolResult::fail(
-                    format!("tool '{tool_name}' did not finish within {} s and was stopped", limit.as_secs()),
+                    format!(
+                        "tool '{tool_name}' did not finish within {} s and was stopped",
+                        limit.as_secs()
+                    ),
                     124,
                 )),
             }
         };
-        match self
-            .guarded(meta, run, ToolResult::clone, |_, r| r)
-            .await
-        {
+        match self.guarded(meta, run, ToolResult::clone, |_, r| r).await {
             Ok(Guarded::Ran(mut result)) => {
                 truncate_output(&mut result.output);
                 ToolResponse::from_result(result.output, result.exit_code)

@@ -133,7 +133,10 @@ mod tests {
     fn layout_and_hash() {
         let h = BeigeHome::new("/srv/beige/./x/..");
         assert_eq!(h.root(), Path::new("/srv/beige"));
-        assert_eq!(h.socket_path("a"), Path::new("/srv/beige/run/a/gateway.sock"));
+        assert_eq!(
+            h.socket_path("a"),
+            Path::new("/srv/beige/run/a/gateway.sock")
+        );
         assert_eq!(h.hash().len(), 8);
         assert_ne!(h.hash(), BeigeHome::new("/srv/other").hash());
         assert_eq!(h.hash(), BeigeHome::new("/srv/beige").hash());

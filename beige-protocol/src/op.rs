@@ -230,7 +230,10 @@ mod tests {
             new_text: "y".into(),
         });
         let s = serde_json::to_string(&r).unwrap();
-        assert_eq!(s, r#"{"op":"patch","path":"a b","oldText":"x","newText":"y"}"#);
+        assert_eq!(
+            s,
+            r#"{"op":"patch","path":"a b","oldText":"x","newText":"y"}"#
+        );
         let back: OpRequest = serde_json::from_str(&s).unwrap();
         assert_eq!(back, r);
     }

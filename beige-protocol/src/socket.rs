@@ -56,16 +56,36 @@ impl ToolRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContext {
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub session_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub channel: Option<String>,
     /// Ignored by the gateway: identity comes from the socket.
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub agent_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub chat_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub thread_id: Option<String>,
 }
 
@@ -138,9 +158,15 @@ mod tests {
     #[test]
     fn response_shapes() {
         let ok = serde_json::to_string(&ToolResponse::from_result("v\n".into(), 0)).unwrap();
-        assert_eq!(ok, r#"{"type":"tool_response","success":true,"output":"v\n","exitCode":0}"#);
+        assert_eq!(
+            ok,
+            r#"{"type":"tool_response","success":true,"output":"v\n","exitCode":0}"#
+        );
         let denied = serde_json::to_string(&ToolResponse::error("Permission denied", 1)).unwrap();
-        assert_eq!(denied, r#"{"type":"tool_response","success":false,"error":"Permission denied","exitCode":1}"#);
+        assert_eq!(
+            denied,
+            r#"{"type":"tool_response","success":false,"error":"Permission denied","exitCode":1}"#
+        );
         let failed = ToolResponse::from_result("nope".into(), 2);
         assert_eq!(failed.error.as_deref(), Some("nope"));
         assert!(!failed.success);

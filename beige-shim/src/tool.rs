@@ -120,7 +120,7 @@ pub fn run(tool: &OsStr, args: &[OsString]) -> i32 {
 fn call(tool: &str, args: &[OsString]) -> Result<i32, Failure> {
     let timeout = timeout_from_env()?;
     let mut request = ToolRequest::new(tool, utf8_args(args)?);
-    request.session_context = session_context(|name| env_string(name));
+    request.session_context = session_context(env_string);
     request.cwd = current_relative_dir()?;
     request.stdin =
         read_stdin()?.map(|data| base64::engine::general_purpose::STANDARD.encode(data));

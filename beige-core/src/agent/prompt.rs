@@ -53,10 +53,7 @@ pub fn tool_context(tools: &[PromptTool]) -> String {
                 s.push_str(&format!("  {c}\n"));
             }
         }
-        s.push_str(&format!(
-            "Docs: /tools/packages/{}/SKILL.md\n\n",
-            t.name
-        ));
+        s.push_str(&format!("Docs: /tools/packages/{}/SKILL.md\n\n", t.name));
     }
     s
 }
@@ -161,16 +158,44 @@ mod tests {
             description: "key-value store; costs $& nothing {{agentName}}".into(),
             commands: vec!["kv get <key>".into()],
         }];
-        let skills = vec![PromptSkill { name: "review".into(), description: "Review code".into(), context: None }];
-        let session = PromptSession { channel: "telegram".into(), chat_id: Some("42".into()), thread_id: None };
-        let p = assemble("assistant", &tools, &skills, &session, Some("# notes\nuse tabs"));
+        let skills = vec![PromptSkill {
+            name: "review".into(),
+            description: "Review code".into(),
+            context: None,
+        }];
+        let session = PromptSession {
+            channel: "telegram".into(),
+            chat_id: Some("42".into()),
+            thread_id: None,
+        };
+        let p = assemble(
+            "assistant",
+            &tools,
+            &skills,
+            &session,
+            Some("# notes\nuse tabs"),
+        );
         assert!(p.starts_with("You are assistant,"));
-        assert!(p.contains("### kv\nkey-value store; costs $& nothing {{agentName}}\nCommands:\n  kv get <key>\n"));
+        assert!(p.contains(
+            "### kv\nkey-value store; costs $& nothing {{agentName}}\nCommands:\n  kv get <key>\n"
+        ));
         assert!(p.contains("### review\nReview code — see /skills/review/"));
         assert!(p.contains("- Channel: telegram\n- Chat ID: 42\n- Thread ID: none"));
         assert!(p.contains("## /workspace/AGENTS.md\n\n# notes\nuse tabs"));
         assert!(!p.contains("{{toolContext}}"));
-        insta::assert_snapshot!("prompt_minimal", assemble("bot", &[], &[], &PromptSession { channel: "tui".into(), ..Default::default() }, None));
+        insta::assert_snapshot!(
+            "prompt_minimal",
+            assemble(
+                "bot",
+                &[],
+                &[],
+                &PromptSession {
+                    channel: "tui".into(),
+                    ..Default::default()
+                },
+                None
+            )
+        );
     }
 
     #[test]
@@ -179,6 +204,9 @@ mod tests {
         assert!(seed_agents_md(dir.path()).unwrap());
         std::fs::write(dir.path().join("AGENTS.md"), "mine").unwrap();
         assert!(!seed_agents_md(dir.path()).unwrap());
-        assert_eq!(std::fs::read_to_string(dir.path().join("AGENTS.md")).unwrap(), "mine");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("AGENTS.md")).unwrap(),
+            "mine"
+        );
     }
 }

@@ -122,7 +122,12 @@ const MIN_SECRET_LEN: usize = 6;
 
 impl JsonlAudit {
     /// `secrets` are values replaced by `***` wherever they appear in a record.
-    pub fn new(path: impl Into<PathBuf>, max_size: u64, max_files: u32, secrets: Vec<String>) -> Self {
+    pub fn new(
+        path: impl Into<PathBuf>,
+        max_size: u64,
+        max_files: u32,
+        secrets: Vec<String>,
+    ) -> Self {
         let mut secrets: Vec<String> = secrets
             .into_iter()
             .filter(|s| s.len() >= MIN_SECRET_LEN)
@@ -223,13 +228,20 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Tool => "TOOL",
     };
     let mut ctx = String::new();
-    for (k, v) in [("session", &r.session), ("model", &r.model), ("channel", &r.channel)] {
+    for (k, v) in [
+        ("session", &r.session),
+        ("model", &r.model),
+        ("channel", &r.channel),
+    ] {
         if let Some(v) = v {
             ctx.push_str(&format!(" {k}={v}"));
         }
     }
     let end = match (r.phase, r.decision) {
-        (_, AuditDecision::Denied) => format!("denied{}", r.error.map(|e| format!(": {e}")).unwrap_or_default()),
+        (_, AuditDecision::Denied) => format!(
+            "denied{}",
+            r.error.map(|e| format!(": {e}")).unwrap_or_default()
+        ),
         (Phase::Started, _) => "allowed, started".to_string(),
         (Phase::Finished, _) => format!(
             "finished ({}ms){}",
@@ -237,7 +249,13 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
             r.error.map(|e| format!(", error: {e}")).unwrap_or_default()
         ),
     };
-    format!("[{}]{ctx} {mark} {kind} {}/{} {} → {end}", r.ts, r.agent, r.tool, r.args.join(" "))
+    format!(
+        "[{}]{ctx} {mark} {kind} {}/{} {} → {end}",
+        r.ts,
+        r.agent,
+        r.tool,
+        r.args.join(" ")
+    )
 }
 
 /// Secret values in a config: provider API keys, and plugin config strings under keys
@@ -309,11 +327,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let audit = JsonlAudit::new(&path, 400, 2, vec!["sk-live-1234567".into(), "abc".into()]);
-        audit.record(&record(vec!["set".into(), "x=sk-live-1234567".into(), "abc".into()])).await.unwrap();
+        audit
+            .record(&record(vec![
+                "set".into(),
+                "x=sk-live-1234567".into(),
+                "abc".into(),
+            ]))
+            .await
+            .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("x=***"), "{text}");
         assert!(!text.contains("sk-live"));
-        assert!(text.contains("\"abc\""), "short values are not treated as secrets");
+        assert!(
+            text.contains("\"abc\""),
+            "short values are not treated as secrets"
+        );
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(v["phase"], "started");
         assert_eq!(v["type"], "tool");

@@ -193,7 +193,10 @@ pub trait HookHandler: Send + Sync + std::fmt::Debug {
     async fn pre_tool_exec(&self, _e: &PreToolExecEvent) -> Result<PreToolExecResult, HookError> {
         Ok(PreToolExecResult::allow())
     }
-    async fn post_tool_exec(&self, _e: &PostToolExecEvent) -> Result<PostToolExecResult, HookError> {
+    async fn post_tool_exec(
+        &self,
+        _e: &PostToolExecEvent,
+    ) -> Result<PostToolExecResult, HookError> {
         Ok(PostToolExecResult::default())
     }
     async fn session_created(&self, _e: &SessionEvent) -> Result<(), HookError> {
@@ -243,7 +246,13 @@ async fn limited<T>(
 ) -> Result<T, HookError> {
     let limit = h.handler.timeout();
     match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r.map_err(|e| HookError(format!("{} hook of plugin '{}' failed: {e}", hook.as_str(), h.plugin))),
+        Ok(r) => r.map_err(|e| {
+            HookError(format!(
+                "{} hook of plugin '{}' failed: {e}",
+                hook.as_str(),
+                h.plugin
+            ))
+        }),
         Err(_) => Err(HookError(format!(
             "{} hook of plugin '{}' did not answer within {} ms",
             hook.as_str(),
@@ -278,7 +287,10 @@ impl HookRunner {
             match limited(h, HookName::PrePrompt, h.handler.pre_prompt(&event)).await {
                 Ok(r) if r.block => {
                     return PromptDecision::Blocked(r.reason.unwrap_or_else(|| {
-                        format!("Message blocked by the prePrompt hook of plugin '{}'.", h.plugin)
+                        format!(
+                            "Message blocked by the prePrompt hook of plugin '{}'.",
+                            h.plugin
+                        )
                     }))
                 }
                 Ok(r) => {
@@ -286,7 +298,11 @@ impl HookRunner {
                         event.message = m;
                     }
                 }
-                Err(e) => return PromptDecision::Blocked(format!("{e} (blocked: prePrompt hooks fail closed)")),
+                Err(e) => {
+                    return PromptDecision::Blocked(format!(
+                        "{e} (blocked: prePrompt hooks fail closed)"
+                    ))
+                }
             }
         }
         PromptDecision::Continue(event.message)
@@ -339,7 +355,13 @@ impl HookRunner {
 
     pub async fn session_created(&self, event: &SessionEvent) {
         for h in self.for_hook(HookName::SessionCreated) {
-            if let Err(e) = limited(h, HookName::SessionCreated, h.handler.session_created(event)).await {
+            if let Err(e) = limited(
+                h,
+                HookName::SessionCreated,
+                h.handler.session_created(event),
+            )
+            .await
+            {
                 tracing::warn!(error = %e, "sessionCreated hook failed");
             }
         }
@@ -347,7 +369,13 @@ impl HookRunner {
 
     pub async fn session_disposed(&self, event: &SessionEvent) {
         for h in self.for_hook(HookName::SessionDisposed) {
-            if let Err(e) = limited(h, HookName::SessionDisposed, h.handler.session_disposed(event)).await {
+            if let Err(e) = limited(
+                h,
+                HookName::SessionDisposed,
+                h.handler.session_disposed(event),
+            )
+            .await
+            {
                 tracing::warn!(error = %e, "sessionDisposed hook failed");
             }
         }
@@ -355,7 +383,9 @@ impl HookRunner {
 
     pub async fn model_switched(&self, event: &ModelSwitchedEvent) {
         for h in self.for_hook(HookName::ModelSwitched) {
-            if let Err(e) = limited(h, HookName::ModelSwitched, h.handler.model_switched(event)).await {
+            if let Err(e) =
+                limited(h, HookName::ModelSwitched, h.handler.model_switched(event)).await
+            {
                 tracing::warn!(error = %e, "modelSwitched hook failed");
             }
         }
@@ -363,7 +393,8 @@ impl HookRunner {
 
     pub async fn gateway_started(&self) {
         for h in self.for_hook(HookName::GatewayStarted) {
-            if let Err(e) = limited(h, HookName::GatewayStarted, h.handler.gateway_started()).await {
+            if let Err(e) = limited(h, HookName::GatewayStarted, h.handler.gateway_started()).await
+            {
                 tracing::warn!(error = %e, "gatewayStarted hook failed");
             }
         }
@@ -371,7 +402,9 @@ impl HookRunner {
 
     pub async fn gateway_shutdown(&self) {
         for h in self.for_hook(HookName::GatewayShutdown) {
-            if let Err(e) = limited(h, HookName::GatewayShutdown, h.handler.gateway_shutdown()).await {
+            if let Err(e) =
+                limited(h, HookName::GatewayShutdown, h.handler.gateway_shutdown()).await
+            {
                 tracing::warn!(error = %e, "gatewayShutdown hook failed");
             }
         }

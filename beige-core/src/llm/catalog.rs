@@ -73,7 +73,10 @@ pub fn lookup(id: &str, overrides: Option<&serde_json::Value>) -> ModelInfo {
         });
     if info.is_none() && overrides.is_none() {
         let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-        if warned.get_or_insert_with(HashSet::new).insert(id.to_string()) {
+        if warned
+            .get_or_insert_with(HashSet::new)
+            .insert(id.to_string())
+        {
             tracing::warn!(model = id, "unknown model id: assuming 128k context, 8k output, text only (set llm.providers.<p>.models.<id> to describe it)");
         }
     }
@@ -122,7 +125,14 @@ mod tests {
         assert_eq!(lookup("gpt-4o", None).cost_input, 2.5);
         assert!(lookup("claude-sonnet-4-6", None).images);
         let unknown = lookup("llama3.1:8b", None);
-        assert_eq!((unknown.context_window, unknown.max_output_tokens, unknown.images), (128_000, 8_192, false));
+        assert_eq!(
+            (
+                unknown.context_window,
+                unknown.max_output_tokens,
+                unknown.images
+            ),
+            (128_000, 8_192, false)
+        );
         let o = serde_json::json!({"contextWindow": 32000, "images": true});
         let custom = lookup("llama3.1:8b", Some(&o));
         assert_eq!((custom.context_window, custom.images), (32_000, true));

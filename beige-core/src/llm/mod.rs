@@ -7,8 +7,11 @@
 //! execution — that is the agent loop's business. API keys live inside the clients and
 //! never appear in `Debug` output, errors or logs.
 
+pub mod anthropic;
 pub mod catalog;
+pub mod openai_completions;
 pub mod scripted;
+pub mod sse;
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -192,7 +195,10 @@ pub enum StreamEvent {
     TextDelta(String),
     ThinkingDelta(String),
     /// The model started a tool call (its input arrives later, in `Completed`).
-    ToolUseStarted { id: String, name: String },
+    ToolUseStarted {
+        id: String,
+        name: String,
+    },
     Completed(ModelResponse),
 }
 
@@ -254,10 +260,19 @@ impl LlmError {
             } => {
                 let t = error_type.as_deref().unwrap_or("");
                 match (*status, t) {
-                    (429, _) | (_, "rate_limit_error" | "rate_limit_exceeded" | "RESOURCE_EXHAUSTED") => ErrorKind::RateLimit,
-                    (529 | 503, _) | (_, "overloaded_error" | "UNAVAILABLE") => ErrorKind::Overloaded,
-                    (_, "context_length_exceeded" | "context_overflow") => ErrorKind::ContextOverflow,
-                    (401 | 403, _) | (_, "authentication_error" | "permission_error") => ErrorKind::Auth,
+                    (429, _)
+                    | (_, "rate_limit_error" | "rate_limit_exceeded" | "RESOURCE_EXHAUSTED") => {
+                        ErrorKind::RateLimit
+                    }
+                    (529 | 503, _) | (_, "overloaded_error" | "UNAVAILABLE") => {
+                        ErrorKind::Overloaded
+                    }
+                    (_, "context_length_exceeded" | "context_overflow") => {
+                        ErrorKind::ContextOverflow
+                    }
+                    (401 | 403, _) | (_, "authentication_error" | "permission_error") => {
+                        ErrorKind::Auth
+                    }
                     (413, _) => ErrorKind::ContextOverflow,
                     (400..=499, _) => ErrorKind::InvalidRequest,
                     _ => ErrorKind::Other,
@@ -305,7 +320,11 @@ impl ApiKey {
 
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "ApiKey(***)" } else { "ApiKey(none)" })
+        f.write_str(if self.0.is_some() {
+            "ApiKey(***)"
+        } else {
+            "ApiKey(none)"
+        })
     }
 }
 
@@ -350,8 +369,14 @@ mod tests {
         assert_eq!(parse_retry_after("1.5"), Some(Duration::from_millis(1500)));
         let future = (chrono::Utc::now() + chrono::Duration::seconds(120)).to_rfc2822();
         let d = parse_retry_after(&future).unwrap();
-        assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120), "{d:?}");
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        assert!(
+            d > Duration::from_secs(100) && d <= Duration::from_secs(120),
+            "{d:?}"
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
         assert_eq!(parse_retry_after("soon"), None);
     }
 
@@ -365,9 +390,15 @@ mod tests {
             message: "rate limit mentioned in text only".into(),
         };
         assert_eq!(api(429, None).kind(), ErrorKind::RateLimit);
-        assert_eq!(api(529, Some("overloaded_error")).kind(), ErrorKind::Overloaded);
+        assert_eq!(
+            api(529, Some("overloaded_error")).kind(),
+            ErrorKind::Overloaded
+        );
         assert_eq!(api(503, None).kind(), ErrorKind::Overloaded);
-        assert_eq!(api(400, Some("context_length_exceeded")).kind(), ErrorKind::ContextOverflow);
+        assert_eq!(
+            api(400, Some("context_length_exceeded")).kind(),
+            ErrorKind::ContextOverflow
+        );
         assert_eq!(api(401, None).kind(), ErrorKind::Auth);
         assert_eq!(api(400, None).kind(), ErrorKind::InvalidRequest);
         assert_eq!(api(500, None).kind(), ErrorKind::Other);

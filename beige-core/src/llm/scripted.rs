@@ -44,7 +44,10 @@ impl ScriptedProvider {
     }
 
     /// Add a step computed from the request.
-    pub fn then(self, step: impl Fn(&ModelRequest) -> Result<Vec<Block>, LlmError> + Send + Sync + 'static) -> Self {
+    pub fn then(
+        self,
+        step: impl Fn(&ModelRequest) -> Result<Vec<Block>, LlmError> + Send + Sync + 'static,
+    ) -> Self {
         self.steps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -59,7 +62,12 @@ impl ScriptedProvider {
     }
 
     /// Add a step that calls one tool.
-    pub fn then_tool(self, id: impl Into<String>, name: impl Into<String>, input: serde_json::Value) -> Self {
+    pub fn then_tool(
+        self,
+        id: impl Into<String>,
+        name: impl Into<String>,
+        input: serde_json::Value,
+    ) -> Self {
         let (id, name) = (id.into(), name.into());
         self.then(move |_| {
             Ok(vec![Block::ToolUse {
@@ -72,7 +80,10 @@ impl ScriptedProvider {
 
     /// Every request received so far.
     pub fn requests(&self) -> Vec<ModelRequest> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Steps not yet played.
@@ -121,7 +132,11 @@ impl LlmProvider for ScriptedProvider {
         } else {
             StopReason::EndTurn
         };
-        let chars: usize = request.messages.iter().map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0)).sum();
+        let chars: usize = request
+            .messages
+            .iter()
+            .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0))
+            .sum();
         let usage = Usage {
             input_tokens: (chars / 4) as u64,
             output_tokens: content.len() as u64 * 10,

@@ -263,7 +263,11 @@ mod tests {
         fn name(&self) -> &str {
             self.0
         }
-        async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
+        async fn register(
+            &self,
+            _ctx: &PluginContext,
+            reg: &mut Registrar,
+        ) -> Result<(), PluginError> {
             for t in &self.1 {
                 reg.tool(Arc::new(Named(t)))?;
             }
@@ -285,15 +289,50 @@ mod tests {
     async fn naming_rules_and_uniqueness() {
         let dir = tempfile::tempdir().unwrap();
         let c = config();
-        let ok = PluginRegistry::build(vec![Arc::new(P("git", vec!["git", "git.log"]))], &c, dir.path(), &HashMap::new()).await.unwrap();
+        let ok = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["git", "git.log"]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(ok.tool_names(), ["git", "git.log"]);
-        let err = PluginRegistry::build(vec![Arc::new(P("git", vec!["gitx"]))], &c, dir.path(), &HashMap::new()).await.unwrap_err();
+        let err = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["gitx"]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(vec![Arc::new(P("git", vec!["git."]))], &c, dir.path(), &HashMap::new()).await.unwrap_err();
+        let err = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["git."]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(vec![Arc::new(P("git", vec!["git.a/b"]))], &c, dir.path(), &HashMap::new()).await.unwrap_err();
+        let err = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["git.a/b"]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(vec![Arc::new(P("git", vec!["git", "git"]))], &c, dir.path(), &HashMap::new()).await.unwrap_err();
+        let err = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["git", "git"]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains("registered twice"), "{err}");
     }
 
@@ -301,9 +340,19 @@ mod tests {
     async fn per_agent_config_is_deep_merged() {
         let dir = tempfile::tempdir().unwrap();
         let c = config();
-        let r = PluginRegistry::build(vec![Arc::new(P("git", vec!["git", "git.log"]))], &c, dir.path(), &HashMap::new()).await.unwrap();
+        let r = PluginRegistry::build(
+            vec![Arc::new(P("git", vec!["git", "git.log"]))],
+            &c,
+            dir.path(),
+            &HashMap::new(),
+        )
+        .await
+        .unwrap();
         let merged = r.call_config(&c, "intern", "git.log");
-        assert_eq!(merged, json!({"a": {"x": 1, "y": [3], "z": null}, "b": "over", "secret": "s"}));
+        assert_eq!(
+            merged,
+            json!({"a": {"x": 1, "y": [3], "z": null}, "b": "over", "secret": "s"})
+        );
         // An agent without an override gets the base config.
         assert_eq!(r.call_config(&c, "nobody", "git")["b"], "base");
     }

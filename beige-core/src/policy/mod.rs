@@ -129,7 +129,12 @@ mod tests {
     }
 
     fn check(p: &ConfigPolicy, agent: &str, tool: &str, kind: ToolKind) -> Decision {
-        p.check(&PolicyRequest { agent, tool, kind, args: &[] })
+        p.check(&PolicyRequest {
+            agent,
+            tool,
+            kind,
+            args: &[],
+        })
     }
 
     #[test]
@@ -138,7 +143,10 @@ mod tests {
         assert!(check(&p, "a", "kv", ToolKind::Plugin).allowed);
         let d = check(&p, "a", "git", ToolKind::Plugin);
         assert!(!d.allowed);
-        assert_eq!(d.reason, "Permission denied: tool 'git' is not allowed for agent 'a'");
+        assert_eq!(
+            d.reason,
+            "Permission denied: tool 'git' is not allowed for agent 'a'"
+        );
         assert!(!check(&p, "nobody", "kv", ToolKind::Plugin).allowed);
     }
 

@@ -55,9 +55,7 @@ fn docker_err(action: impl Into<String>) -> impl FnOnce(bollard::errors::Error) 
 
 fn status_of(e: &bollard::errors::Error) -> Option<u16> {
     match e {
-        bollard::errors::Error::DockerResponseServerError { status_code, .. } => {
-            Some(*status_code)
-        }
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
     }
 }
@@ -124,10 +122,11 @@ impl DockerSandbox {
     /// Build the default image from [`DEFAULT_DOCKERFILE`], logging its progress.
     pub async fn build_default_image(&self, tag: &str) -> Result<(), SandboxError> {
         tracing::info!(image = tag, base = ?self.build_base, "building the default sandbox image");
-        let context = dockerfile_context(DEFAULT_DOCKERFILE).map_err(|e| SandboxError::ImageBuild {
-            image: tag.to_string(),
-            message: e.to_string(),
-        })?;
+        let context =
+            dockerfile_context(DEFAULT_DOCKERFILE).map_err(|e| SandboxError::ImageBuild {
+                image: tag.to_string(),
+                message: e.to_string(),
+            })?;
         let mut buildargs = HashMap::new();
         if let Some(base) = &self.build_base {
             buildargs.insert("BASE".to_string(), base.clone());
@@ -156,7 +155,12 @@ impl DockerSandbox {
                     message: err,
                 });
             }
-            if let Some(line) = info.stream.as_deref().map(str::trim_end).filter(|l| !l.is_empty()) {
+            if let Some(line) = info
+                .stream
+                .as_deref()
+                .map(str::trim_end)
+                .filter(|l| !l.is_empty())
+            {
                 tracing::info!(target: "beige::sandbox::build", "[sandbox build] {line}");
             }
         }
@@ -234,7 +238,14 @@ impl DockerSandbox {
     /// If the agent's container is not running, recreate it and say why.
     async fn revive(&self, spec: &ContainerSpec) -> Result<Option<RestartNotice>, SandboxError> {
         let _guard = self.recreate.lock().await;
-        let notice = match self.docker.inspect_container(&spec.name, None::<bollard::query_parameters::InspectContainerOptions>).await {
+        let notice = match self
+            .docker
+            .inspect_container(
+                &spec.name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
             Ok(info) => {
                 let state = info.state.unwrap_or_default();
                 if state.running == Some(true) {
@@ -291,8 +302,16 @@ impl DockerSandbox {
                 }),
             )
             .await?;
-        let StartExecResults::Attached { mut output, mut input } = started else {
-            return Ok(Err(self.protocol(spec, request, "the exec started detached")));
+        let StartExecResults::Attached {
+            mut output,
+            mut input,
+        } = started
+        else {
+            return Ok(Err(self.protocol(
+                spec,
+                request,
+                "the exec started detached",
+            )));
         };
         let payload = match serde_json::to_vec(request) {
             Ok(p) => p,
@@ -313,7 +332,9 @@ impl DockerSandbox {
                     {
                         stdout.extend_from_slice(&message);
                     }
-                    bollard::container::LogOutput::StdErr { message } if stderr.len() < 64 * 1024 => {
+                    bollard::container::LogOutput::StdErr { message }
+                        if stderr.len() < 64 * 1024 =>
+                    {
                         stderr.extend_from_slice(&message);
                     }
                     _ => {}
@@ -375,7 +396,8 @@ impl Sandbox for DockerSandbox {
                 }
                 Some(spec) => {
                     let running = c.state.as_ref().map(|s| s.to_string()) == Some("running".into());
-                    let same = labels.get(LABEL_SPEC).map(String::as_str) == Some(spec.spec_label());
+                    let same =
+                        labels.get(LABEL_SPEC).map(String::as_str) == Some(spec.spec_label());
                     let named = c
                         .names
                         .as_ref()
@@ -425,15 +447,28 @@ impl Sandbox for DockerSandbox {
                 // The container is gone or stopped: bring it back, then retry once.
                 let restarted = self.revive(&spec).await?;
                 if restarted.is_none() {
-                    return Err(docker_err(format!("run `{}` in {}", request.name(), spec.name))(e));
+                    return Err(docker_err(format!(
+                        "run `{}` in {}",
+                        request.name(),
+                        spec.name
+                    ))(e));
                 }
-                let reply = tokio::time::timeout(Duration::from_secs(limit), self.exec_op(&spec, request))
-                    .await
-                    .map_err(timeout)?
-                    .map_err(docker_err(format!("run `{}` in {}", request.name(), spec.name)))??;
+                let reply =
+                    tokio::time::timeout(Duration::from_secs(limit), self.exec_op(&spec, request))
+                        .await
+                        .map_err(timeout)?
+                        .map_err(docker_err(format!(
+                            "run `{}` in {}",
+                            request.name(),
+                            spec.name
+                        )))??;
                 Ok(OpOutcome { reply, restarted })
             }
-            Err(e) => Err(docker_err(format!("run `{}` in {}", request.name(), spec.name))(e)),
+            Err(e) => Err(docker_err(format!(
+                "run `{}` in {}",
+                request.name(),
+                spec.name
+            ))(e)),
         }
     }
 

@@ -99,7 +99,13 @@ mod tests {
             assert_eq!(user, SandboxUser::DEFAULT);
             assert_eq!(owner, 1000);
         } else {
-            assert_eq!(user, SandboxUser::Id { uid: owner, gid: std::fs::metadata(&ws).unwrap().gid() });
+            assert_eq!(
+                user,
+                SandboxUser::Id {
+                    uid: owner,
+                    gid: std::fs::metadata(&ws).unwrap().gid()
+                }
+            );
         }
     }
 }

@@ -47,7 +47,11 @@ pub enum SandboxError {
         message: String,
     },
     #[error("`{op}` in the sandbox of agent '{agent}' did not finish within {secs} s")]
-    Timeout { agent: String, op: String, secs: u64 },
+    Timeout {
+        agent: String,
+        op: String,
+        secs: u64,
+    },
 }
 
 /// The outcome of one operation, plus what the model must be told about the sandbox.
@@ -75,9 +79,9 @@ impl RestartNotice {
         } else {
             let mut c = "its container had stopped".to_string();
             match (self.exit_code, self.oom_killed) {
-                (Some(code), true) => {
-                    c.push_str(&format!(" (exit code {code}, killed for running out of memory)"))
-                }
+                (Some(code), true) => c.push_str(&format!(
+                    " (exit code {code}, killed for running out of memory)"
+                )),
                 (_, true) => c.push_str(" (killed for running out of memory)"),
                 (Some(code), false) => c.push_str(&format!(" (exit code {code})")),
                 (None, false) => {}

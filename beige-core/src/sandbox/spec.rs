@@ -25,7 +25,8 @@ pub const LABEL_SPEC: &str = "io.beige.spec";
 /// Where the shim is mounted inside every container.
 pub const SHIM_PATH: &str = "/beige/shim";
 /// The `PATH` of every sandbox: plugin tools first.
-pub const SANDBOX_PATH: &str = "/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const SANDBOX_PATH: &str =
+    "/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The agent's working directory inside the container.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -149,7 +150,9 @@ pub const ROOT_CAP_DROP: [&str; 5] = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCA
 pub enum SpecError {
     #[error("agent '{agent}': invalid sandbox.memoryLimit \"{value}\" — use a number with an optional k/m/g unit, e.g. \"512m\" or \"3g\"")]
     MemoryLimit { agent: String, value: String },
-    #[error("agent '{agent}': sandbox.extraMounts entry {host} → {container} is refused: {reason}")]
+    #[error(
+        "agent '{agent}': sandbox.extraMounts entry {host} → {container} is refused: {reason}"
+    )]
     Mount {
         agent: String,
         host: String,
@@ -186,18 +189,14 @@ impl ContainerSpec {
         }
         for (host, target) in &cfg.extra_mounts {
             let host_path = PathBuf::from(host);
-            let checked = crate::config::check_extra_mount(
-                input.home,
-                &input.workspace,
-                &host_path,
-                target,
-            )
-            .map_err(|reason| SpecError::Mount {
-                agent: agent.to_string(),
-                host: host.clone(),
-                container: target.clone(),
-                reason,
-            })?;
+            let checked =
+                crate::config::check_extra_mount(input.home, &input.workspace, &host_path, target)
+                    .map_err(|reason| SpecError::Mount {
+                        agent: agent.to_string(),
+                        host: host.clone(),
+                        container: target.clone(),
+                        reason,
+                    })?;
             mounts.push(Mount::new(host_path, checked.container, checked.read_only));
         }
 
@@ -267,7 +266,10 @@ impl ContainerSpec {
 
     /// The hash recorded in the spec's labels.
     pub fn spec_label(&self) -> &str {
-        self.labels.get(LABEL_SPEC).map(String::as_str).unwrap_or("")
+        self.labels
+            .get(LABEL_SPEC)
+            .map(String::as_str)
+            .unwrap_or("")
     }
 }
 
@@ -313,7 +315,10 @@ mod tests {
         assert_eq!(spec.memory_bytes, 3 * 1024 * 1024 * 1024);
         assert_eq!(spec.memory_swap_bytes, spec.memory_bytes);
         assert_eq!(spec.pids_limit, 512);
-        assert!(spec.security_opt.iter().any(|s| s.starts_with("no-new-privileges")));
+        assert!(spec
+            .security_opt
+            .iter()
+            .any(|s| s.starts_with("no-new-privileges")));
         insta::assert_json_snapshot!("default_spec", spec);
     }
 
@@ -368,7 +373,10 @@ mod tests {
                 "sandbox": {"extraMounts": {host: target}}
             }));
             let err = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT));
-            assert!(matches!(err, Err(SpecError::Mount { .. })), "{host} → {target} accepted");
+            assert!(
+                matches!(err, Err(SpecError::Mount { .. })),
+                "{host} → {target} accepted"
+            );
         }
     }
 
@@ -386,7 +394,13 @@ mod tests {
     #[test]
     fn user_parse() {
         assert_eq!(SandboxUser::parse("root"), Some(SandboxUser::Root));
-        assert_eq!(SandboxUser::parse("1001:100"), Some(SandboxUser::Id { uid: 1001, gid: 100 }));
+        assert_eq!(
+            SandboxUser::parse("1001:100"),
+            Some(SandboxUser::Id {
+                uid: 1001,
+                gid: 100
+            })
+        );
         assert_eq!(SandboxUser::parse("0:0"), Some(SandboxUser::Root));
         assert_eq!(SandboxUser::parse("bob"), None);
     }

@@ -144,7 +144,12 @@ impl Connection {
         loop {
             // Room for the base64 of the largest stdin on top of the line limit.
             let hard_max = self.limits.max_line + self.limits.max_stdin.div_ceil(3) * 4 + 64;
-            let line = match tokio::time::timeout(self.limits.idle, read_line(&mut reader, hard_max)).await {
+            let line = match tokio::time::timeout(
+                self.limits.idle,
+                read_line(&mut reader, hard_max),
+            )
+            .await
+            {
                 Err(_) => {
                     tracing::debug!(agent = %self.agent, "idle socket client disconnected");
                     return;
@@ -200,18 +205,25 @@ impl Connection {
                 return ToolResponse::error(msg, 1);
             }
         };
-        let tool = value.get("tool").and_then(|t| t.as_str()).map(str::to_string);
+        let tool = value
+            .get("tool")
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
         let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or("");
         if kind != TOOL_REQUEST {
             let msg = format!("Unknown message type: {kind}");
-            self.handler.rejected(&self.agent, tool.as_deref(), &msg).await;
+            self.handler
+                .rejected(&self.agent, tool.as_deref(), &msg)
+                .await;
             return ToolResponse::error(msg, 1);
         }
         let request: ToolRequest = match serde_json::from_value(value) {
             Ok(r) => r,
             Err(e) => {
                 let msg = format!("Invalid request: {e}");
-                self.handler.rejected(&self.agent, tool.as_deref(), &msg).await;
+                self.handler
+                    .rejected(&self.agent, tool.as_deref(), &msg)
+                    .await;
                 return ToolResponse::error(msg, 1);
             }
         };
@@ -232,22 +244,35 @@ fn stdin_field_len(line: &[u8]) -> usize {
     let Some(open) = rest.iter().position(|&b| b == b'"') else {
         return 0;
     };
-    rest[open + 1..].iter().position(|&b| b == b'"').unwrap_or(0)
+    rest[open + 1..]
+        .iter()
+        .position(|&b| b == b'"')
+        .unwrap_or(0)
 }
 
-async fn send(write: &mut tokio::net::unix::OwnedWriteHalf, response: &ToolResponse) -> std::io::Result<()> {
+async fn send(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    response: &ToolResponse,
+) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec(response).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     write.write_all(&bytes).await
 }
 
 /// Read one `\n`-terminated line of at most `max` bytes without buffering more.
-async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> std::io::Result<Line> {
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+) -> std::io::Result<Line> {
     let mut line = Vec::new();
     loop {
         let buf = reader.fill_buf().await?;
         if buf.is_empty() {
-            return Ok(if line.is_empty() { Line::Eof } else { Line::Data(line) });
+            return Ok(if line.is_empty() {
+                Line::Eof
+            } else {
+                Line::Data(line)
+            });
         }
         match buf.iter().position(|&b| b == b'\n') {
             Some(i) => {
@@ -287,7 +312,10 @@ mod tests {
             if request.tool == "slow" {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            ToolResponse::from_result(format!("{agent}:{}:{}", request.tool, request.args.join(",")), 0)
+            ToolResponse::from_result(
+                format!("{agent}:{}:{}", request.tool, request.args.join(",")),
+                0,
+            )
         }
         async fn rejected(&self, _agent: &str, _tool: Option<&str>, _error: &str) {
             self.rejected.fetch_add(1, Ordering::SeqCst);
@@ -307,7 +335,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/a/gateway.sock");
         let handler = Arc::new(Echo::default());
-        let limits = SocketLimits { idle: Duration::from_millis(300), max_line: 1000, max_stdin: 300, ..Default::default() };
+        let limits = SocketLimits {
+            idle: Duration::from_millis(300),
+            max_line: 1000,
+            max_stdin: 300,
+            ..Default::default()
+        };
         let _server = SocketServer::start("a", &path, handler.clone(), limits).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o666);
@@ -343,7 +376,10 @@ mod tests {
         // A silent client is disconnected after the idle limit.
         let mut idle = UnixStream::connect(&path).await.unwrap();
         let mut buf = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(n, 0);
     }
 }

@@ -7,8 +7,8 @@
 //! run (policy) and does not know how the operation reaches the container (sandbox).
 
 use beige_protocol::op::{
-    ExecReply, ExecRequest, OpReply, OpRequest, PatchRequest, ReadReply, ReadRequest,
-    WriteRequest, DEFAULT_IMAGE_MAX_BYTES, DEFAULT_READ_MAX_BYTES,
+    ExecReply, ExecRequest, OpReply, OpRequest, PatchRequest, ReadReply, ReadRequest, WriteRequest,
+    DEFAULT_IMAGE_MAX_BYTES, DEFAULT_READ_MAX_BYTES,
 };
 use serde::{Deserialize, Serialize};
 
@@ -270,9 +270,10 @@ pub fn format_reply(
     match (call, reply) {
         (_, OpReply::Error(e)) => ToolOutput::error(e.message),
         (CoreToolCall::Read(p), OpReply::Read(r)) => format_read(&p.path, r, ctx),
-        (CoreToolCall::Write(p), OpReply::Write(w)) => {
-            ToolOutput::text(format!("Successfully wrote {} bytes to {}", w.bytes, p.path))
-        }
+        (CoreToolCall::Write(p), OpReply::Write(w)) => ToolOutput::text(format!(
+            "Successfully wrote {} bytes to {}",
+            w.bytes, p.path
+        )),
         (CoreToolCall::Patch(p), OpReply::Patch(_)) => {
             ToolOutput::text(format!("Successfully patched {}", p.path))
         }
@@ -339,9 +340,7 @@ fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
 
 fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
     let mut parts = Vec::new();
-    let code = e
-        .exit_code
-        .unwrap_or_else(|| 128 + e.signal.unwrap_or(9));
+    let code = e.exit_code.unwrap_or_else(|| 128 + e.signal.unwrap_or(9));
     if e.timed_out {
         parts.push(format!(
             "Error: timed out after {timeout_secs} s; the command and every process it started were killed. Output so far:"
@@ -378,7 +377,11 @@ mod tests {
 
     #[test]
     fn parse_calls() {
-        let c = CoreToolCall::parse("patch", serde_json::json!({"path": "a", "oldText": "x", "newText": "y"})).unwrap();
+        let c = CoreToolCall::parse(
+            "patch",
+            serde_json::json!({"path": "a", "oldText": "x", "newText": "y"}),
+        )
+        .unwrap();
         assert_eq!(c.name(), "patch");
         assert_eq!(c.params()["oldText"], "x");
         let e = CoreToolCall::parse("exec", serde_json::json!({"cmd": "ls"})).unwrap_err();
@@ -410,7 +413,11 @@ mod tests {
         let out = format_exec(&r, 10);
         assert_eq!(out.joined_text(), "Exit code: 3\nout\nerr");
         assert!(out.is_error);
-        let ok = ExecReply { exit_code: Some(0), stderr: String::new(), ..r };
+        let ok = ExecReply {
+            exit_code: Some(0),
+            stderr: String::new(),
+            ..r
+        };
         let out = format_exec(&ok, 10);
         assert_eq!(out.joined_text(), "Exit code: 0\nout");
         assert!(!out.is_error);
@@ -424,7 +431,11 @@ mod tests {
         };
         let out = format_read(
             "a.png",
-            ReadReply::Image { mime_type: "image/png".into(), bytes: 10, data: None },
+            ReadReply::Image {
+                mime_type: "image/png".into(),
+                bytes: 10,
+                data: None,
+            },
             &ctx,
         );
         assert!(out.is_error);

@@ -13,7 +13,12 @@ async fn call(gw: &LocalGateway, tool: &str, params: serde_json::Value) -> ToolO
     call_ctx(gw, tool, params, ToolContext::default()).await
 }
 
-async fn call_ctx(gw: &LocalGateway, tool: &str, params: serde_json::Value, ctx: ToolContext) -> ToolOutput {
+async fn call_ctx(
+    gw: &LocalGateway,
+    tool: &str,
+    params: serde_json::Value,
+    ctx: ToolContext,
+) -> ToolOutput {
     let call = CoreToolCall::parse(tool, params).unwrap();
     gw.call_tool("tools", call, ctx).await.unwrap()
 }
@@ -27,12 +32,28 @@ async fn write_read_round_trip_all_byte_values() {
     let env = docker_or_skip!();
     let t = TestHome::new();
     let gw = start(&t, &env).await;
-    let content: String = (0u32..=0xFF).filter_map(char::from_u32).collect::<String>().repeat(3);
-    let out = call(&gw, "write", json!({"path": "bin/all.txt", "content": content})).await;
-    assert_eq!(out.joined_text(), format!("Successfully wrote {} bytes to bin/all.txt", content.len()));
+    let content: String = (0u32..=0xFF)
+        .filter_map(char::from_u32)
+        .collect::<String>()
+        .repeat(3);
+    let out = call(
+        &gw,
+        "write",
+        json!({"path": "bin/all.txt", "content": content}),
+    )
+    .await;
+    assert_eq!(
+        out.joined_text(),
+        format!("Successfully wrote {} bytes to bin/all.txt", content.len())
+    );
     let out = call(&gw, "read", json!({"path": "bin/all.txt"})).await;
     assert!(!out.is_error);
-    assert_eq!(out.content, vec![ContentBlock::Text { text: content.clone() }]);
+    assert_eq!(
+        out.content,
+        vec![ContentBlock::Text {
+            text: content.clone()
+        }]
+    );
     // Exactly those bytes on the host too.
     let host = std::fs::read(t.home.default_workspace("tools").join("bin/all.txt")).unwrap();
     assert_eq!(host, content.as_bytes());
@@ -54,11 +75,21 @@ async fn hostile_paths_create_exactly_that_file_and_run_nothing() {
         "ünïcödé.txt",
     ];
     for name in names {
-        let out = call(&gw, "write", json!({"path": format!("odd/{name}"), "content": name})).await;
+        let out = call(
+            &gw,
+            "write",
+            json!({"path": format!("odd/{name}"), "content": name}),
+        )
+        .await;
         assert!(!out.is_error, "{name}: {}", out.joined_text());
         let out = call(&gw, "read", json!({"path": format!("odd/{name}")})).await;
         assert_eq!(out.joined_text(), name);
-        let out = call(&gw, "patch", json!({"path": format!("odd/{name}"), "oldText": name, "newText": "patched"})).await;
+        let out = call(
+            &gw,
+            "patch",
+            json!({"path": format!("odd/{name}"), "oldText": name, "newText": "patched"}),
+        )
+        .await;
         assert!(!out.is_error, "{name}: {}", out.joined_text());
     }
     // Each path exists on the host exactly as named (a `/` inside a name is a folder).
@@ -70,7 +101,11 @@ async fn hostile_paths_create_exactly_that_file_and_run_nothing() {
     assert!(ws.join("$(touch ").is_dir());
     assert!(!std::path::Path::new("/tmp/pwned").exists());
     let out = exec(&gw, "tools", "ls /tmp/pwned /tmp/pwned2 2>&1; true").await;
-    assert!(out.joined_text().contains("No such file"), "{}", out.joined_text());
+    assert!(
+        out.joined_text().contains("No such file"),
+        "{}",
+        out.joined_text()
+    );
     gw.shutdown().await.unwrap();
 }
 
@@ -79,18 +114,46 @@ async fn patch_requires_exactly_one_match_and_keeps_mode() {
     let env = docker_or_skip!();
     let t = TestHome::new();
     let gw = start(&t, &env).await;
-    call(&gw, "write", json!({"path": "p.sh", "content": "echo one\necho two\necho two\n"})).await;
+    call(
+        &gw,
+        "write",
+        json!({"path": "p.sh", "content": "echo one\necho two\necho two\n"}),
+    )
+    .await;
     exec(&gw, "tools", "chmod 750 p.sh").await;
 
-    let none = call(&gw, "patch", json!({"path": "p.sh", "oldText": "echo three", "newText": "x"})).await;
+    let none = call(
+        &gw,
+        "patch",
+        json!({"path": "p.sh", "oldText": "echo three", "newText": "x"}),
+    )
+    .await;
     assert!(none.is_error);
-    assert!(none.joined_text().contains("not found"), "{}", none.joined_text());
+    assert!(
+        none.joined_text().contains("not found"),
+        "{}",
+        none.joined_text()
+    );
 
-    let two = call(&gw, "patch", json!({"path": "p.sh", "oldText": "echo two", "newText": "x"})).await;
+    let two = call(
+        &gw,
+        "patch",
+        json!({"path": "p.sh", "oldText": "echo two", "newText": "x"}),
+    )
+    .await;
     assert!(two.is_error);
-    assert!(two.joined_text().contains("2 times"), "{}", two.joined_text());
+    assert!(
+        two.joined_text().contains("2 times"),
+        "{}",
+        two.joined_text()
+    );
 
-    let one = call(&gw, "patch", json!({"path": "p.sh", "oldText": "echo one", "newText": "echo $& 1"})).await;
+    let one = call(
+        &gw,
+        "patch",
+        json!({"path": "p.sh", "oldText": "echo one", "newText": "echo $& 1"}),
+    )
+    .await;
     assert_eq!(one.joined_text(), "Successfully patched p.sh");
     let read = call(&gw, "read", json!({"path": "p.sh"})).await;
     assert_eq!(read.joined_text(), "echo $& 1\necho two\necho two\n");
@@ -106,20 +169,43 @@ async fn read_offset_limit_and_errors() {
     let gw = start(&t, &env).await;
     let lines: String = (1..=10).map(|i| format!("line {i}\n")).collect();
     call(&gw, "write", json!({"path": "ten.txt", "content": lines})).await;
-    let out = call(&gw, "read", json!({"path": "ten.txt", "offset": 3, "limit": 2})).await;
+    let out = call(
+        &gw,
+        "read",
+        json!({"path": "ten.txt", "offset": 3, "limit": 2}),
+    )
+    .await;
     assert_eq!(out.joined_text(), "line 3\nline 4\n");
-    let out = call(&gw, "read", json!({"path": "ten.txt", "offset": 0, "limit": 1})).await;
+    let out = call(
+        &gw,
+        "read",
+        json!({"path": "ten.txt", "offset": 0, "limit": 1}),
+    )
+    .await;
     assert_eq!(out.joined_text(), "line 1\n");
-    let out = call(&gw, "read", json!({"path": "/workspace/ten.txt", "offset": 9})).await;
+    let out = call(
+        &gw,
+        "read",
+        json!({"path": "/workspace/ten.txt", "offset": 9}),
+    )
+    .await;
     assert_eq!(out.joined_text(), "line 9\nline 10\n");
 
     let missing = call(&gw, "read", json!({"path": "nope.txt"})).await;
     assert!(missing.is_error);
-    assert!(missing.joined_text().contains("not found"), "{}", missing.joined_text());
+    assert!(
+        missing.joined_text().contains("not found"),
+        "{}",
+        missing.joined_text()
+    );
     exec(&gw, "tools", "mkdir -p adir").await;
     let dir = call(&gw, "read", json!({"path": "adir"})).await;
     assert!(dir.is_error);
-    assert!(dir.joined_text().contains("directory"), "{}", dir.joined_text());
+    assert!(
+        dir.joined_text().contains("directory"),
+        "{}",
+        dir.joined_text()
+    );
 
     // A file larger than the 256 KiB cap says how to read the rest.
     exec(&gw, "tools", "i=0; while [ $i -lt 40000 ]; do echo \"row $i of a long file\"; i=$((i+1)); done > big.txt").await;
@@ -137,26 +223,52 @@ async fn images_with_and_without_vision() {
     let t = TestHome::new();
     let gw = start(&t, &env).await;
     // A PNG signature plus non-UTF-8 bytes, written by the sandbox itself.
-    exec(&gw, "tools", "printf '\\211PNG\\r\\n\\032\\n\\000\\377\\376' > pic.png; cp pic.png blob.bin").await;
+    exec(
+        &gw,
+        "tools",
+        "printf '\\211PNG\\r\\n\\032\\n\\000\\377\\376' > pic.png; cp pic.png blob.bin",
+    )
+    .await;
     let expected = b"\x89PNG\r\n\x1a\n\x00\xff\xfe";
 
-    let vision = ToolContext { model: Some("anthropic/claude-sonnet-4-6".into()), model_accepts_images: true, ..Default::default() };
+    let vision = ToolContext {
+        model: Some("anthropic/claude-sonnet-4-6".into()),
+        model_accepts_images: true,
+        ..Default::default()
+    };
     let out = call_ctx(&gw, "read", json!({"path": "pic.png"}), vision).await;
     match &out.content[..] {
         [ContentBlock::Image { data, mime_type }] => {
             assert_eq!(mime_type, "image/png");
-            assert_eq!(base64::engine::general_purpose::STANDARD.decode(data).unwrap(), expected);
+            assert_eq!(
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .unwrap(),
+                expected
+            );
         }
         other => panic!("expected an image, got {other:?}"),
     }
 
-    let blind = ToolContext { model: Some("ollama/llama3.1:8b".into()), model_accepts_images: false, ..Default::default() };
+    let blind = ToolContext {
+        model: Some("ollama/llama3.1:8b".into()),
+        model_accepts_images: false,
+        ..Default::default()
+    };
     let out = call_ctx(&gw, "read", json!({"path": "pic.png"}), blind).await;
     assert!(out.is_error);
-    assert!(out.joined_text().contains("ollama/llama3.1:8b"), "{}", out.joined_text());
+    assert!(
+        out.joined_text().contains("ollama/llama3.1:8b"),
+        "{}",
+        out.joined_text()
+    );
 
     let out = call(&gw, "read", json!({"path": "blob.bin"})).await;
-    assert!(out.joined_text().starts_with("binary file, 11 bytes"), "{}", out.joined_text());
+    assert!(
+        out.joined_text().starts_with("binary file, 11 bytes"),
+        "{}",
+        out.joined_text()
+    );
     gw.shutdown().await.unwrap();
 }
 
@@ -173,7 +285,12 @@ async fn exec_exit_codes_flood_cap_and_timeout() {
     assert_eq!(out.joined_text(), "Exit code: 0\n/workspace\ntools");
 
     // 50 MB of output: capped to about 64 KiB with a marker.
-    let out = exec(&gw, "tools", "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo done").await;
+    let out = exec(
+        &gw,
+        "tools",
+        "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo done",
+    )
+    .await;
     let text = out.joined_text();
     assert!(text.len() < 80 * 1024, "{}", text.len());
     assert!(text.starts_with("Exit code: 0\naaaa"));
@@ -184,13 +301,21 @@ async fn exec_exit_codes_flood_cap_and_timeout() {
     let out = gw
         .call_tool(
             "tools",
-            CoreToolCall::parse("exec", json!({"command": "sleep 100 & sleep 100; wait", "timeout": 2})).unwrap(),
+            CoreToolCall::parse(
+                "exec",
+                json!({"command": "sleep 100 & sleep 100; wait", "timeout": 2}),
+            )
+            .unwrap(),
             ToolContext::default(),
         )
         .await
         .unwrap();
     assert!(out.is_error);
-    assert!(out.joined_text().contains("timed out after 2 s"), "{}", out.joined_text());
+    assert!(
+        out.joined_text().contains("timed out after 2 s"),
+        "{}",
+        out.joined_text()
+    );
     let left = exec(
         &gw,
         "tools",

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use beige_core::hooks::*;
-use beige_core::plugin::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
+use beige_core::plugin::{
+    Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
+};
 use beige_core::tools::{CoreToolCall, ToolContext};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use beige_protocol::socket::ToolRequest;
@@ -34,15 +36,28 @@ struct HookPlugin {
 #[async_trait]
 impl HookHandler for HookPlugin {
     fn hooks(&self) -> Vec<HookName> {
-        vec![HookName::PreToolExec, HookName::PostToolExec, HookName::PrePrompt, HookName::PostResponse]
+        vec![
+            HookName::PreToolExec,
+            HookName::PostToolExec,
+            HookName::PrePrompt,
+            HookName::PostResponse,
+        ]
     }
     fn timeout(&self) -> Duration {
         Duration::from_millis(300)
     }
     async fn pre_tool_exec(&self, e: &PreToolExecEvent) -> Result<PreToolExecResult, HookError> {
-        self.log.lock().unwrap().push(format!("{}:pre:{}:{}", self.name, e.tool_name, e.args.join(" ")));
+        self.log.lock().unwrap().push(format!(
+            "{}:pre:{}:{}",
+            self.name,
+            e.tool_name,
+            e.args.join(" ")
+        ));
         match &self.behaviour {
-            Behaviour::Deny(r) => Ok(PreToolExecResult { allow: false, reason: Some(r.to_string()) }),
+            Behaviour::Deny(r) => Ok(PreToolExecResult {
+                allow: false,
+                reason: Some(r.to_string()),
+            }),
             Behaviour::Sleep(d) => {
                 tokio::time::sleep(*d).await;
                 Ok(PreToolExecResult::allow())
@@ -52,7 +67,10 @@ impl HookHandler for HookPlugin {
         }
     }
     async fn post_tool_exec(&self, e: &PostToolExecEvent) -> Result<PostToolExecResult, HookError> {
-        self.log.lock().unwrap().push(format!("{}:post:{}", self.name, e.result.output));
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:post:{}", self.name, e.result.output));
         match &self.behaviour {
             Behaviour::Rewrite(s) => Ok(PostToolExecResult {
                 result: Some(ToolResult::ok(format!("{s} (was: {})", e.result.output))),
@@ -63,8 +81,15 @@ impl HookHandler for HookPlugin {
     }
     async fn pre_prompt(&self, e: &PrePromptEvent) -> Result<PrePromptResult, HookError> {
         match &self.behaviour {
-            Behaviour::Rewrite(s) => Ok(PrePromptResult { message: Some(format!("{} {s}", e.message)), ..Default::default() }),
-            Behaviour::Deny(r) => Ok(PrePromptResult { block: true, reason: Some(r.to_string()), ..Default::default() }),
+            Behaviour::Rewrite(s) => Ok(PrePromptResult {
+                message: Some(format!("{} {s}", e.message)),
+                ..Default::default()
+            }),
+            Behaviour::Deny(r) => Ok(PrePromptResult {
+                block: true,
+                reason: Some(r.to_string()),
+                ..Default::default()
+            }),
             Behaviour::Fail => Err(HookError("broken".into())),
             Behaviour::Sleep(d) => {
                 tokio::time::sleep(*d).await;
@@ -75,8 +100,14 @@ impl HookHandler for HookPlugin {
     }
     async fn post_response(&self, e: &PostResponseEvent) -> Result<PostResponseResult, HookError> {
         match &self.behaviour {
-            Behaviour::Rewrite(s) => Ok(PostResponseResult { response: Some(format!("{} {s}", e.response)), block: false }),
-            Behaviour::Deny(_) => Ok(PostResponseResult { response: None, block: true }),
+            Behaviour::Rewrite(s) => Ok(PostResponseResult {
+                response: Some(format!("{} {s}", e.response)),
+                block: false,
+            }),
+            Behaviour::Deny(_) => Ok(PostResponseResult {
+                response: None,
+                block: true,
+            }),
             Behaviour::Fail => Err(HookError("broken".into())),
             _ => Ok(PostResponseResult::default()),
         }
@@ -115,7 +146,11 @@ impl Plugin for TestPlugin {
             reg.tool(Arc::new(Echo))?;
         }
         if let Some(h) = &self.hook {
-            reg.hooks(Arc::new(HookPlugin { name: h.name, behaviour: h.behaviour.clone(), log: h.log.clone() }));
+            reg.hooks(Arc::new(HookPlugin {
+                name: h.name,
+                behaviour: h.behaviour.clone(),
+                log: h.log.clone(),
+            }));
         }
         Ok(())
     }
@@ -139,18 +174,36 @@ async fn setup(first: Behaviour, second: Behaviour) -> Option<Setup> {
         "agents": {"a": {"model": {"provider": "anthropic", "model": "m"}, "tools": ["echo"]}}
     }))
     .unwrap();
-    let hp = |name, behaviour| HookPlugin { name, behaviour, log: log.clone() };
+    let hp = |name, behaviour| HookPlugin {
+        name,
+        behaviour,
+        log: log.clone(),
+    };
     let gw = GatewayBuilder::new(config, home.clone())
         .shim(shim)
         .sandbox(Arc::new(FakeSandbox))
         // Registered out of order on purpose: config order decides.
-        .plugin(Arc::new(TestPlugin { name: "second", hook: Some(hp("second", second)) }))
-        .plugin(Arc::new(TestPlugin { name: "echo", hook: None }))
-        .plugin(Arc::new(TestPlugin { name: "first", hook: Some(hp("first", first)) }))
+        .plugin(Arc::new(TestPlugin {
+            name: "second",
+            hook: Some(hp("second", second)),
+        }))
+        .plugin(Arc::new(TestPlugin {
+            name: "echo",
+            hook: None,
+        }))
+        .plugin(Arc::new(TestPlugin {
+            name: "first",
+            hook: Some(hp("first", first)),
+        }))
         .build()
         .await
         .unwrap();
-    Some(Setup { _dir: dir, home, gw, log })
+    Some(Setup {
+        _dir: dir,
+        home,
+        gw,
+        log,
+    })
 }
 
 fn audit_lines(home: &BeigeHome) -> Vec<serde_json::Value> {
@@ -162,17 +215,26 @@ fn audit_lines(home: &BeigeHome) -> Vec<serde_json::Value> {
 }
 
 async fn echo(gw: &LocalGateway, args: &[&str]) -> beige_protocol::socket::ToolResponse {
-    gw.handle_tool_request("a", ToolRequest::new("echo", args.iter().map(|s| s.to_string()).collect())).await
+    gw.handle_tool_request(
+        "a",
+        ToolRequest::new("echo", args.iter().map(|s| s.to_string()).collect()),
+    )
+    .await
 }
 
 #[tokio::test]
 async fn tool_hooks_run_in_plugin_order_for_plugin_and_core_tools() {
-    let Some(s) = setup(Behaviour::Allow, Behaviour::Allow).await else { return };
+    let Some(s) = setup(Behaviour::Allow, Behaviour::Allow).await else {
+        return;
+    };
     let r = echo(&s.gw, &["hi"]).await;
     assert_eq!(r.output.as_deref(), Some("hi"));
-    let out = s
-        .gw
-        .call_tool("a", CoreToolCall::parse("exec", json!({"command": "ls"})).unwrap(), ToolContext::default())
+    let out =
+        s.gw.call_tool(
+            "a",
+            CoreToolCall::parse("exec", json!({"command": "ls"})).unwrap(),
+            ToolContext::default(),
+        )
         .await
         .unwrap();
     assert_eq!(out.joined_text(), "Exit code: 0\nfake: ls");
@@ -198,51 +260,78 @@ async fn tool_hooks_run_in_plugin_order_for_plugin_and_core_tools() {
 
 #[tokio::test]
 async fn a_deny_stops_the_call_with_its_reason() {
-    let Some(s) = setup(Behaviour::Deny("no echo on Sundays"), Behaviour::Allow).await else { return };
+    let Some(s) = setup(Behaviour::Deny("no echo on Sundays"), Behaviour::Allow).await else {
+        return;
+    };
     let r = echo(&s.gw, &["hi"]).await;
     assert!(!r.success);
     assert_eq!(r.error.as_deref(), Some("no echo on Sundays"));
-    let out = s
-        .gw
-        .call_tool("a", CoreToolCall::parse("write", json!({"path": "x", "content": "y"})).unwrap(), ToolContext::default())
+    let out =
+        s.gw.call_tool(
+            "a",
+            CoreToolCall::parse("write", json!({"path": "x", "content": "y"})).unwrap(),
+            ToolContext::default(),
+        )
         .await
         .unwrap();
     assert!(out.is_error);
     assert_eq!(out.joined_text(), "no echo on Sundays");
     // The second hook never ran, the handler never ran, one denied record each.
-    assert!(s.log.lock().unwrap().iter().all(|l| l.starts_with("first:")));
+    assert!(s
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|l| l.starts_with("first:")));
     let audit = audit_lines(&s.home);
     assert_eq!(audit.len(), 2);
-    assert!(audit.iter().all(|r| r["decision"] == "denied" && r["phase"] == "finished"));
+    assert!(audit
+        .iter()
+        .all(|r| r["decision"] == "denied" && r["phase"] == "finished"));
     assert_eq!(audit[0]["error"], "no echo on Sundays");
 }
 
 #[tokio::test]
 async fn a_hook_past_its_time_limit_blocks() {
-    let Some(s) = setup(Behaviour::Allow, Behaviour::Sleep(Duration::from_secs(5))).await else { return };
+    let Some(s) = setup(Behaviour::Allow, Behaviour::Sleep(Duration::from_secs(5))).await else {
+        return;
+    };
     let started = std::time::Instant::now();
     let r = echo(&s.gw, &["hi"]).await;
     assert!(started.elapsed() < Duration::from_secs(4));
     let err = r.error.unwrap();
-    assert!(err.contains("preToolExec hook of plugin 'second' did not answer within 300 ms"), "{err}");
+    assert!(
+        err.contains("preToolExec hook of plugin 'second' did not answer within 300 ms"),
+        "{err}"
+    );
     assert!(err.contains("fail closed"), "{err}");
 }
 
 #[tokio::test]
 async fn a_failing_pre_hook_blocks_and_a_failing_post_hook_is_skipped() {
-    let Some(s) = setup(Behaviour::Fail, Behaviour::Allow).await else { return };
+    let Some(s) = setup(Behaviour::Fail, Behaviour::Allow).await else {
+        return;
+    };
     let r = echo(&s.gw, &["hi"]).await;
-    assert!(r.error.unwrap().contains("preToolExec hook of plugin 'first' failed: boom"));
+    assert!(r
+        .error
+        .unwrap()
+        .contains("preToolExec hook of plugin 'first' failed: boom"));
 }
 
 #[tokio::test]
 async fn post_tool_exec_rewrites_results() {
-    let Some(s) = setup(Behaviour::Rewrite("one"), Behaviour::Rewrite("two")).await else { return };
+    let Some(s) = setup(Behaviour::Rewrite("one"), Behaviour::Rewrite("two")).await else {
+        return;
+    };
     let r = echo(&s.gw, &["hi"]).await;
     assert_eq!(r.output.as_deref(), Some("two (was: one (was: hi))"));
-    let out = s
-        .gw
-        .call_tool("a", CoreToolCall::parse("read", json!({"path": "f"})).unwrap(), ToolContext::default())
+    let out =
+        s.gw.call_tool(
+            "a",
+            CoreToolCall::parse("read", json!({"path": "f"})).unwrap(),
+            ToolContext::default(),
+        )
         .await
         .unwrap();
     assert_eq!(out.joined_text(), "two (was: one (was: fake))");
@@ -258,36 +347,76 @@ fn runner(behaviours: Vec<Behaviour>) -> HookRunner {
             .enumerate()
             .map(|(i, b)| beige_core::plugin::RegisteredHooks {
                 plugin: format!("p{i}"),
-                handler: Arc::new(HookPlugin { name: "h", behaviour: b, log: log.clone() }),
+                handler: Arc::new(HookPlugin {
+                    name: "h",
+                    behaviour: b,
+                    log: log.clone(),
+                }),
             })
             .collect(),
     )
 }
 
 fn prompt(message: &str) -> PrePromptEvent {
-    PrePromptEvent { message: message.into(), session_key: "k".into(), agent_name: "a".into(), channel: "api".into() }
+    PrePromptEvent {
+        message: message.into(),
+        session_key: "k".into(),
+        agent_name: "a".into(),
+        channel: "api".into(),
+    }
 }
 
 #[tokio::test]
 async fn pre_prompt_chains_rewrites_and_first_block_wins() {
     let r = runner(vec![Behaviour::Rewrite("[1]"), Behaviour::Rewrite("[2]")]);
-    assert_eq!(r.pre_prompt(prompt("hi")).await, PromptDecision::Continue("hi [1] [2]".into()));
-    let r = runner(vec![Behaviour::Rewrite("[1]"), Behaviour::Deny("off topic"), Behaviour::Fail]);
-    assert_eq!(r.pre_prompt(prompt("hi")).await, PromptDecision::Blocked("off topic".into()));
+    assert_eq!(
+        r.pre_prompt(prompt("hi")).await,
+        PromptDecision::Continue("hi [1] [2]".into())
+    );
+    let r = runner(vec![
+        Behaviour::Rewrite("[1]"),
+        Behaviour::Deny("off topic"),
+        Behaviour::Fail,
+    ]);
+    assert_eq!(
+        r.pre_prompt(prompt("hi")).await,
+        PromptDecision::Blocked("off topic".into())
+    );
     let r = runner(vec![Behaviour::Allow, Behaviour::Fail]);
     match r.pre_prompt(prompt("hi")).await {
-        PromptDecision::Blocked(reason) => assert!(reason.contains("plugin 'p1'") && reason.contains("fail closed"), "{reason}"),
+        PromptDecision::Blocked(reason) => assert!(
+            reason.contains("plugin 'p1'") && reason.contains("fail closed"),
+            "{reason}"
+        ),
         other => panic!("{other:?}"),
     }
     let r = runner(vec![Behaviour::Sleep(Duration::from_secs(3))]);
-    assert!(matches!(r.pre_prompt(prompt("hi")).await, PromptDecision::Blocked(_)));
+    assert!(matches!(
+        r.pre_prompt(prompt("hi")).await,
+        PromptDecision::Blocked(_)
+    ));
 }
 
 #[tokio::test]
 async fn post_response_chains_skips_failures_and_blocks() {
-    let ev = |s: &str| PostResponseEvent { response: s.into(), session_key: "k".into(), agent_name: "a".into(), channel: "api".into() };
-    let r = runner(vec![Behaviour::Rewrite("[1]"), Behaviour::Fail, Behaviour::Rewrite("[2]")]);
-    assert_eq!(r.post_response(ev("answer")).await, ResponseDecision::Continue("answer [1] [2]".into()));
+    let ev = |s: &str| PostResponseEvent {
+        response: s.into(),
+        session_key: "k".into(),
+        agent_name: "a".into(),
+        channel: "api".into(),
+    };
+    let r = runner(vec![
+        Behaviour::Rewrite("[1]"),
+        Behaviour::Fail,
+        Behaviour::Rewrite("[2]"),
+    ]);
+    assert_eq!(
+        r.post_response(ev("answer")).await,
+        ResponseDecision::Continue("answer [1] [2]".into())
+    );
     let r = runner(vec![Behaviour::Deny("x"), Behaviour::Rewrite("[2]")]);
-    assert_eq!(r.post_response(ev("answer")).await, ResponseDecision::Blocked);
+    assert_eq!(
+        r.post_response(ev("answer")).await,
+        ResponseDecision::Blocked
+    );
 }

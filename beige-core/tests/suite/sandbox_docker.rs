@@ -43,7 +43,10 @@ async fn container_is_hardened() {
     let docker = DockerSandbox::connect("x").await.unwrap();
     let info = docker
         .client()
-        .inspect_container(&spec.name, None::<bollard::query_parameters::InspectContainerOptions>)
+        .inspect_container(
+            &spec.name,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
         .await
         .unwrap();
     let hc = info.host_config.unwrap();
@@ -64,9 +67,15 @@ async fn container_is_hardened() {
     assert_eq!(hc.privileged, Some(false));
 
     let labels = cfg.labels.unwrap();
-    assert_eq!(labels.get("io.beige.agent").map(String::as_str), Some("hardy"));
+    assert_eq!(
+        labels.get("io.beige.agent").map(String::as_str),
+        Some("hardy")
+    );
     assert_eq!(labels.get("io.beige.home"), Some(&t.home.hash()));
-    assert_eq!(labels.get("io.beige.spec").map(String::as_str), Some(spec.spec_label()));
+    assert_eq!(
+        labels.get("io.beige.spec").map(String::as_str),
+        Some(spec.spec_label())
+    );
     assert_eq!(spec.name, format!("beige-hardy-{}", t.home.hash()));
 
     // Mounts: the workspace is writable, everything the gateway owns is read-only.
@@ -88,8 +97,18 @@ async fn container_is_hardened() {
     // The environment is built from scratch: nothing of the gateway's comes in.
     let env_list = cfg.env.unwrap();
     assert!(env_list.iter().any(|e| e == "GREETING=hello"));
-    assert!(env_list.iter().all(|e| e.starts_with("PATH=") || e.starts_with("HOME=") || e.starts_with("GREETING=")), "{env_list:?}");
-    let inside = exec(&gw, "hardy", "cat /proc/1/environ | tr '\\0' '\\n'; echo; env; id -u; id -g").await;
+    assert!(
+        env_list.iter().all(|e| e.starts_with("PATH=")
+            || e.starts_with("HOME=")
+            || e.starts_with("GREETING=")),
+        "{env_list:?}"
+    );
+    let inside = exec(
+        &gw,
+        "hardy",
+        "cat /proc/1/environ | tr '\\0' '\\n'; echo; env; id -u; id -g",
+    )
+    .await;
     let text = inside.joined_text();
     assert!(!inside.is_error, "{text}");
     assert!(!text.contains("CARGO_MANIFEST_DIR"), "{text}");
@@ -130,19 +149,34 @@ async fn restart_reattaches_recreates_and_removes_orphans() {
 
     // Same config: reattached, /tmp survives.
     let gw = t.gateway(&env, two.clone()).await;
-    assert_eq!(gw.reconcile_report().reattached.len(), 2, "{:?}", gw.reconcile_report());
+    assert_eq!(
+        gw.reconcile_report().reattached.len(),
+        2,
+        "{:?}",
+        gw.reconcile_report()
+    );
     assert!(gw.reconcile_report().created.is_empty());
-    assert!(exec(&gw, "keep", "cat /tmp/marker").await.joined_text().contains("alive"));
+    assert!(exec(&gw, "keep", "cat /tmp/marker")
+        .await
+        .joined_text()
+        .contains("alive"));
     drop(gw);
 
     // Changed memoryLimit for `keep`, `gone` removed from the config.
-    let changed = t.config(&env, &[("keep", json!({"sandbox": {"memoryLimit": "300m"}}))]);
+    let changed = t.config(
+        &env,
+        &[("keep", json!({"sandbox": {"memoryLimit": "300m"}}))],
+    );
     let gw = t.gateway(&env, changed).await;
     let report = gw.reconcile_report().clone();
     assert_eq!(report.created, vec!["keep".to_string()]);
     assert_eq!(report.removed_orphans, vec!["gone".to_string()]);
     let out = exec(&gw, "keep", "cat /tmp/marker").await;
-    assert!(out.is_error, "a recreated container must not keep /tmp: {}", out.joined_text());
+    assert!(
+        out.is_error,
+        "a recreated container must not keep /tmp: {}",
+        out.joined_text()
+    );
     let agents: Vec<String> = t.containers().await.into_iter().map(|(a, _)| a).collect();
     assert_eq!(agents, vec!["keep".to_string()]);
     gw.shutdown().await.unwrap();
@@ -153,12 +187,21 @@ async fn restart_reattaches_recreates_and_removes_orphans() {
 async fn dead_container_is_recreated_on_next_call() {
     let env = docker_or_skip!();
     let t = TestHome::new();
-    let gw = t.gateway(&env, t.config(&env, &[("phoenix", json!({}))])).await;
-    std::fs::write(t.home.default_workspace("phoenix").join("kept.txt"), "still here").unwrap();
+    let gw = t
+        .gateway(&env, t.config(&env, &[("phoenix", json!({}))]))
+        .await;
+    std::fs::write(
+        t.home.default_workspace("phoenix").join("kept.txt"),
+        "still here",
+    )
+    .unwrap();
     let docker = DockerSandbox::connect("x").await.unwrap();
     docker
         .client()
-        .kill_container(&gw.specs()[0].name, None::<bollard::query_parameters::KillContainerOptions>)
+        .kill_container(
+            &gw.specs()[0].name,
+            None::<bollard::query_parameters::KillContainerOptions>,
+        )
         .await
         .unwrap();
     let out = exec(&gw, "phoenix", "cat kept.txt").await;
@@ -194,11 +237,26 @@ async fn default_image_builds_from_local_debian_base() {
     let image = docker.client().inspect_image(&tag).await.unwrap();
     let config = image.config.unwrap();
     assert_eq!(config.working_dir.as_deref(), Some("/workspace"));
-    assert!(config.env.unwrap().iter().any(|e| e.starts_with("PATH=/tools/bin:")));
-    assert_eq!(config.labels.unwrap().get("io.beige.image").map(String::as_str), Some("default"));
+    assert!(config
+        .env
+        .unwrap()
+        .iter()
+        .any(|e| e.starts_with("PATH=/tools/bin:")));
+    assert_eq!(
+        config
+            .labels
+            .unwrap()
+            .get("io.beige.image")
+            .map(String::as_str),
+        Some("default")
+    );
     docker
         .client()
-        .remove_image(&tag, None::<bollard::query_parameters::RemoveImageOptions>, None)
+        .remove_image(
+            &tag,
+            None::<bollard::query_parameters::RemoveImageOptions>,
+            None,
+        )
         .await
         .unwrap();
 }

@@ -14,8 +14,12 @@ use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, GatewayBuilder, LocalGateway};
 
 pub fn required() -> bool {
-    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
-        || std::env::var("BEIGE_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+        || std::env::var("BEIGE_REQUIRE_DOCKER")
+            .map(|v| v == "1")
+            .unwrap_or(false)
 }
 
 pub fn test_image() -> String {
@@ -52,7 +56,9 @@ pub async fn docker_env() -> Option<DockerEnv> {
     };
     let image = test_image();
     if docker.client().inspect_image(&image).await.is_err() {
-        return skip(format!("test image {image} missing: run scripts/setup-docker"));
+        return skip(format!(
+            "test image {image} missing: run scripts/setup-docker"
+        ));
     }
     Some(DockerEnv { shim, image })
 }
@@ -131,7 +137,12 @@ impl Drop for TestHome {
     fn drop(&mut self) {
         // Remove this home's containers even when the test panicked.
         let out = std::process::Command::new("docker")
-            .args(["ps", "-aq", "--filter", &format!("label=io.beige.home={}", self.home.hash())])
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=io.beige.home={}", self.home.hash()),
+            ])
             .output();
         if let Ok(out) = out {
             let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -203,7 +214,9 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
                 timed_out: false,
                 duration_ms: 0,
             }),
-            OpRequest::Write(w) => OpReply::Write(WriteReply { bytes: w.content.len() as u64 }),
+            OpRequest::Write(w) => OpReply::Write(WriteReply {
+                bytes: w.content.len() as u64,
+            }),
             OpRequest::Patch(_) => OpReply::Patch(PatchReply { bytes: 0 }),
             OpRequest::Read(_) => OpReply::Read(ReadReply::Text {
                 content: "fake".into(),
@@ -213,7 +226,10 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
                 truncated: false,
             }),
         };
-        Ok(beige_core::sandbox::OpOutcome { reply, restarted: None })
+        Ok(beige_core::sandbox::OpOutcome {
+            reply,
+            restarted: None,
+        })
     }
 
     async fn remove_all(&self) -> Result<(), beige_core::sandbox::SandboxError> {
@@ -225,7 +241,9 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
 pub fn shim_or_skip() -> Option<PathBuf> {
     let p = std::env::var_os("BEIGE_SHIM")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim")
+        });
     if p.exists() {
         return Some(p);
     }

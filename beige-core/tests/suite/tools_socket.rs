@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use beige_core::fsutil::safe_join;
-use beige_core::plugin::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
+use beige_core::plugin::{
+    Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
+};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
@@ -66,7 +68,11 @@ impl Plugin for ProbePlugin {
     }
 }
 
-async fn start(t: &TestHome, env: &DockerEnv, agents: &[(&str, serde_json::Value)]) -> LocalGateway {
+async fn start(
+    t: &TestHome,
+    env: &DockerEnv,
+    agents: &[(&str, serde_json::Value)],
+) -> LocalGateway {
     let mut config = t.config(env, agents);
     config.plugins = serde_json::from_value(json!({
         "kv": {"config": {"maxKeys": 1000}},
@@ -137,7 +143,8 @@ async fn a_tool_not_allowed_has_no_launcher_and_is_denied_on_the_raw_socket() {
     let t = TestHome::new();
     // A stale launcher from an earlier config must disappear.
     std::fs::create_dir_all(t.home.launchers_dir("intern")).unwrap();
-    std::os::unix::fs::symlink("/beige/shim", t.home.launchers_dir("intern").join("probe")).unwrap();
+    std::os::unix::fs::symlink("/beige/shim", t.home.launchers_dir("intern").join("probe"))
+        .unwrap();
     let gw = start(&t, &env, &[("intern", json!({"tools": ["kv"]}))]).await;
     let out = exec(&gw, "intern", "ls /tools/bin; /beige/shim tool probe x; echo rc=$?; ln -s /beige/shim /tmp/probe; /tmp/probe y; echo rc=$?").await;
     let text = out.joined_text();
@@ -148,7 +155,9 @@ async fn a_tool_not_allowed_has_no_launcher_and_is_denied_on_the_raw_socket() {
     let records = audit(&t.home);
     let probe: Vec<_> = records.iter().filter(|r| r["tool"] == "probe").collect();
     assert_eq!(probe.len(), 2, "one record per denied call");
-    assert!(probe.iter().all(|r| r["decision"] == "denied" && r["phase"] == "finished"));
+    assert!(probe
+        .iter()
+        .all(|r| r["decision"] == "denied" && r["phase"] == "finished"));
     assert_eq!(probe[0]["error"], denied);
     gw.shutdown().await.unwrap();
 }
@@ -157,7 +166,18 @@ async fn a_tool_not_allowed_has_no_launcher_and_is_denied_on_the_raw_socket() {
 async fn identity_cwd_and_symlinks() {
     let env = docker_or_skip!();
     let t = TestHome::new();
-    let gw = start(&t, &env, &[("a", json!({"tools": ["probe"], "pluginConfigs": {"probe": {"nested": {"b": 2}}}})), ("b", json!({"tools": ["probe"]}))]).await;
+    let gw = start(
+        &t,
+        &env,
+        &[
+            (
+                "a",
+                json!({"tools": ["probe"], "pluginConfigs": {"probe": {"nested": {"b": 2}}}}),
+            ),
+            ("b", json!({"tools": ["probe"]})),
+        ],
+    )
+    .await;
     gw.register_session("b", "telegram:b-chat");
     gw.register_session("a", "telegram:a-chat");
 
@@ -170,15 +190,29 @@ async fn identity_cwd_and_symlinks() {
     assert_eq!(forged["session"], "socket:a");
     assert_eq!(forged["channel"], "socket");
     assert_eq!(forged["cwd"], "sub/dir");
-    assert_eq!(forged["config"], json!({"base": 1, "nested": {"a": 1, "b": 2}}));
+    assert_eq!(
+        forged["config"],
+        json!({"base": 1, "nested": {"a": 1, "b": 2}})
+    );
     let own: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     assert_eq!(own["session"], "telegram:a-chat");
     assert_eq!(own["channel"], "telegram");
 
     // cwd escaping the workspace is rejected (straight to the socket).
-    let r = raw(&t.home, "a", r#"{"type":"tool_request","tool":"probe","args":[],"cwd":"../../etc"}"#).await;
+    let r = raw(
+        &t.home,
+        "a",
+        r#"{"type":"tool_request","tool":"probe","args":[],"cwd":"../../etc"}"#,
+    )
+    .await;
     assert_eq!(r["success"], false);
-    assert!(r["error"].as_str().unwrap().contains("leaves the workspace"), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("leaves the workspace"),
+        "{r}"
+    );
 
     // A symlink planted in the workspace never lets the host-side handler out.
     let secret = t.dir.path().join("host-secret.txt");
@@ -193,7 +227,8 @@ async fn identity_cwd_and_symlinks() {
 
     // Stdin piped into a tool reaches the handler.
     let out = exec(&gw, "a", "printf 'piped data' | probe in").await;
-    let v: serde_json::Value = serde_json::from_str(out.joined_text().lines().nth(1).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(out.joined_text().lines().nth(1).unwrap()).unwrap();
     assert_eq!(v["stdin"], "piped data");
     gw.shutdown().await.unwrap();
 }
@@ -205,15 +240,39 @@ async fn the_original_clients_request_lines_get_the_original_response_shape() {
     let gw = start(&t, &env, &[("assistant", json!({"tools": ["kv"]}))]).await;
     // Exactly what the TypeScript tool client writes.
     let set = raw(&t.home, "assistant", r#"{"type":"tool_request","tool":"kv","args":["set","user:7","Ada"],"sessionContext":{"sessionKey":"telegram:42","channel":"telegram","agentName":"assistant","chatId":"42"}}"#).await;
-    assert_eq!(set, json!({"type": "tool_response", "success": true, "output": "", "exitCode": 0}));
-    let get = raw(&t.home, "assistant", r#"{"type":"tool_request","tool":"kv","args":["get","user:7"],"cwd":"projects/x"}"#).await;
-    assert_eq!(get, json!({"type": "tool_response", "success": true, "output": "Ada\n", "exitCode": 0}));
-    let missing = raw(&t.home, "assistant", r#"{"type":"tool_request","tool":"kv","args":["get","nope"]}"#).await;
+    assert_eq!(
+        set,
+        json!({"type": "tool_response", "success": true, "output": "", "exitCode": 0})
+    );
+    let get = raw(
+        &t.home,
+        "assistant",
+        r#"{"type":"tool_request","tool":"kv","args":["get","user:7"],"cwd":"projects/x"}"#,
+    )
+    .await;
+    assert_eq!(
+        get,
+        json!({"type": "tool_response", "success": true, "output": "Ada\n", "exitCode": 0})
+    );
+    let missing = raw(
+        &t.home,
+        "assistant",
+        r#"{"type":"tool_request","tool":"kv","args":["get","nope"]}"#,
+    )
+    .await;
     assert_eq!(missing["success"], false);
     assert_eq!(missing["exitCode"], 1);
     assert_eq!(missing["error"], missing["output"]);
-    let denied = raw(&t.home, "assistant", r#"{"type":"tool_request","tool":"git","args":["status"]}"#).await;
-    assert_eq!(denied, json!({"type": "tool_response", "success": false, "error": "Permission denied: tool 'git' is not allowed for agent 'assistant'", "exitCode": 1}));
+    let denied = raw(
+        &t.home,
+        "assistant",
+        r#"{"type":"tool_request","tool":"git","args":["status"]}"#,
+    )
+    .await;
+    assert_eq!(
+        denied,
+        json!({"type": "tool_response", "success": false, "error": "Permission denied: tool 'git' is not allowed for agent 'assistant'", "exitCode": 1})
+    );
     gw.shutdown().await.unwrap();
 }
 
@@ -221,7 +280,15 @@ async fn the_original_clients_request_lines_get_the_original_response_shape() {
 async fn socket_abuse_leaves_other_agents_served() {
     let env = docker_or_skip!();
     let t = TestHome::new();
-    let gw = start(&t, &env, &[("noisy", json!({"tools": ["kv"]})), ("calm", json!({"tools": ["kv"]}))]).await;
+    let gw = start(
+        &t,
+        &env,
+        &[
+            ("noisy", json!({"tools": ["kv"]})),
+            ("calm", json!({"tools": ["kv"]})),
+        ],
+    )
+    .await;
     let path = t.home.socket_path("noisy");
 
     // Invalid JSON and a 2 MiB line on the noisy agent's socket.
@@ -232,7 +299,10 @@ async fn socket_abuse_leaves_other_agents_served() {
     line.push(b'\n');
     let _ = big.write_all(&line).await;
     let mut answer = String::new();
-    BufReader::new(&mut big).read_line(&mut answer).await.unwrap();
+    BufReader::new(&mut big)
+        .read_line(&mut answer)
+        .await
+        .unwrap();
     assert!(answer.contains("line longer than"), "{answer}");
 
     // 500 connections held open at once, half of them silent, half calling kv.
@@ -255,7 +325,11 @@ async fn socket_abuse_leaves_other_agents_served() {
     let started = Instant::now();
     let out = exec(&gw, "calm", "kv set a 1 && kv get a").await;
     assert_eq!(out.joined_text(), "Exit code: 0\n1");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     for c in calls {
         assert!(c.await.unwrap().contains("\"success\":true"));
     }
@@ -269,22 +343,41 @@ async fn unwritable_audit_log_refuses_calls_and_secrets_are_redacted() {
     let t = TestHome::new();
     let gw = start(&t, &env, &[("sec", json!({"tools": ["kv"]}))]).await;
     // The configured provider key (see TestHome::config) passed as a tool argument.
-    let out = exec(&gw, "sec", "kv set token sk-test-secret-never-in-sandbox; kv get token").await;
-    assert!(out.joined_text().contains("sk-test-secret-never-in-sandbox"));
+    let out = exec(
+        &gw,
+        "sec",
+        "kv set token sk-test-secret-never-in-sandbox; kv get token",
+    )
+    .await;
+    assert!(out
+        .joined_text()
+        .contains("sk-test-secret-never-in-sandbox"));
     let text = std::fs::read_to_string(t.home.audit_log_path()).unwrap();
     assert!(!text.contains("sk-test-secret"), "{text}");
-    assert!(text.contains("\"args\":[\"set\",\"token\",\"***\"]"), "{text}");
+    assert!(
+        text.contains("\"args\":[\"set\",\"token\",\"***\"]"),
+        "{text}"
+    );
 
     // The audit folder becomes unusable: calls are refused, core and plugin alike.
     let logs = t.home.logs_dir();
     std::fs::remove_dir_all(&logs).unwrap();
     std::fs::write(&logs, "not a folder").unwrap();
     let err = gw
-        .call_tool("sec", beige_core::tools::CoreToolCall::parse("exec", json!({"command": "echo hi"})).unwrap(), Default::default())
+        .call_tool(
+            "sec",
+            beige_core::tools::CoreToolCall::parse("exec", json!({"command": "echo hi"})).unwrap(),
+            Default::default(),
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("tool calls are refused"), "{err}");
-    let r = raw(&t.home, "sec", r#"{"type":"tool_request","tool":"kv","args":["get","token"]}"#).await;
+    let r = raw(
+        &t.home,
+        "sec",
+        r#"{"type":"tool_request","tool":"kv","args":["get","token"]}"#,
+    )
+    .await;
     assert_eq!(r["success"], false);
     assert!(r["error"].as_str().unwrap().contains("audit log"), "{r}");
     gw.shutdown().await.unwrap();
@@ -296,9 +389,16 @@ async fn skills_are_mounted_read_only_and_requirements_checked() {
     let t = TestHome::new();
     let skill = t.dir.path().join("skills/review");
     std::fs::create_dir_all(&skill).unwrap();
-    std::fs::write(skill.join("skill.json"), r#"{"name":"review","description":"How to review code","requires":{"tools":["kv"]}}"#).unwrap();
+    std::fs::write(
+        skill.join("skill.json"),
+        r#"{"name":"review","description":"How to review code","requires":{"tools":["kv"]}}"#,
+    )
+    .unwrap();
     std::fs::write(skill.join("README.md"), "Check the tests first.").unwrap();
-    let mut config = t.config(&env, &[("rev", json!({"tools": ["kv"], "skills": ["review"]}))]);
+    let mut config = t.config(
+        &env,
+        &[("rev", json!({"tools": ["kv"], "skills": ["review"]}))],
+    );
     config.skills = serde_json::from_value(json!({"review": {"path": skill}})).unwrap();
     config.plugins = serde_json::from_value(json!({"kv": {}})).unwrap();
     let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
@@ -308,7 +408,12 @@ async fn skills_are_mounted_read_only_and_requirements_checked() {
         .build()
         .await
         .unwrap();
-    let out = exec(&gw, "rev", "cat /skills/review/README.md; echo; touch /skills/review/x 2>&1; true").await;
+    let out = exec(
+        &gw,
+        "rev",
+        "cat /skills/review/README.md; echo; touch /skills/review/x 2>&1; true",
+    )
+    .await;
     let text = out.joined_text();
     assert!(text.contains("Check the tests first."), "{text}");
     assert!(text.contains("Read-only file system"), "{text}");

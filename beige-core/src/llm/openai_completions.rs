@@ -1,0 +1,1 @@
+//! OpenAI Chat Completions client (in progress).

@@ -1,0 +1,375 @@
+//! The store: everything the gateway must remember across restarts, behind the [`Store`]
+//! trait, with [`SqliteStore`] (`<BEIGE_HOME>/beige.db`) as the implementation.
+//!
+//! Owns the durable state and its guarantees: sessions and which one is *current* for a
+//! session key, the messages of each session (provider-neutral JSON, one transaction per
+//! turn, compaction that marks and never deletes), per-key settings and metadata, provider
+//! health, channel offsets, the dedup window and the outbound queue, and plugin key-value
+//! data. It does not decide anything: which model to use, when to compact, what is allowed
+//! and how settings resolve against channel defaults belong to the agent loop and the
+//! channels. Only the gateway opens the database; clients ask the gateway.
+
+mod sqlite;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::llm::{Message, Usage};
+
+pub use sqlite::{SqliteStore, SCHEMA_VERSION};
+
+/// How many update ids [`Store::mark_seen`] remembers per channel; older ones are pruned.
+pub const SEEN_WINDOW: usize = 1000;
+
+/// Longest session title, in characters (the first user message, shortened).
+pub const TITLE_MAX_CHARS: usize = 80;
+
+/// Milliseconds since the Unix epoch, the time unit of every record in the store.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A new session for a session key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NewSession {
+    pub agent: String,
+    /// The session key (`tui:<agent>:default`, `telegram:<chatId>`, …).
+    pub key: String,
+    /// The session this one was started from (sub-sessions).
+    pub parent_id: Option<String>,
+    /// The model the session starts with (`provider/model`).
+    pub model: Option<String>,
+}
+
+/// One stored session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    /// `s_` and 16 hex digits.
+    pub id: String,
+    pub agent: String,
+    /// The key the session was created for.
+    pub key: String,
+    pub parent_id: Option<String>,
+    /// The first user message, shortened to [`TITLE_MAX_CHARS`]; `None` until there is one.
+    pub title: Option<String>,
+    /// The model last recorded with [`Store::set_session_model`] (or at creation).
+    pub model: Option<String>,
+    /// Unix ms.
+    pub created: i64,
+    /// Unix ms of the last turn, title/model change or [`Store::touch`].
+    pub updated: i64,
+    /// Messages in the session, compacted ones included, summaries excluded.
+    pub message_count: u64,
+    /// Token usage summed over every stored message of the session.
+    pub usage: Usage,
+}
+
+/// One message to append, with what produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    pub message: Message,
+    /// The model that produced it (`provider/model`); `None` for user messages and tool
+    /// results.
+    pub model: Option<String>,
+    /// Token usage of the model call that produced it.
+    pub usage: Option<Usage>,
+}
+
+impl NewMessage {
+    /// A message with no model and no usage (user messages, tool results).
+    pub fn plain(message: Message) -> Self {
+        Self {
+            message,
+            model: None,
+            usage: None,
+        }
+    }
+}
+
+/// One stored message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// Unique across the database, never reused.
+    pub id: i64,
+    /// Position in the session, from 1. A summary carries the `seq` of the last message it
+    /// replaces and sorts after it.
+    pub seq: i64,
+    pub message: Message,
+    pub model: Option<String>,
+    pub usage: Option<Usage>,
+    /// Replaced by a later summary; kept for history, left out of the model's context.
+    pub compacted: bool,
+    /// A compaction summary rather than a message of the conversation.
+    pub summary: bool,
+    /// Unix ms.
+    pub created: i64,
+}
+
+/// Per-key overrides; `None` means "not set here" (fall back to the channel default,
+/// then the system default).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSettings {
+    pub verbose: Option<bool>,
+    pub streaming: Option<bool>,
+    /// `provider/model`; the caller checks it against the agent's allowed models.
+    pub model_override: Option<String>,
+}
+
+/// A partial update of [`SessionSettings`]: `None` leaves a field alone, `Some(None)`
+/// clears it, `Some(Some(v))` sets it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SettingsPatch {
+    pub verbose: Option<Option<bool>>,
+    pub streaming: Option<Option<bool>>,
+    pub model_override: Option<Option<String>>,
+}
+
+/// Health of one model, shared by every agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthRecord {
+    /// `provider/model` (the model id may itself contain `/`).
+    pub model_key: String,
+    /// Unix ms until which the model cools down (rate limit).
+    pub cooldown_until: Option<i64>,
+    pub consecutive_failures: u32,
+    pub last_error: Option<String>,
+}
+
+/// One queued outbound message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxItem {
+    /// Increasing in enqueue order, never reused.
+    pub id: i64,
+    pub channel: String,
+    /// What the channel needs to send it (chat id, text, …).
+    pub payload: serde_json::Value,
+    /// Failed attempts so far.
+    pub attempts: u32,
+    /// Unix ms.
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    /// Unix ms.
+    pub created: i64,
+}
+
+/// A store operation failed. Messages name the database and what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("the database {} is locked by another process; stop the other beige gateway using this BEIGE_HOME, or wait and retry", path.display())]
+    Locked { path: PathBuf },
+
+    #[error("the database {} is damaged or is not a beige database ({detail}); stop beige and move the file aside (a new one is created on the next start) or restore a backup", path.display())]
+    Corrupt { path: PathBuf, detail: String },
+
+    #[error("the database {} has schema version {found}, but this beige only knows versions up to {supported}; upgrade beige, or use a backup made by this version", path.display())]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+
+    #[error("migrating the database {} to schema version {version} failed ({detail}); nothing of that version was applied — report this, and keep the file for diagnosis", path.display())]
+    Migration {
+        path: PathBuf,
+        version: i64,
+        detail: String,
+    },
+
+    #[error("cannot open the database {} ({detail}); check that its directory exists and that this user may read and write it", path.display())]
+    CannotOpen { path: PathBuf, detail: String },
+
+    #[error("the database {} cannot be written: the disk is full; free some space and retry", path.display())]
+    DiskFull { path: PathBuf },
+
+    #[error("{what} {id} does not exist")]
+    NotFound { what: &'static str, id: String },
+
+    #[error("invalid store request: {message}")]
+    Invalid { message: String },
+
+    #[error("the database {} failed: {detail}", path.display())]
+    Backend { path: PathBuf, detail: String },
+}
+
+/// Durable state of the gateway. Every method is one atomic operation; implementations
+/// are shared as `Arc<dyn Store>` and may be called from any task.
+#[async_trait]
+pub trait Store: Send + Sync + Debug {
+    // ---- sessions ----
+
+    /// Create a session and make it the current session of its key. The previous current
+    /// session of the key is kept (for `/resume`).
+    async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError>;
+
+    /// The current session of `key`, if the key has one.
+    async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Make an existing session the current one of `key` (`/resume`). Whether the caller
+    /// may resume that session (same agent, same chat) is the caller's decision.
+    async fn set_current_session(
+        &self,
+        key: &str,
+        session_id: &str,
+    ) -> Result<SessionRecord, StoreError>;
+
+    async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Every session of `agent`, sub-sessions included, newest (by creation) first.
+    async fn list_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, StoreError>;
+
+    async fn set_session_title(&self, id: &str, title: &str) -> Result<(), StoreError>;
+
+    async fn set_session_model(&self, id: &str, model: &str) -> Result<(), StoreError>;
+
+    /// Set `updated` to now.
+    async fn touch(&self, id: &str) -> Result<(), StoreError>;
+
+    // ---- messages ----
+
+    /// Append the messages of one turn, in order, in one transaction: all of them are
+    /// stored or none is. Sets the title from the first user text when the session has
+    /// none, and `updated`. Returns the new message ids.
+    async fn append_turn(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<i64>, StoreError>;
+
+    /// The messages of a session in order. Without `include_compacted`: the latest summary
+    /// (if any) followed by the messages after it — the model's context.
+    async fn messages(
+        &self,
+        session_id: &str,
+        include_compacted: bool,
+    ) -> Result<Vec<StoredMessage>, StoreError>;
+
+    /// Mark every message with `seq <= upto_seq` (earlier summaries included) as compacted
+    /// and store `summary` in their place, before the remaining messages. Nothing is
+    /// deleted. Fails with [`StoreError::Invalid`] when nothing up to `upto_seq` is left
+    /// to compact.
+    async fn compact(
+        &self,
+        session_id: &str,
+        upto_seq: i64,
+        summary: Message,
+    ) -> Result<(), StoreError>;
+
+    // ---- per-key settings and metadata ----
+
+    /// The overrides of `key` (all `None` when nothing was set).
+    async fn get_settings(&self, key: &str) -> Result<SessionSettings, StoreError>;
+
+    /// Apply `patch` and return the resulting settings.
+    async fn update_settings(
+        &self,
+        key: &str,
+        patch: SettingsPatch,
+    ) -> Result<SessionSettings, StoreError>;
+
+    /// Free JSON object of `key` for plugins and channels (`{}` when nothing was set).
+    async fn get_metadata(&self, key: &str) -> Result<serde_json::Value, StoreError>;
+
+    /// Set one top-level field of the metadata of `key`; `Value::Null` removes it.
+    async fn set_metadata(
+        &self,
+        key: &str,
+        field: &str,
+        value: serde_json::Value,
+    ) -> Result<(), StoreError>;
+
+    // ---- provider health ----
+
+    /// Every stored health record, ordered by model key.
+    async fn load_health(&self) -> Result<Vec<HealthRecord>, StoreError>;
+
+    /// Insert or replace the record of `record.model_key`.
+    async fn save_health(&self, record: HealthRecord) -> Result<(), StoreError>;
+
+    async fn clear_health(&self, model_key: &str) -> Result<(), StoreError>;
+
+    // ---- channels: offsets, dedup window, outbox ----
+
+    async fn get_offset(&self, channel: &str) -> Result<Option<i64>, StoreError>;
+
+    async fn set_offset(&self, channel: &str, value: i64) -> Result<(), StoreError>;
+
+    /// Remember `update_id`; `false` when it was already seen. The last [`SEEN_WINDOW`]
+    /// ids per channel are kept.
+    async fn mark_seen(&self, channel: &str, update_id: i64) -> Result<bool, StoreError>;
+
+    /// Queue `payload` for sending now; returns its id.
+    async fn enqueue_outbox(
+        &self,
+        channel: &str,
+        payload: serde_json::Value,
+    ) -> Result<i64, StoreError>;
+
+    /// Up to `limit` items of `channel` with `next_attempt_at <= now_ms`, oldest first.
+    async fn due_outbox(
+        &self,
+        channel: &str,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxItem>, StoreError>;
+
+    /// The item was delivered: remove it.
+    async fn outbox_done(&self, id: i64) -> Result<(), StoreError>;
+
+    /// The attempt failed: count it, record `error`, try again at `next_attempt_at` (ms).
+    async fn outbox_retry(
+        &self,
+        id: i64,
+        next_attempt_at: i64,
+        error: &str,
+    ) -> Result<(), StoreError>;
+
+    // ---- plugin key-value data (scope = agent name) ----
+
+    async fn kv_get(&self, plugin: &str, scope: &str, key: &str)
+        -> Result<Option<String>, StoreError>;
+
+    async fn kv_set(
+        &self,
+        plugin: &str,
+        scope: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), StoreError>;
+
+    /// `true` when the key existed.
+    async fn kv_del(&self, plugin: &str, scope: &str, key: &str) -> Result<bool, StoreError>;
+
+    /// Keys of `plugin` in `scope` starting with `prefix`, sorted.
+    async fn kv_list(
+        &self,
+        plugin: &str,
+        scope: &str,
+        prefix: &str,
+    ) -> Result<Vec<String>, StoreError>;
+}
+
+/// The title for a session whose first user message says `text`: whitespace collapsed,
+/// shortened to [`TITLE_MAX_CHARS`] with an ellipsis; `None` for blank text.
+pub fn title_from(text: &str) -> Option<String> {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.is_empty() {
+        return None;
+    }
+    if collapsed.chars().count() <= TITLE_MAX_CHARS {
+        return Some(collapsed);
+    }
+    let mut short: String = collapsed.chars().take(TITLE_MAX_CHARS - 1).collect();
+    short.truncate(short.trim_end().len());
+    short.push('…');
+    Some(short)
+}
