@@ -20,6 +20,7 @@
 //! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
 //! | [`skills`] | skill folders: manifests, requirements |
 //! | [`fsutil`] | host-side path safety (`safe_join`) |
+//! | [`store`] | sessions, messages, settings, health, channel offsets/outbox, plugin data |
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
@@ -36,8 +37,11 @@ pub mod policy;
 pub mod sandbox;
 pub mod skills;
 pub mod socket;
+pub mod store;
 pub mod tools;
 
 pub use config::Config;
-pub use gateway::{Gateway, GatewayBuilder, GatewayError, LocalGateway};
+pub use gateway::{
+    AgentEventStream, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest,
+};
 pub use home::BeigeHome;

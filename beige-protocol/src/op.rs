@@ -16,8 +16,23 @@ pub const DEFAULT_READ_MAX_BYTES: u64 = 256 * 1024;
 pub const DEFAULT_IMAGE_MAX_BYTES: u64 = 5 * 1024 * 1024;
 /// Default cap for `exec` output, stdout and stderr together (64 KiB).
 pub const DEFAULT_EXEC_MAX_OUTPUT_BYTES: u64 = 64 * 1024;
-/// Seconds between SIGTERM and SIGKILL when an `exec` times out.
+/// Seconds between SIGTERM and SIGKILL when an `exec` times out or is killed by `kill`.
 pub const EXEC_KILL_GRACE_SECS: u64 = 5;
+/// Environment variable that carries [`ExecRequest::exec_id`] into every process of the
+/// command, so `kill` can find them.
+pub const EXEC_ID_ENV: &str = "BEIGE_EXEC_ID";
+/// Longest accepted exec id, in bytes.
+pub const MAX_EXEC_ID_LEN: usize = 64;
+
+/// Whether `id` is acceptable as an exec id: 1 to [`MAX_EXEC_ID_LEN`] characters of
+/// `[A-Za-z0-9_-]`. The shim refuses other ids with `bad_request`.
+pub fn is_valid_exec_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_EXEC_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
 
 /// One operation request. Serialized with an `op` tag: `{"op":"read","path":…}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +42,7 @@ pub enum OpRequest {
     Write(WriteRequest),
     Patch(PatchRequest),
     Exec(ExecRequest),
+    Kill(KillRequest),
 }
 
 impl OpRequest {
@@ -37,6 +53,7 @@ impl OpRequest {
             OpRequest::Write(_) => "write",
             OpRequest::Patch(_) => "patch",
             OpRequest::Exec(_) => "exec",
+            OpRequest::Kill(_) => "kill",
         }
     }
 }
@@ -111,6 +128,20 @@ pub struct ExecRequest {
     /// Cap on stdout + stderr kept; head and tail are kept, the middle dropped.
     #[serde(default = "default_exec_max")]
     pub max_output_bytes: u64,
+    /// Opaque id chosen by the gateway (see [`is_valid_exec_id`]). When present, every
+    /// process of the command gets `BEIGE_EXEC_ID=<id>` in its environment, and a later
+    /// [`OpRequest::Kill`] with the same id ends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_id: Option<String>,
+}
+
+/// `kill {execId}` — ends the processes of a running `exec` started with that id:
+/// SIGTERM to their process groups, SIGKILL after [`EXEC_KILL_GRACE_SECS`] to whatever
+/// is left. Runs as a separate `beige-shim op kill` next to the `op exec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KillRequest {
+    pub exec_id: String,
 }
 
 /// One reply, tagged with `result`: `{"result":"exec","exitCode":0,…}` or
@@ -122,6 +153,7 @@ pub enum OpReply {
     Write(WriteReply),
     Patch(PatchReply),
     Exec(ExecReply),
+    Kill(KillReply),
     Error(OpError),
 }
 
@@ -188,6 +220,15 @@ pub struct ExecReply {
     #[serde(default)]
     pub timed_out: bool,
     pub duration_ms: u64,
+}
+
+/// What `kill` did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KillReply {
+    /// Number of process groups signalled; 0 when no process carried the id (the
+    /// `exec` had already ended, or never started).
+    pub found: u32,
 }
 
 /// A failed operation. `message` is the complete text for the model.
@@ -259,6 +300,49 @@ mod tests {
                 assert!(!e.timed_out);
             }
             other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kill_and_exec_id_wire_shape() {
+        let r = OpRequest::Kill(KillRequest {
+            exec_id: "call_1-a".into(),
+        });
+        assert_eq!(r.name(), "kill");
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"kill","execId":"call_1-a"}"#);
+        assert_eq!(serde_json::from_str::<OpRequest>(&s).unwrap(), r);
+
+        let reply = OpReply::Kill(KillReply { found: 2 });
+        let s = serde_json::to_string(&reply).unwrap();
+        assert_eq!(s, r#"{"result":"kill","found":2}"#);
+        assert_eq!(serde_json::from_str::<OpReply>(&s).unwrap(), reply);
+
+        // Old exec requests still parse, and no id means no `execId` on the wire.
+        let old = r#"{"op":"exec","command":"ls","timeoutSecs":5}"#;
+        let OpRequest::Exec(mut e) = serde_json::from_str::<OpRequest>(old).unwrap() else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.exec_id, None);
+        assert!(!serde_json::to_string(&e).unwrap().contains("execId"));
+        e.exec_id = Some("x".into());
+        let s = serde_json::to_string(&OpRequest::Exec(e.clone())).unwrap();
+        assert!(s.ends_with(r#","execId":"x"}"#), "{s}");
+        assert_eq!(
+            serde_json::from_str::<OpRequest>(&s).unwrap(),
+            OpRequest::Exec(e)
+        );
+    }
+
+    #[test]
+    fn exec_id_rules() {
+        assert!(is_valid_exec_id("t1"));
+        assert!(is_valid_exec_id("Call_9-x"));
+        assert!(is_valid_exec_id(&"a".repeat(MAX_EXEC_ID_LEN)));
+        assert!(!is_valid_exec_id(""));
+        assert!(!is_valid_exec_id(&"a".repeat(MAX_EXEC_ID_LEN + 1)));
+        for bad in ["a b", "a=b", "a\0b", "é", "a/b", "a.b"] {
+            assert!(!is_valid_exec_id(bad), "{bad:?}");
         }
     }
 }

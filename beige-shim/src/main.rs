@@ -5,7 +5,7 @@
 //! | invocation | role |
 //! |---|---|
 //! | `beige-shim init` | PID 1 of the container ([`init`]) |
-//! | `beige-shim op read\|write\|patch\|exec` | one core-tool operation, JSON in and out ([`op`]) |
+//! | `beige-shim op read\|write\|patch\|exec\|kill` | one core-tool operation (or the kill of a running `exec`), JSON in and out ([`op`]) |
 //! | `beige-shim tool <name> [args…]` | tool client for `<name>` ([`tool`]) |
 //! | `beige-shim --version` | prints the version |
 //! | invoked as `init` (a link named `init`) | PID 1, as `beige-shim init` |

@@ -1,7 +1,8 @@
 //! Safe wrappers over the few raw libc calls the shim needs: blocking and waiting for
-//! signals, sending signals to process groups (and, for PID 1 only, to every process of
-//! the container), reaping children, waiting for a child's exit without reaping it, and
-//! waiting (bounded) for a file descriptor to become readable.
+//! signals, sending signals to process groups and single processes (and, for PID 1
+//! only, to every process of the container), reading the own process group, reaping
+//! children, waiting for a child's exit without reaping it, and waiting (bounded) for a
+//! file descriptor to become readable.
 //!
 //! This is the only module of the shim that contains `unsafe` code. Everything else goes
 //! through the small, checked functions below; none of them can signal "all processes"
@@ -148,6 +149,41 @@ pub fn kill_process_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
     Err(err)
 }
 
+/// Sends `signal` to the single process `pid`.
+///
+/// Refuses pids 0 and 1 and the calling process itself (kill(2) would read 0 as "my
+/// group"; 1 is the container's init). A process that no longer exists is not an error.
+pub fn kill_process(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let target = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 1 && pid != std::process::id())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "refusing to signal process 0, 1 or the shim itself",
+            )
+        })?;
+    // SAFETY: kill(2) has no memory-safety requirements; `target` is a positive pid
+    // (> 1, checked above), so exactly one process is addressed.
+    let rc = unsafe { libc::kill(target, signal) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        return Ok(());
+    }
+    Err(err)
+}
+
+/// The process-group id of the calling process.
+pub fn own_process_group() -> u32 {
+    // SAFETY: getpgrp(2) takes no arguments, has no memory-safety requirements and
+    // cannot fail.
+    let pgid = unsafe { libc::getpgrp() };
+    u32::try_from(pgid).unwrap_or(0)
+}
+
 /// Whether the shim runs as PID 1 of its PID namespace (the container's init).
 pub fn is_pid1() -> bool {
     std::process::id() == 1
@@ -271,6 +307,24 @@ mod tests {
         if !is_pid1() {
             assert!(signal_all_as_pid1(0).is_err());
         }
+    }
+
+    #[test]
+    fn refuses_dangerous_processes() {
+        assert!(kill_process(0, 0).is_err());
+        assert!(kill_process(1, 0).is_err());
+        assert!(kill_process(std::process::id(), 0).is_err());
+        assert!(kill_process(0x7fff_fff0, 0).is_ok());
+        let pgid = own_process_group();
+        assert!(pgid > 0);
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(fields[2], pgid.to_string());
     }
 
     #[test]

@@ -3,3 +3,9 @@
 //!
 //! Everything here is for tests and benchmarks only (`publish = false`). Servers bind to
 //! loopback only.
+
+pub mod anthropic;
+pub mod google;
+pub mod llm;
+pub mod openai_completions;
+pub mod openai_responses;

@@ -7,14 +7,195 @@
 //! generated here), schema clean-up for `functionDeclarations`, thinking budgets, usage and
 //! Google's error bodies. The HTTP/SSE plumbing comes from the shared `sse` module.
 
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::Event;
+use futures_util::StreamExt;
+use reqwest::header::{HeaderMap, ACCEPT, RETRY_AFTER};
 use serde_json::{json, Map, Value};
 
 use crate::config::ThinkingLevel;
 
+use super::sse::{self, SseDecoder};
 use super::{
-    parse_retry_after, Block, LlmError, Message, ModelRequest, ModelResponse, Role, StopReason, StreamEvent,
-    ToolResultPart, Usage,
+    parse_retry_after, ApiKey, Block, EventStream, LlmError, LlmProvider, Message, ModelRequest,
+    ModelResponse, Role, StopReason, StreamEvent, ToolResultPart, Usage,
 };
+
+/// The most of an error body read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// A client of one provider speaking the Gemini API (`generativelanguage.googleapis.com`).
+pub struct GoogleClient {
+    name: String,
+    /// The versioned API root, e.g. `https://generativelanguage.googleapis.com/v1beta`.
+    api_root: String,
+    api_key: ApiKey,
+    headers: HeaderMap,
+    http: reqwest::Client,
+    idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for GoogleClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GoogleClient")
+            .field("name", &self.name)
+            .field("api_root", &self.api_root)
+            .field("api_key", &self.api_key)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl GoogleClient {
+    /// A client for provider `name` at `base_url` (e.g.
+    /// `https://generativelanguage.googleapis.com`; a base already ending in `/v1beta` or
+    /// `/v1` is used as is). The key goes in `x-goog-api-key`, never in the URL; without
+    /// a key none is sent. `headers` are sent with every request and override the
+    /// client's own.
+    pub fn new(
+        name: &str,
+        base_url: &str,
+        api_key: ApiKey,
+        headers: Vec<(String, String)>,
+    ) -> Result<Self, LlmError> {
+        let base = sse::base_url(name, base_url)?;
+        let api_root = if base.ends_with("/v1beta") || base.ends_with("/v1") {
+            base
+        } else {
+            format!("{base}/v1beta")
+        };
+        Ok(Self {
+            name: name.to_string(),
+            api_root,
+            http: sse::http_client(name, base_url)?,
+            headers: sse::extra_headers(name, &headers)?,
+            api_key,
+            idle_timeout: sse::DEFAULT_IDLE_TIMEOUT,
+        })
+    }
+
+    /// Abandon a stream when no event arrives for this long (default 120 s).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    fn url(&self, model: &str) -> Result<String, LlmError> {
+        let id = model.strip_prefix("models/").unwrap_or(model);
+        let safe = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
+        if !safe {
+            return Err(LlmError::Config {
+                provider: self.name.clone(),
+                message: format!("invalid model id {model:?}"),
+            });
+        }
+        Ok(format!(
+            "{}/models/{id}:streamGenerateContent?alt=sse",
+            self.api_root
+        ))
+    }
+
+    async fn start(&self, request: &ModelRequest) -> Result<EventStream, LlmError> {
+        let mut builder = self
+            .http
+            .post(self.url(&request.model)?)
+            .header(ACCEPT, "text/event-stream")
+            .json(&request_body(request));
+        if let Some(key) = self.api_key.expose() {
+            builder = builder.header("x-goog-api-key", sse::secret_header(&self.name, key)?);
+        }
+        let builder = builder.headers(self.headers.clone());
+        let response = match tokio::time::timeout(self.idle_timeout, builder.send()).await {
+            Err(_) => {
+                return Err(LlmError::IdleTimeout {
+                    provider: self.name.clone(),
+                    idle: self.idle_timeout,
+                })
+            }
+            Ok(Err(e)) => return Err(sse::transport(&self.name, &e)),
+            Ok(Ok(response)) => response,
+        };
+        if !response.status().is_success() {
+            return Err(self.http_error(response).await);
+        }
+        Ok(sse::decode_stream(
+            &self.name,
+            response,
+            self.idle_timeout,
+            GeminiParser::new(&self.name, existing_tool_calls(request)),
+        ))
+    }
+
+    /// A non-2xx answer: like [`sse::api_error`], plus Google's `RetryInfo.retryDelay`
+    /// when there is no `retry-after` header.
+    async fn http_error(&self, response: reqwest::Response) -> LlmError {
+        let status = response.status().as_u16();
+        let header_retry = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let read = async {
+            let mut body = Vec::new();
+            let mut chunks = response.bytes_stream();
+            while let Some(Ok(chunk)) = chunks.next().await {
+                body.extend_from_slice(&chunk);
+                if body.len() >= MAX_ERROR_BODY {
+                    body.truncate(MAX_ERROR_BODY);
+                    break;
+                }
+            }
+            body
+        };
+        let body = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&body);
+        let error = sse::error_from_body(&self.name, status, header_retry, &text);
+        match error {
+            LlmError::Api {
+                provider,
+                status,
+                retry_after: None,
+                error_type,
+                message,
+            } => {
+                let delay = serde_json::from_str::<Value>(&text).ok().and_then(|v| {
+                    let v = v.as_array().and_then(|a| a.first()).cloned().unwrap_or(v);
+                    v.get("error").and_then(retry_delay)
+                });
+                LlmError::Api {
+                    provider,
+                    status,
+                    retry_after: delay,
+                    error_type,
+                    message,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+#[async_trait]
+impl LlmProvider for GoogleClient {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError> {
+        match self.start(&request).await {
+            Ok(stream) => Ok(sse::redact_stream(stream, &self.api_key)),
+            Err(e) => Err(sse::redact(e, &self.api_key)),
+        }
+    }
+}
 
 /// Sent as the `thoughtSignature` of replayed function calls. Gemini 3 rejects replayed
 /// calls without a signature; beige keeps no provider-specific opaque data in history, so
@@ -74,8 +255,10 @@ pub(crate) fn clean_schema(schema: &Value) -> Value {
         match key.as_str() {
             "properties" => {
                 if let Value::Object(props) = value {
-                    let props: Map<String, Value> =
-                        props.iter().map(|(name, s)| (name.clone(), clean_schema(s))).collect();
+                    let props: Map<String, Value> = props
+                        .iter()
+                        .map(|(name, s)| (name.clone(), clean_schema(s)))
+                        .collect();
                     out.insert(key.clone(), Value::Object(props));
                 }
             }
@@ -84,12 +267,18 @@ pub(crate) fn clean_schema(schema: &Value) -> Value {
             }
             "anyOf" => {
                 if let Value::Array(options) = value {
-                    out.insert(key.clone(), Value::Array(options.iter().map(clean_schema).collect()));
+                    out.insert(
+                        key.clone(),
+                        Value::Array(options.iter().map(clean_schema).collect()),
+                    );
                 }
             }
             "type" => match value {
                 Value::Array(types) => {
-                    let non_null: Vec<&Value> = types.iter().filter(|t| t.as_str() != Some("null")).collect();
+                    let non_null: Vec<&Value> = types
+                        .iter()
+                        .filter(|t| t.as_str() != Some("null"))
+                        .collect();
                     if non_null.len() < types.len() {
                         out.insert("nullable".into(), json!(true));
                     }
@@ -130,7 +319,9 @@ fn tool_name(history: &[Message], tool_use_id: &str) -> Option<String> {
     };
     let mut assistants = history.iter().rev().filter(|m| m.role == Role::Assistant);
     let nearest = assistants.next();
-    nearest.and_then(find).or_else(|| history.iter().rev().find_map(find))
+    nearest
+        .and_then(find)
+        .or_else(|| history.iter().rev().find_map(find))
 }
 
 fn inline_data(mime_type: &str, data: &str) -> Value {
@@ -149,7 +340,9 @@ pub(crate) fn request_body(request: &ModelRequest) -> Value {
                 for block in &message.content {
                     match block {
                         Block::Text { text } => parts.push(json!({ "text": text })),
-                        Block::Image { data, mime_type } => parts.push(inline_data(mime_type, data)),
+                        Block::Image { data, mime_type } => {
+                            parts.push(inline_data(mime_type, data))
+                        }
                         Block::ToolResult {
                             tool_use_id,
                             content,
@@ -182,9 +375,12 @@ pub(crate) fn request_body(request: &ModelRequest) -> Value {
                 let mut first_call = true;
                 for block in &message.content {
                     match block {
-                        Block::Text { text } if !text.is_empty() => parts.push(json!({ "text": text })),
+                        Block::Text { text } if !text.is_empty() => {
+                            parts.push(json!({ "text": text }))
+                        }
                         Block::ToolUse { name, input, .. } => {
-                            let mut part = json!({ "functionCall": { "name": name, "args": input } });
+                            let mut part =
+                                json!({ "functionCall": { "name": name, "args": input } });
                             if signature && first_call {
                                 part["thoughtSignature"] = json!(SKIP_SIGNATURE);
                             }
@@ -207,7 +403,10 @@ pub(crate) fn request_body(request: &ModelRequest) -> Value {
 
     let mut body = Map::new();
     if !request.system.is_empty() {
-        body.insert("systemInstruction".into(), json!({ "parts": [{ "text": request.system }] }));
+        body.insert(
+            "systemInstruction".into(),
+            json!({ "parts": [{ "text": request.system }] }),
+        );
     }
     body.insert("contents".into(), Value::Array(contents));
     if !request.tools.is_empty() {
@@ -222,7 +421,10 @@ pub(crate) fn request_body(request: &ModelRequest) -> Value {
                 })
             })
             .collect();
-        body.insert("tools".into(), json!([{ "functionDeclarations": declarations }]));
+        body.insert(
+            "tools".into(),
+            json!([{ "functionDeclarations": declarations }]),
+        );
     }
     let mut generation = Map::new();
     generation.insert("maxOutputTokens".into(), json!(request.max_tokens));
@@ -271,13 +473,21 @@ pub(crate) fn api_error(
     error: &Value,
 ) -> LlmError {
     let status = http_status
-        .or_else(|| error.get("code").and_then(Value::as_u64).and_then(|c| u16::try_from(c).ok()))
+        .or_else(|| {
+            error
+                .get("code")
+                .and_then(Value::as_u64)
+                .and_then(|c| u16::try_from(c).ok())
+        })
         .unwrap_or(500);
     LlmError::Api {
         provider: provider.to_string(),
         status,
         retry_after: header_retry_after.or_else(|| retry_delay(error)),
-        error_type: error.get("status").and_then(Value::as_str).map(str::to_string),
+        error_type: error
+            .get("status")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         message: error
             .get("message")
             .and_then(Value::as_str)
@@ -321,8 +531,8 @@ impl GeminiParser {
 
     /// Handle one chunk.
     pub(crate) fn feed(&mut self, data: &str) -> Result<Vec<StreamEvent>, LlmError> {
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| self.decode(format!("invalid chunk JSON: {e}")))?;
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| self.decode(format!("invalid chunk JSON: {e}")))?;
         if let Some(error) = chunk.get("error") {
             return Err(api_error(&self.provider, None, None, error));
         }
@@ -357,7 +567,11 @@ impl GeminiParser {
             .unwrap_or_default();
         for part in parts {
             if let Some(call) = part.get("functionCall") {
-                let name = call.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+                let name = call
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 self.next_call += 1;
                 let id = call
                     .get("id")
@@ -389,7 +603,9 @@ impl GeminiParser {
                 } else {
                     match self.content.last_mut() {
                         Some(Block::Text { text: acc }) => acc.push_str(text),
-                        _ => self.content.push(Block::Text { text: text.to_string() }),
+                        _ => self.content.push(Block::Text {
+                            text: text.to_string(),
+                        }),
                     }
                     out.push(StreamEvent::TextDelta(text.to_string()));
                 }
@@ -401,23 +617,41 @@ impl GeminiParser {
         Ok(out)
     }
 
-    /// The stream ended: `Completed` when a `finishReason` was seen, else `Truncated`.
-    pub(crate) fn finish(self) -> Result<StreamEvent, LlmError> {
-        let Some(reason) = self.finish_reason else {
-            return Err(LlmError::Truncated { provider: self.provider });
-        };
-        let has_calls = self.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+    /// The stream ended: the response when a `finishReason` was seen, else `None`
+    /// (truncated).
+    fn finish(&mut self) -> Option<ModelResponse> {
+        let reason = self.finish_reason.take()?;
+        let has_calls = self
+            .content
+            .iter()
+            .any(|b| matches!(b, Block::ToolUse { .. }));
         let stop_reason = match reason.as_str() {
             "STOP" if has_calls => StopReason::ToolUse,
             "STOP" => StopReason::EndTurn,
             "MAX_TOKENS" => StopReason::MaxTokens,
             other => StopReason::Other(other.to_string()),
         };
-        Ok(StreamEvent::Completed(ModelResponse {
-            content: self.content,
+        Some(ModelResponse {
+            content: std::mem::take(&mut self.content),
             stop_reason,
             usage: self.usage,
-        }))
+        })
+    }
+}
+
+impl SseDecoder for GeminiParser {
+    fn event(&mut self, event: &Event, out: &mut Vec<StreamEvent>) -> Result<(), LlmError> {
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        out.extend(self.feed(data)?);
+        Ok(())
+    }
+
+    /// Gemini has no completion event: the body ending after a `finishReason` is one.
+    fn end_of_stream(&mut self) -> Result<Option<ModelResponse>, LlmError> {
+        Ok(self.finish())
     }
 }
 
@@ -433,5 +667,592 @@ fn usage(u: &Value) -> Usage {
         output_tokens: n("candidatesTokenCount") + n("thoughtsTokenCount"),
         cache_read_tokens: cached,
         cache_write_tokens: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{ErrorKind, ToolSpec};
+    use beige_testkit::google::{self as fake, GeminiStream};
+    use beige_testkit::llm::{FakeLlmServer, Reply};
+
+    const KEY: &str = "AIzaSy-test-Gemini-SECRET-77";
+
+    fn client(server: &FakeLlmServer) -> GoogleClient {
+        GoogleClient::new(
+            "google",
+            &server.url(),
+            ApiKey::new(Some(KEY.into())),
+            vec![],
+        )
+        .unwrap()
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![ToolSpec {
+            name: "exec".into(),
+            description: "Run a command".into(),
+            input_schema: json!({
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "cmd": {"type": "string", "description": "the command"},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "mode": {"type": ["string", "null"], "enum": ["fast", "slow"]},
+                    "args": {"type": "array", "items": {"type": "string", "$comment": "x"}},
+                    "kind": {"const": "shell"}
+                },
+                "required": ["cmd"]
+            }),
+        }]
+    }
+
+    fn request(messages: Vec<Message>) -> ModelRequest {
+        ModelRequest {
+            model: "gemini-2.5-flash".into(),
+            system: "You are beige.".into(),
+            messages,
+            tools: tools(),
+            max_tokens: 8192,
+            thinking: ThinkingLevel::Off,
+            reasoning: false,
+        }
+    }
+
+    async fn run(
+        client: &GoogleClient,
+        req: ModelRequest,
+    ) -> Result<Vec<Result<StreamEvent, LlmError>>, LlmError> {
+        Ok(client.stream(req).await?.collect().await)
+    }
+
+    fn completed(events: &[Result<StreamEvent, LlmError>]) -> ModelResponse {
+        match events.last() {
+            Some(Ok(StreamEvent::Completed(r))) => r.clone(),
+            other => panic!("expected Completed last, got {other:?}"),
+        }
+    }
+
+    fn text_deltas(events: &[Result<StreamEvent, LlmError>]) -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(StreamEvent::TextDelta(t)) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn streams_text_and_sends_a_proper_request() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .text("Hello from Gemini — ünïcode")
+                .piece_size(4)
+                .reply()
+                .chunked(9),
+        );
+        let events = run(&client(&server), request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert_eq!(text_deltas(&events), "Hello from Gemini — ünïcode");
+        let resp = completed(&events);
+        assert_eq!(
+            resp.content,
+            vec![Block::Text {
+                text: "Hello from Gemini — ünïcode".into()
+            }]
+        );
+        assert_eq!(resp.stop_reason, StopReason::EndTurn);
+
+        let req = server.last_request().unwrap();
+        assert_eq!(req.method, "POST");
+        assert_eq!(
+            req.path,
+            "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+        );
+        assert_eq!(req.query.as_deref(), Some("alt=sse"));
+        assert_eq!(req.header("x-goog-api-key"), Some(KEY));
+        assert_eq!(req.header("authorization"), None);
+        assert_eq!(
+            req.secret_locations(KEY),
+            vec!["header x-goog-api-key".to_string()]
+        );
+        let b = &req.body;
+        assert_eq!(
+            b["systemInstruction"],
+            json!({"parts": [{"text": "You are beige."}]})
+        );
+        assert_eq!(
+            b["contents"],
+            json!([{"role": "user", "parts": [{"text": "hi"}]}])
+        );
+        assert_eq!(b["generationConfig"], json!({"maxOutputTokens": 8192}));
+        assert_eq!(
+            b["tools"][0]["functionDeclarations"][0]["parameters"],
+            json!({
+                "type": "object",
+                "properties": {
+                    "cmd": {"type": "string", "description": "the command"},
+                    "env": {"type": "object"},
+                    "mode": {"nullable": true, "type": "string", "enum": ["fast", "slow"]},
+                    "args": {"type": "array", "items": {"type": "string"}},
+                    "kind": {"enum": ["shell"]}
+                },
+                "required": ["cmd"]
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn function_call_gets_a_generated_id() {
+        let server = FakeLlmServer::start().await;
+        let args = json!({"cmd": "ls -la", "env": {"A": "1"}});
+        server.push(
+            GeminiStream::new()
+                .function_call("exec", args.clone())
+                .reply()
+                .chunked(5),
+        );
+        let events = run(&client(&server), request(vec![Message::user_text("list")]))
+            .await
+            .unwrap();
+        assert!(events.iter().any(|e| matches!(e, Ok(StreamEvent::ToolUseStarted { id, name }) if id == "call_1" && name == "exec")));
+        let resp = completed(&events);
+        assert_eq!(
+            resp.content,
+            vec![Block::ToolUse {
+                id: "call_1".into(),
+                name: "exec".into(),
+                input: args
+            }]
+        );
+        assert_eq!(resp.stop_reason, StopReason::ToolUse);
+    }
+
+    #[tokio::test]
+    async fn two_function_calls_with_thoughts_and_usage() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .thought("Two things to check.")
+                .text("Checking.")
+                .function_call("exec", json!({"cmd": "pwd"}))
+                .function_call("read", json!({"path": "a.txt"}))
+                .usage(1500, 40, 1024, 120)
+                .reply(),
+        );
+        // Two calls already in the history: the new ids continue after them.
+        let history = vec![
+            Message::user_text("first"),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    Block::ToolUse {
+                        id: "call_1".into(),
+                        name: "exec".into(),
+                        input: json!({"cmd": "a"}),
+                    },
+                    Block::ToolUse {
+                        id: "call_2".into(),
+                        name: "exec".into(),
+                        input: json!({"cmd": "b"}),
+                    },
+                ],
+            },
+            Message {
+                role: Role::User,
+                content: vec![
+                    Block::ToolResult {
+                        tool_use_id: "call_1".into(),
+                        content: vec![],
+                        is_error: false,
+                    },
+                    Block::ToolResult {
+                        tool_use_id: "call_2".into(),
+                        content: vec![],
+                        is_error: false,
+                    },
+                ],
+            },
+        ];
+        let events = run(&client(&server), request(history)).await.unwrap();
+        let thinking: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(StreamEvent::ThinkingDelta(t)) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(thinking, "Two things to check.");
+        let resp = completed(&events);
+        assert_eq!(
+            resp.content,
+            vec![
+                Block::Thinking {
+                    thinking: "Two things to check.".into(),
+                    signature: None
+                },
+                Block::Text {
+                    text: "Checking.".into()
+                },
+                Block::ToolUse {
+                    id: "call_3".into(),
+                    name: "exec".into(),
+                    input: json!({"cmd": "pwd"})
+                },
+                Block::ToolUse {
+                    id: "call_4".into(),
+                    name: "read".into(),
+                    input: json!({"path": "a.txt"})
+                },
+            ]
+        );
+        assert_eq!(resp.stop_reason, StopReason::ToolUse);
+        assert_eq!(
+            resp.usage,
+            Usage {
+                input_tokens: 476,
+                output_tokens: 160,
+                cache_read_tokens: 1024,
+                cache_write_tokens: 0
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn max_tokens_finish_reason() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .text("cut by")
+                .finish_reason("MAX_TOKENS")
+                .reply(),
+        );
+        let events = run(&client(&server), request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert_eq!(completed(&events).stop_reason, StopReason::MaxTokens);
+    }
+
+    #[tokio::test]
+    async fn error_chunk_mid_stream_is_typed() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .text("partial")
+                .error(
+                    429,
+                    "RESOURCE_EXHAUSTED",
+                    "Resource has been exhausted (e.g. check quota).",
+                )
+                .reply(),
+        );
+        let events = run(&client(&server), request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert_eq!(text_deltas(&events), "partial");
+        let err = events.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::RateLimit);
+        assert!(
+            matches!(err, LlmError::Api { status: 429, error_type: Some(t), .. } if t == "RESOURCE_EXHAUSTED"),
+            "{err:?}"
+        );
+        assert!(!events
+            .iter()
+            .any(|e| matches!(e, Ok(StreamEvent::Completed(_)))));
+    }
+
+    #[tokio::test]
+    async fn stream_without_finish_reason_is_truncated_and_not_retried() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .text("half an answer")
+                .without_finish()
+                .reply()
+                .cut(),
+        );
+        server.push(fake::text_response("must never be fetched"));
+        let events = run(&client(&server), request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(events.last(), Some(Err(LlmError::Truncated { .. }))),
+            "{events:?}"
+        );
+        assert_eq!(events.iter().filter(|e| e.is_err()).count(), 1);
+        assert_eq!(server.request_count(), 1);
+        assert_eq!(server.replies_left(), 1);
+
+        // A clean end of body without any finishReason is cut off too.
+        let server = FakeLlmServer::start().await;
+        server.push(GeminiStream::new().text("half").without_finish().reply());
+        let events = run(&client(&server), request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(events.last(), Some(Err(LlmError::Truncated { .. }))),
+            "{events:?}"
+        );
+        assert_eq!(server.request_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn http_429_is_a_rate_limit_with_retry_after() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            fake::error_reply(429, "RESOURCE_EXHAUSTED", "Quota exceeded", Some("30s"))
+                .header("retry-after", "12"),
+        );
+        let client = client(&server);
+        let err = client
+            .stream(request(vec![Message::user_text("hi")]))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::RateLimit);
+        assert_eq!(
+            err.retry_after(),
+            Some(Duration::from_secs(12)),
+            "the header wins"
+        );
+
+        // Without the header, RetryInfo.retryDelay is used.
+        server.push(fake::error_reply(
+            429,
+            "RESOURCE_EXHAUSTED",
+            "Quota exceeded",
+            Some("30s"),
+        ));
+        let err = client
+            .stream(request(vec![Message::user_text("hi")]))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::RateLimit);
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+        assert!(
+            matches!(&err, LlmError::Api { error_type: Some(t), .. } if t == "RESOURCE_EXHAUSTED"),
+            "{err:?}"
+        );
+        assert_eq!(server.request_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn http_503_is_overloaded() {
+        let server = FakeLlmServer::start().await;
+        server.push(fake::error_reply(
+            503,
+            "UNAVAILABLE",
+            "The model is overloaded. Please try again later.",
+            None,
+        ));
+        let err = client(&server)
+            .stream(request(vec![Message::user_text("hi")]))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::Overloaded);
+        assert_eq!(server.request_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn idle_stream_times_out() {
+        let server = FakeLlmServer::start().await;
+        server.push(
+            GeminiStream::new()
+                .text("slow")
+                .without_finish()
+                .reply()
+                .hang_after(),
+        );
+        let client = client(&server).with_idle_timeout(Duration::from_millis(300));
+        let events = run(&client, request(vec![Message::user_text("hi")]))
+            .await
+            .unwrap();
+        assert_eq!(text_deltas(&events), "slow");
+        let err = events.last().unwrap().as_ref().unwrap_err();
+        assert!(matches!(err, LlmError::IdleTimeout { .. }), "{err:?}");
+
+        server.push(Reply::hang());
+        let err = client
+            .stream(request(vec![Message::user_text("hi")]))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        assert_eq!(server.request_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn history_pairs_function_responses_by_name() {
+        let server = FakeLlmServer::start().await;
+        server.check(|r| fake::check_tool_pairing(&r.body));
+        server.push(fake::text_response("done"));
+        let history = vec![
+            Message {
+                role: Role::User,
+                content: vec![
+                    Block::Text {
+                        text: "look".into(),
+                    },
+                    Block::Image {
+                        data: "iVBORw0KGgo=".into(),
+                        mime_type: "image/png".into(),
+                    },
+                ],
+            },
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    Block::Thinking {
+                        thinking: "hmm".into(),
+                        signature: None,
+                    },
+                    Block::Text {
+                        text: "Checking.".into(),
+                    },
+                    Block::ToolUse {
+                        id: "toolu_A".into(),
+                        name: "exec".into(),
+                        input: json!({"cmd": "pwd"}),
+                    },
+                    Block::ToolUse {
+                        id: "toolu_B".into(),
+                        name: "screenshot".into(),
+                        input: json!({}),
+                    },
+                ],
+            },
+            Message {
+                role: Role::User,
+                content: vec![
+                    Block::ToolResult {
+                        tool_use_id: "toolu_A".into(),
+                        content: vec![ToolResultPart::Text {
+                            text: "/workspace".into(),
+                        }],
+                        is_error: false,
+                    },
+                    Block::ToolResult {
+                        tool_use_id: "toolu_B".into(),
+                        content: vec![
+                            ToolResultPart::Text {
+                                text: "no display".into(),
+                            },
+                            ToolResultPart::Image {
+                                data: "R0lGOD==".into(),
+                                mime_type: "image/gif".into(),
+                            },
+                        ],
+                        is_error: true,
+                    },
+                ],
+            },
+        ];
+        let mut req = request(history);
+        req.model = "gemini-3-pro-preview".into();
+        req.reasoning = true;
+        req.thinking = ThinkingLevel::Medium;
+        let events = run(&client(&server), req).await.unwrap();
+        assert_eq!(
+            completed(&events).content,
+            vec![Block::Text {
+                text: "done".into()
+            }]
+        );
+        assert_eq!(server.violations(), Vec::<String>::new());
+
+        let r = server.last_request().unwrap();
+        assert_eq!(
+            r.path,
+            "/v1beta/models/gemini-3-pro-preview:streamGenerateContent"
+        );
+        assert_eq!(
+            r.body["generationConfig"],
+            json!({"maxOutputTokens": 8192, "thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": true}})
+        );
+        assert_eq!(
+            r.body["contents"],
+            json!([
+                {"role": "user", "parts": [
+                    {"text": "look"},
+                    {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}]},
+                {"role": "model", "parts": [
+                    {"text": "Checking."},
+                    {"functionCall": {"name": "exec", "args": {"cmd": "pwd"}},
+                     "thoughtSignature": "skip_thought_signature_validator"},
+                    {"functionCall": {"name": "screenshot", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "exec", "response": {"content": "/workspace", "isError": false}}},
+                    {"functionResponse": {"name": "screenshot", "response": {"content": "no display", "isError": true}}},
+                    {"inlineData": {"mimeType": "image/gif", "data": "R0lGOD=="}}]}
+            ])
+        );
+    }
+
+    #[test]
+    fn older_models_get_no_signature_and_base_urls_are_normalised() {
+        let history = vec![Message {
+            role: Role::Assistant,
+            content: vec![Block::ToolUse {
+                id: "c".into(),
+                name: "exec".into(),
+                input: json!({}),
+            }],
+        }];
+        let body = request_body(&request(history));
+        assert!(
+            body["contents"][0]["parts"][0]
+                .get("thoughtSignature")
+                .is_none(),
+            "{body}"
+        );
+
+        let c = GoogleClient::new(
+            "g",
+            "https://generativelanguage.googleapis.com/v1beta/",
+            ApiKey::default(),
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(
+            c.url("models/gemini-2.5-pro").unwrap(),
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        );
+        assert!(matches!(
+            c.url("../secrets?x=1"),
+            Err(LlmError::Config { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn key_stays_out_of_errors_and_debug() {
+        let server = FakeLlmServer::start().await;
+        server.push(fake::error_reply(
+            400,
+            "INVALID_ARGUMENT",
+            &format!("API key not valid: {KEY}"),
+            None,
+        ));
+        let client = client(&server);
+        let err = client
+            .stream(request(vec![Message::user_text("hi")]))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert!(!err.to_string().contains(KEY), "{err}");
+        assert!(!format!("{err:?}").contains(KEY), "{err:?}");
+        assert!(!format!("{client:?}").contains(KEY));
+        let req = server.last_request().unwrap();
+        assert_eq!(
+            req.secret_locations(KEY),
+            vec!["header x-goog-api-key".to_string()]
+        );
     }
 }

@@ -9,7 +9,9 @@
 
 pub mod anthropic;
 pub mod catalog;
+pub mod google;
 pub mod openai_completions;
+pub mod openai_responses;
 pub mod scripted;
 pub mod sse;
 
@@ -357,6 +359,50 @@ pub fn default_base_url(provider: &str) -> Option<&'static str> {
         "google" => Some("https://generativelanguage.googleapis.com"),
         _ => None,
     }
+}
+
+/// Build the client of a configured provider: the `api` (or the provider name's
+/// default), the base URL (or the default), the key and extra headers.
+pub fn client_for(
+    name: &str,
+    config: &crate::config::ProviderConfig,
+) -> Result<std::sync::Arc<dyn LlmProvider>, LlmError> {
+    let api = config.api.or_else(|| default_api(name)).ok_or_else(|| LlmError::Config {
+        provider: name.to_string(),
+        message: "unknown provider name without `api`: set llm.providers.<name>.api (anthropic-messages, openai-completions, openai-responses or google-generative-ai) and baseUrl".into(),
+    })?;
+    let base = config
+        .base_url
+        .clone()
+        .or_else(|| default_base_url(name).map(str::to_string))
+        .or_else(|| match api {
+            ProviderApi::AnthropicMessages => default_base_url("anthropic").map(str::to_string),
+            ProviderApi::OpenAiCompletions | ProviderApi::OpenAiResponses => {
+                default_base_url("openai").map(str::to_string)
+            }
+            ProviderApi::GoogleGenerativeAi => default_base_url("google").map(str::to_string),
+        })
+        .unwrap_or_default();
+    let key = ApiKey::new(config.api_key.clone());
+    let headers: Vec<(String, String)> = config
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(match api {
+        ProviderApi::AnthropicMessages => {
+            std::sync::Arc::new(anthropic::AnthropicClient::new(name, &base, key, headers)?)
+        }
+        ProviderApi::OpenAiCompletions => std::sync::Arc::new(
+            openai_completions::OpenAiCompletionsClient::new(name, &base, key, headers)?,
+        ),
+        ProviderApi::OpenAiResponses => std::sync::Arc::new(
+            openai_responses::OpenAiResponsesClient::new(name, &base, key, headers)?,
+        ),
+        ProviderApi::GoogleGenerativeAi => {
+            std::sync::Arc::new(google::GoogleClient::new(name, &base, key, headers)?)
+        }
+    })
 }
 
 #[cfg(test)]

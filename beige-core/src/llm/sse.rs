@@ -542,4 +542,42 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(matches!(got[1], Err(LlmError::Truncated { .. })));
     }
+
+    #[tokio::test]
+    async fn events_of_a_cut_body_end_in_truncated_and_a_clean_end_just_ends() {
+        use beige_testkit::llm::{FakeLlmServer, Reply};
+        let s = FakeLlmServer::start().await;
+        s.push(Reply::sse("data: one\n\ndata: tw").cut());
+        s.push(Reply::sse("data: one\n\ndata: tw"));
+        let http = http_client("p", &s.url()).unwrap();
+        for cut in [true, false] {
+            let resp = send("p", http.post(s.url()), DEFAULT_IDLE_TIMEOUT)
+                .await
+                .unwrap();
+            let got: Vec<_> = events("p", resp, DEFAULT_IDLE_TIMEOUT).collect().await;
+            assert!(matches!(&got[0], Ok(e) if e.data == "one"), "{got:?}");
+            if cut {
+                assert_eq!(got.len(), 2, "{got:?}");
+                assert!(matches!(got[1], Err(LlmError::Truncated { .. })), "{got:?}");
+            } else {
+                assert_eq!(got.len(), 1, "{got:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn fake_server_counts_requests_in_flight() {
+        use beige_testkit::llm::{FakeLlmServer, Reply};
+        let s = FakeLlmServer::start().await;
+        s.push(Reply::hang()).push(Reply::hang());
+        let http = http_client("p", &s.url()).unwrap();
+        let idle = Duration::from_secs(600);
+        let a = tokio::spawn(send("p", http.post(s.url()), idle));
+        let b = tokio::spawn(send("p", http.post(s.url()), idle));
+        s.wait_for_requests(2).await;
+        assert_eq!(s.in_flight(), 2);
+        assert_eq!(s.max_in_flight(), 2);
+        a.abort();
+        b.abort();
+    }
 }

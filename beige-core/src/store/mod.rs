@@ -335,8 +335,12 @@ pub trait Store: Send + Sync + Debug {
 
     // ---- plugin key-value data (scope = agent name) ----
 
-    async fn kv_get(&self, plugin: &str, scope: &str, key: &str)
-        -> Result<Option<String>, StoreError>;
+    async fn kv_get(
+        &self,
+        plugin: &str,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError>;
 
     async fn kv_set(
         &self,

@@ -21,6 +21,53 @@ pub const CORE_TOOLS: [&str; 4] = ["read", "write", "patch", "exec"];
 /// Default `exec` timeout in seconds.
 pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 900;
 
+/// The four core tools as the model sees them: names, descriptions and parameter schemas
+/// (names and parameter names are the original's; models and prompts rely on them).
+pub fn definitions() -> Vec<crate::llm::ToolSpec> {
+    use serde_json::json;
+    let spec = |name: &str, description: &str, schema: serde_json::Value| crate::llm::ToolSpec {
+        name: name.to_string(),
+        description: description.to_string(),
+        input_schema: schema,
+    };
+    vec![
+        spec(
+            "read",
+            "Read a file in your sandbox. Paths are relative to /workspace or absolute. Text files are returned as text (long files are cut at 256 KiB; use offset and limit to read further). Images (.png, .jpg, .jpeg, .gif, .webp) are returned as images when the model supports them.",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "description": "File path, relative to /workspace or absolute"},
+                "offset": {"type": "integer", "description": "1-based line to start from"},
+                "limit": {"type": "integer", "description": "Number of lines to read"}
+            }, "required": ["path"]}),
+        ),
+        spec(
+            "write",
+            "Create or overwrite a file in your sandbox with exactly the given content. Parent folders are created. The write is atomic.",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "description": "File path, relative to /workspace or absolute"},
+                "content": {"type": "string", "description": "The complete file content"}
+            }, "required": ["path", "content"]}),
+        ),
+        spec(
+            "patch",
+            "Replace one exact piece of text in a file. oldText must occur exactly once in the file (include surrounding lines to make it unique); it is replaced literally by newText.",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "description": "File path, relative to /workspace or absolute"},
+                "oldText": {"type": "string", "description": "The exact text to replace; must occur exactly once"},
+                "newText": {"type": "string", "description": "The replacement text"}
+            }, "required": ["path", "oldText", "newText"]}),
+        ),
+        spec(
+            "exec",
+            "Run a shell command (sh -c) in /workspace in your sandbox. Returns the exit code, stdout and stderr (long output is cut in the middle). Tools on your PATH (/tools/bin) are run this way too, also from scripts and loops.",
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "description": "The shell command"},
+                "timeout": {"type": "integer", "description": "Timeout in seconds (default 900)"}
+            }, "required": ["command"]}),
+        ),
+    ]
+}
+
 /// A parsed core-tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "tool", content = "params", rename_all = "lowercase")]
@@ -181,16 +228,54 @@ pub struct ToolContext {
 }
 
 /// Run a core tool in the agent's sandbox and format its result.
+///
+/// When `cancel` fires while an `exec` runs, its processes are killed in the sandbox
+/// (SIGTERM, then SIGKILL) and the result says so.
 pub async fn run_core_tool(
     sandbox: &dyn Sandbox,
     agent: &str,
     limits: &AgentSandboxConfig,
     call: &CoreToolCall,
     ctx: &ToolContext,
+    cancel: Option<&tokio_util::sync::CancellationToken>,
 ) -> Result<ToolOutput, SandboxError> {
-    let request = to_request(agent, limits, call, ctx);
-    let OpOutcome { reply, restarted } = sandbox.run_op(agent, &request).await?;
+    let mut request = to_request(agent, limits, call, ctx);
+    let exec_id = match (&mut request, cancel) {
+        (OpRequest::Exec(e), Some(_)) => {
+            let id = format!("x{:016x}", rand::random::<u64>());
+            e.exec_id = Some(id.clone());
+            Some(id)
+        }
+        _ => None,
+    };
+    let op = sandbox.run_op(agent, &request);
+    let (outcome, cancelled) = match (cancel, exec_id) {
+        (Some(token), Some(id)) => {
+            tokio::pin!(op);
+            tokio::select! {
+                r = &mut op => (r, false),
+                _ = token.cancelled() => {
+                    let kill = OpRequest::Kill(beige_protocol::op::KillRequest { exec_id: id });
+                    if let Err(e) = sandbox.run_op(agent, &kill).await {
+                        tracing::warn!(agent, error = %e, "could not kill a cancelled exec");
+                    }
+                    (op.await, true)
+                }
+            }
+        }
+        _ => (op.await, false),
+    };
+    let OpOutcome { reply, restarted } = outcome?;
     let mut out = format_reply(call, &request, reply, ctx);
+    if cancelled {
+        out.is_error = true;
+        out.content.insert(
+            0,
+            ContentBlock::Text {
+                text: "[beige] Cancelled by the user: the command and every process it started were killed.".into(),
+            },
+        );
+    }
     if let Some(notice) = restarted {
         out.content.insert(
             0,
@@ -246,6 +331,7 @@ pub fn to_request(
                 env,
                 cwd: None,
                 max_output_bytes: limits.exec_output_limit,
+                exec_id: None,
             })
         }
     }

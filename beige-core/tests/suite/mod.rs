@@ -1,3 +1,4 @@
+mod agent;
 mod core_tools;
 mod hooks;
 mod sandbox_docker;

@@ -218,6 +218,7 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
                 bytes: w.content.len() as u64,
             }),
             OpRequest::Patch(_) => OpReply::Patch(PatchReply { bytes: 0 }),
+            OpRequest::Kill(_) => OpReply::Kill(KillReply { found: 0 }),
             OpRequest::Read(_) => OpReply::Read(ReadReply::Text {
                 content: "fake".into(),
                 total_lines: 1,

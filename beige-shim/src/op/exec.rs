@@ -10,6 +10,10 @@
 //! group gets SIGKILL, so background children (`sleep 100 &`) do not survive, and the
 //! pipes are drained for at most [`DRAIN_GRACE`]: a process that left the group
 //! (`setsid`) and still holds them open cannot keep the reply waiting.
+//!
+//! With an `execId`, the command runs with `BEIGE_EXEC_ID=<id>` in its environment, so
+//! a second `beige-shim op kill` can find its processes (see [`super::kill`]); the
+//! `exec` then replies as usual, with the signal that ended the shell.
 
 use std::fs;
 use std::io::{self, Read};
@@ -21,7 +25,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use beige_protocol::op::{ExecReply, ExecRequest, OpError, OpErrorKind, EXEC_KILL_GRACE_SECS};
+use beige_protocol::op::{
+    ExecReply, ExecRequest, OpError, OpErrorKind, EXEC_ID_ENV, EXEC_KILL_GRACE_SECS,
+};
 
 use super::capture::{Capture, Stream};
 use super::{op_error, Context};
@@ -69,6 +75,9 @@ struct Outcome {
 /// receives while the command runs are passed on to its process group.
 pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<ExecReply, OpError> {
     validate_env(&req.env)?;
+    if let Some(id) = &req.exec_id {
+        super::kill::check_exec_id(id)?;
+    }
     let cwd = match &req.cwd {
         Some(cwd) => ctx.resolve(cwd)?,
         None => ctx.workspace().to_path_buf(),
@@ -101,6 +110,10 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(id) = &req.exec_id {
+        // After `env`, so a request cannot override the id `kill` will look for.
+        command.env(EXEC_ID_ENV, id);
+    }
     sys::reset_signals_on_exec(&mut command);
 
     let started = Instant::now();
@@ -317,6 +330,7 @@ mod tests {
             env: Vec::new(),
             cwd: None,
             max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
+            exec_id: None,
         }
     }
 
@@ -341,6 +355,15 @@ mod tests {
         );
         assert_eq!(reply.stderr, "hi there\n");
         assert!(!reply.timed_out);
+    }
+
+    #[test]
+    fn exec_id_reaches_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = req("echo \"$BEIGE_EXEC_ID\"; (echo \"$BEIGE_EXEC_ID\")", 10);
+        r.exec_id = Some("call-7".into());
+        r.env = vec![("BEIGE_EXEC_ID".into(), "spoofed".into())];
+        assert_eq!(run(dir.path(), &r).stdout, "call-7\ncall-7\n");
     }
 
     #[test]
@@ -387,6 +410,12 @@ mod tests {
         let ctx = Context::new(dir.path());
         let mut r = req("true", 10);
         r.env = vec![("A=B".into(), "x".into())];
+        assert_eq!(
+            exec(&ctx, &r, false).unwrap_err().kind,
+            OpErrorKind::BadRequest
+        );
+        let mut r = req("true", 10);
+        r.exec_id = Some("bad id".into());
         assert_eq!(
             exec(&ctx, &r, false).unwrap_err().kind,
             OpErrorKind::BadRequest

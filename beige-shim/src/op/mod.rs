@@ -1,5 +1,6 @@
 //! The `op` role: `beige-shim op <name>` performs one core-tool operation (`read`,
-//! `write`, `patch`, `exec`) inside the container.
+//! `write`, `patch`, `exec`) inside the container, or `kill`s a running `exec` (by the
+//! `execId` it was started with) from a second invocation.
 //!
 //! This module owns the invocation contract — one JSON [`OpRequest`] on stdin, one JSON
 //! [`OpReply`] line on stdout, exit code 0 whenever the operation ran (its failure is an
@@ -11,6 +12,7 @@
 
 mod capture;
 mod exec;
+mod kill;
 mod patch;
 mod read;
 mod write;
@@ -27,7 +29,7 @@ pub const WORKSPACE_ENV: &str = "BEIGE_WORKSPACE";
 pub const DEFAULT_WORKSPACE: &str = "/workspace";
 
 /// The operation names accepted after `op`.
-pub const NAMES: [&str; 4] = ["read", "write", "patch", "exec"];
+pub const NAMES: [&str; 5] = ["read", "write", "patch", "exec", "kill"];
 
 /// Exit code for a request that could not be decoded or did not match the op name.
 const EXIT_BAD_REQUEST: i32 = 2;
@@ -123,6 +125,7 @@ pub fn perform(ctx: &Context, request: OpRequest, forward_signals: bool) -> OpRe
         OpRequest::Write(req) => write::write(ctx, &req).map(OpReply::Write),
         OpRequest::Patch(req) => patch::patch(ctx, &req).map(OpReply::Patch),
         OpRequest::Exec(req) => exec::exec(ctx, &req, forward_signals).map(OpReply::Exec),
+        OpRequest::Kill(req) => kill::kill(&req).map(OpReply::Kill),
     };
     result.unwrap_or_else(OpReply::Error)
 }

@@ -13,6 +13,7 @@ fn exec(command: &str, timeout_secs: u64) -> ExecRequest {
         env: Vec::new(),
         cwd: None,
         max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
+        exec_id: None,
     }
 }
 

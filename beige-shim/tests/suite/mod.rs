@@ -2,6 +2,7 @@
 
 mod cli;
 mod exec;
+mod kill;
 mod patch;
 mod read;
 mod tool_client;

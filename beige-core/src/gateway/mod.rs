@@ -9,9 +9,15 @@
 //! `finished`. A denied call is audited once; a call whose audit record cannot be
 //! written does not run.
 
+mod prompt;
+
+pub use prompt::PromptRequest;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -19,6 +25,8 @@ use base64::Engine as _;
 use beige_protocol::socket::{SessionContext, ToolRequest, ToolResponse, MAX_RESPONSE_OUTPUT};
 use serde::Serialize;
 
+use crate::agent::events::AgentEvent;
+use crate::agent::router::{model_key, HealthTracker, ModelHealth, Router};
 use crate::audit::{
     now_ts, secrets_of, AuditDecision, AuditError, AuditRecord, AuditSink, AuditType, JsonlAudit,
     Phase, Target,
@@ -27,6 +35,7 @@ use crate::config::{AgentConfig, Config, ConfigError};
 use crate::fsutil::validate_cwd;
 use crate::home::BeigeHome;
 use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
+use crate::llm::{LlmProvider, Message};
 use crate::plugin::{
     kv::KvPlugin, Plugin, PluginError, PluginRegistry, SessionInfo, ToolCall, ToolResult,
 };
@@ -36,7 +45,11 @@ use crate::sandbox::{
 };
 use crate::skills::{SkillError, SkillSet};
 use crate::socket::{SocketLimits, SocketServer, ToolRequestHandler};
+use crate::store::{
+    HealthRecord, SessionRecord, SessionSettings, SettingsPatch, SqliteStore, Store, StoreError,
+};
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
+use tokio_util::sync::CancellationToken;
 
 /// Default time limit of a plugin tool handler.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -64,6 +77,18 @@ pub enum GatewayError {
     Skill(#[from] SkillError),
     #[error("could not open the tool socket {path}: {message}")]
     Socket { path: String, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Prompt(String),
+    #[error("model '{requested}' is not allowed for agent '{agent}'; allowed models: {allowed}")]
+    ModelNotAllowed {
+        agent: String,
+        requested: String,
+        allowed: String,
+    },
+    #[error("no session '{session}' for agent '{agent}'")]
+    UnknownSession { agent: String, session: String },
 }
 
 impl From<ConfigError> for GatewayError {
@@ -99,6 +124,96 @@ pub trait Gateway: Send + Sync {
         call: CoreToolCall,
         ctx: ToolContext,
     ) -> Result<ToolOutput, GatewayError>;
+
+    /// Send a message to an agent's session and stream what happens. Dropping the stream
+    /// cancels the prompt.
+    async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError>;
+
+    /// Cancel the running prompt of a session key; `false` when none was running.
+    async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError>;
+
+    /// The agent's sessions, newest first.
+    async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError>;
+
+    /// Start a new session for a key (the old one stays for `resume_session`).
+    async fn new_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<SessionRecord, GatewayError>;
+
+    /// Make an existing session the current one of a key.
+    async fn resume_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+        session_id: &str,
+    ) -> Result<SessionRecord, GatewayError>;
+
+    /// The messages of a session (the model's context, summaries included).
+    async fn session_messages(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Vec<Message>, GatewayError>;
+
+    /// Settings of a session key.
+    async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError>;
+
+    /// Change settings of a session key; a model override must be one of the agent's.
+    async fn update_settings(
+        &self,
+        agent: &str,
+        session_key: &str,
+        patch: SettingsPatch,
+    ) -> Result<SessionSettings, GatewayError>;
+
+    /// Health of every model that has failed or cooled down.
+    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError>;
+}
+
+/// The events of one prompt. Dropping it cancels the prompt.
+pub struct AgentEventStream {
+    rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+    cancel: CancellationToken,
+}
+
+impl AgentEventStream {
+    /// A stream fed by `rx`; `cancel` fires when the stream is dropped.
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self { rx, cancel }
+    }
+
+    /// Wait for the whole prompt and return its events.
+    pub async fn collect_all(mut self) -> Vec<AgentEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = self.rx.recv().await {
+            out.push(e);
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for AgentEventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentEventStream")
+    }
+}
+
+impl futures_util::Stream for AgentEventStream {
+    type Item = AgentEvent;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AgentEvent>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for AgentEventStream {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
 }
 
 /// Builds a [`LocalGateway`].
@@ -113,6 +228,8 @@ pub struct GatewayBuilder {
     policy: Option<Arc<dyn Policy>>,
     audit: Option<Arc<dyn AuditSink>>,
     socket_limits: SocketLimits,
+    store: Option<Arc<dyn Store>>,
+    providers: Vec<Arc<dyn LlmProvider>>,
 }
 
 impl GatewayBuilder {
@@ -127,7 +244,22 @@ impl GatewayBuilder {
             policy: None,
             audit: None,
             socket_limits: SocketLimits::default(),
+            store: None,
+            providers: Vec::new(),
         }
+    }
+
+    /// Use this store instead of `<BEIGE_HOME>/beige.db`.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Use this client for the provider of the same name instead of the one built from
+    /// config (for example the labelled `ScriptedProvider`).
+    pub fn provider(mut self, provider: Arc<dyn LlmProvider>) -> Self {
+        self.providers.push(provider);
+        self
     }
 
     /// The file the config came from (named in error messages).
@@ -238,11 +370,18 @@ impl GatewayBuilder {
             }
         };
 
+        let store: Arc<dyn Store> = match self.store {
+            Some(s) => s,
+            None => Arc::new(SqliteStore::open(home.db_path())?),
+        };
+        let router = build_router(&config, store.clone(), self.providers).await?;
+
         let mut specs = Vec::with_capacity(config.agents.len());
         for (name, agent) in &config.agents {
             let workspace = config.agent_workspace(&home, name);
             let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
             let user = host::prepare_agent(&home, name, &workspace, configured)?;
+            seed_agents_md(&workspace, user)?;
             let tools = launchable_tools(policy.as_ref(), &registry, name, agent);
             write_launchers(&home.launchers_dir(name), &tools)?;
             let tool_packages = tools
@@ -291,6 +430,10 @@ impl GatewayBuilder {
             policy,
             audit,
             sessions: RwLock::new(HashMap::new()),
+            store,
+            router,
+            session_locks: std::sync::Mutex::new(HashMap::new()),
+            running: std::sync::Mutex::new(HashMap::new()),
         });
         let mut sockets = Vec::new();
         let handler: Arc<dyn ToolRequestHandler> = Arc::new(SocketHandler(Arc::downgrade(&inner)));
@@ -413,6 +556,12 @@ struct Inner {
     audit: Arc<dyn AuditSink>,
     /// Known sessions and the agent each belongs to.
     sessions: RwLock<HashMap<String, String>>,
+    store: Arc<dyn Store>,
+    router: Router,
+    /// One prompt at a time per session key.
+    session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Cancellation of the running prompt per session key.
+    running: std::sync::Mutex<HashMap<String, CancellationToken>>,
 }
 
 /// Everything the guarded path needs to know about one call.
@@ -507,6 +656,15 @@ impl Inner {
 
     fn hooks(&self) -> &HookRunner {
         self.registry.hooks()
+    }
+
+    fn session_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.session_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone()
     }
 
     fn register_session(&self, agent: &str, key: &str) {
@@ -628,11 +786,12 @@ impl Inner {
         }
     }
 
-    async fn call_core(
+    async fn call_core_cancellable(
         &self,
         agent: &str,
         call: CoreToolCall,
         ctx: ToolContext,
+        cancel: Option<&CancellationToken>,
     ) -> Result<ToolOutput, GatewayError> {
         let config = self.agent(agent)?;
         if let Some(key) = &ctx.session_key {
@@ -650,9 +809,16 @@ impl Inner {
         };
         let sandbox = self.sandbox.clone();
         let run = async {
-            run_core_tool(sandbox.as_ref(), agent, &config.sandbox, &call, &ctx)
-                .await
-                .map_err(|e| e.to_string())
+            run_core_tool(
+                sandbox.as_ref(),
+                agent,
+                &config.sandbox,
+                &call,
+                &ctx,
+                cancel,
+            )
+            .await
+            .map_err(|e| e.to_string())
         };
         let guarded = self
             .guarded(
@@ -858,6 +1024,260 @@ impl Gateway for LocalGateway {
         call: CoreToolCall,
         ctx: ToolContext,
     ) -> Result<ToolOutput, GatewayError> {
-        self.inner.call_core(agent, call, ctx).await
+        self.inner
+            .call_core_cancellable(agent, call, ctx, None)
+            .await
     }
+
+    async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
+        self.inner.agent(&request.agent)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let key = request.session_key.clone();
+        let inner = self.inner.clone();
+        let token = cancel.clone();
+        tokio::spawn(async move {
+            // Register after taking the session's turn, so `cancel` hits this prompt.
+            inner
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), token.clone());
+            inner.run_prompt(request, tx, token.clone()).await;
+            let mut running = inner.running.lock().unwrap_or_else(|e| e.into_inner());
+            if running
+                .get(&key)
+                .is_some_and(|t| t.is_cancelled() || !token.is_cancelled())
+            {
+                running.remove(&key);
+            }
+        });
+        Ok(AgentEventStream::new(rx, cancel))
+    }
+
+    async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
+        self.inner.agent(agent)?;
+        let token = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_key)
+            .cloned();
+        Ok(match token {
+            Some(t) if !t.is_cancelled() => {
+                t.cancel();
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
+        self.inner.agent(agent)?;
+        Ok(self.inner.store.list_sessions(agent).await?)
+    }
+
+    async fn new_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<SessionRecord, GatewayError> {
+        self.inner.agent(agent)?;
+        let old = self.inner.store.current_session(session_key).await?;
+        let model = self
+            .inner
+            .config
+            .agents
+            .get(agent)
+            .map(|a| model_key(&a.model));
+        let s = self
+            .inner
+            .store
+            .create_session(crate::store::NewSession {
+                agent: agent.to_string(),
+                key: session_key.to_string(),
+                parent_id: None,
+                model,
+            })
+            .await?;
+        let channel = session_key.split(':').next().unwrap_or("").to_string();
+        if old.is_some() {
+            self.inner
+                .hooks()
+                .session_disposed(&crate::hooks::SessionEvent {
+                    session_key: session_key.to_string(),
+                    agent_name: agent.to_string(),
+                    channel: channel.clone(),
+                })
+                .await;
+        }
+        self.inner
+            .hooks()
+            .session_created(&crate::hooks::SessionEvent {
+                session_key: session_key.to_string(),
+                agent_name: agent.to_string(),
+                channel,
+            })
+            .await;
+        Ok(s)
+    }
+
+    async fn resume_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+        session_id: &str,
+    ) -> Result<SessionRecord, GatewayError> {
+        self.inner.agent(agent)?;
+        let unknown = || GatewayError::UnknownSession {
+            agent: agent.to_string(),
+            session: session_id.to_string(),
+        };
+        let s = self
+            .inner
+            .store
+            .get_session(session_id)
+            .await?
+            .ok_or_else(unknown)?;
+        if s.agent != agent {
+            return Err(unknown());
+        }
+        self.inner
+            .store
+            .set_current_session(session_key, session_id)
+            .await?;
+        Ok(s)
+    }
+
+    async fn session_messages(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Vec<Message>, GatewayError> {
+        self.inner.agent(agent)?;
+        let unknown = || GatewayError::UnknownSession {
+            agent: agent.to_string(),
+            session: session_id.to_string(),
+        };
+        let s = self
+            .inner
+            .store
+            .get_session(session_id)
+            .await?
+            .ok_or_else(unknown)?;
+        if s.agent != agent {
+            return Err(unknown());
+        }
+        Ok(self
+            .inner
+            .store
+            .messages(session_id, false)
+            .await?
+            .into_iter()
+            .map(|m| m.message)
+            .collect())
+    }
+
+    async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError> {
+        Ok(self.inner.store.get_settings(session_key).await?)
+    }
+
+    async fn update_settings(
+        &self,
+        agent: &str,
+        session_key: &str,
+        patch: SettingsPatch,
+    ) -> Result<SessionSettings, GatewayError> {
+        let a = self.inner.agent(agent)?;
+        if let Some(Some(model)) = &patch.model_override {
+            let allowed: Vec<String> = std::iter::once(&a.model)
+                .chain(a.fallback_models.iter())
+                .map(model_key)
+                .collect();
+            if !allowed.contains(model) {
+                return Err(GatewayError::ModelNotAllowed {
+                    agent: agent.to_string(),
+                    requested: model.clone(),
+                    allowed: allowed.join(", "),
+                });
+            }
+        }
+        Ok(self.inner.store.update_settings(session_key, patch).await?)
+    }
+
+    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+        Ok(self.inner.router.health.all())
+    }
+}
+
+/// Write the default `AGENTS.md` into a new workspace, owned by the sandbox user.
+fn seed_agents_md(workspace: &Path, user: SandboxUser) -> Result<(), SandboxError> {
+    let wrote =
+        crate::agent::prompt::seed_agents_md(workspace).map_err(|e| SandboxError::Host {
+            path: workspace.join("AGENTS.md").display().to_string(),
+            message: e.to_string(),
+        })?;
+    if let (true, SandboxUser::Id { uid, gid }) = (wrote, user) {
+        let path = workspace.join("AGENTS.md");
+        if let Err(e) = std::os::unix::fs::lchown(&path, Some(uid), Some(gid)) {
+            tracing::debug!(error = %e, "could not hand AGENTS.md to the sandbox user");
+        }
+    }
+    Ok(())
+}
+
+/// Provider clients from config (or given by the embedder), health from the store.
+async fn build_router(
+    config: &Config,
+    store: Arc<dyn Store>,
+    given: Vec<Arc<dyn LlmProvider>>,
+) -> Result<Router, GatewayError> {
+    let initial: HashMap<String, ModelHealth> = store
+        .load_health()
+        .await?
+        .into_iter()
+        .map(|r| {
+            (
+                r.model_key,
+                ModelHealth {
+                    cooldown_until: r.cooldown_until.and_then(|v| u64::try_from(v).ok()),
+                    consecutive_failures: r.consecutive_failures,
+                    last_error: r.last_error,
+                },
+            )
+        })
+        .collect();
+    let handle = tokio::runtime::Handle::current();
+    let sink: crate::agent::router::HealthSink = Arc::new(move |key: &str, h: &ModelHealth| {
+        let record = HealthRecord {
+            model_key: key.to_string(),
+            cooldown_until: h.cooldown_until.and_then(|v| i64::try_from(v).ok()),
+            consecutive_failures: h.consecutive_failures,
+            last_error: h.last_error.clone(),
+        };
+        let store = store.clone();
+        handle.spawn(async move {
+            if let Err(e) = store.save_health(record).await {
+                tracing::warn!(error = %e, "could not persist provider health");
+            }
+        });
+    });
+    let mut router = Router::new(HealthTracker::new(initial, Some(sink)));
+    for (name, p) in &config.llm.providers {
+        if let Some(client) = given.iter().find(|g| g.name() == name) {
+            router.add(client.clone(), p.concurrency);
+            continue;
+        }
+        match crate::llm::client_for(name, p) {
+            Ok(client) => router.add(client, p.concurrency),
+            Err(e) => tracing::warn!(provider = %name, error = %e, "provider unavailable"),
+        }
+    }
+    for g in given {
+        if !router.has(g.name()) {
+            router.add(g, -1);
+        }
+    }
+    Ok(router)
 }

@@ -1,0 +1,745 @@
+//! The agent loop: one prompt on one session, from the channel's message to `Done`.
+//!
+//! `prePrompt` hooks → load the session → system prompt → routed, streamed model call →
+//! each tool call through the guarded path → repeat until the model stops or `maxTurns`
+//! → `postResponse` hooks → persist the whole exchange in one transaction → `Done`.
+//! One prompt runs at a time per session key; sessions run in parallel. Cancellation
+//! drops the model stream and kills a running `exec`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::{GatewayError, Inner};
+use crate::agent::events::{hint_for, AgentEvent};
+use crate::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
+use crate::agent::router::{model_key, RouteError};
+use crate::config::ModelRef;
+use crate::hooks::{
+    ModelSwitchedEvent, PostResponseEvent, PrePromptEvent, PromptDecision, ResponseDecision,
+    SessionEvent,
+};
+use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
+use crate::store::{NewMessage, NewSession, SessionRecord};
+use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
+
+/// One message to an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptRequest {
+    pub agent: String,
+    /// `channel:id…`, e.g. `api:assistant:default`, `telegram:42`.
+    pub session_key: String,
+    pub message: String,
+    /// Defaults to the first segment of the session key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    /// When the session is busy: wait for it (default) or fail at once.
+    #[serde(default = "yes")]
+    pub wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl PromptRequest {
+    pub fn new(
+        agent: impl Into<String>,
+        session_key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            agent: agent.into(),
+            session_key: session_key.into(),
+            message: message.into(),
+            channel: None,
+            chat_id: None,
+            thread_id: None,
+            wait: true,
+        }
+    }
+
+    /// The channel: explicit, else the key's first segment.
+    pub fn channel(&self) -> String {
+        self.channel.clone().unwrap_or_else(|| {
+            self.session_key
+                .split(':')
+                .next()
+                .unwrap_or("unknown")
+                .to_string()
+        })
+    }
+}
+
+/// Estimated tokens of a message list (about four characters a token).
+pub(crate) fn estimate_tokens(messages: &[Message]) -> u64 {
+    messages
+        .iter()
+        .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0) as u64 / 4)
+        .sum()
+}
+
+/// Merge consecutive messages of the same role, so the history always alternates (a
+/// cancelled or failed exchange can leave two user messages in a row).
+pub(crate) fn alternate(messages: Vec<Message>) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len());
+    for m in messages {
+        match out.last_mut() {
+            Some(last) if last.role == m.role => last.content.extend(m.content),
+            _ => out.push(m),
+        }
+    }
+    out
+}
+
+/// A tool result block for the model.
+fn result_block(id: &str, out: &ToolOutput) -> Block {
+    Block::ToolResult {
+        tool_use_id: id.to_string(),
+        content: out
+            .content
+            .iter()
+            .map(|c| match c {
+                ContentBlock::Text { text } => ToolResultPart::Text { text: text.clone() },
+                ContentBlock::Image { data, mime_type } => ToolResultPart::Image {
+                    data: data.clone(),
+                    mime_type: mime_type.clone(),
+                },
+            })
+            .collect(),
+        is_error: out.is_error,
+    }
+}
+
+struct Run<'a> {
+    inner: &'a Arc<Inner>,
+    req: PromptRequest,
+    events: UnboundedSender<AgentEvent>,
+    cancel: CancellationToken,
+}
+
+impl Inner {
+    /// The models the agent may use, override first.
+    pub(crate) fn candidates(&self, agent: &str, override_key: Option<&str>) -> Vec<ModelRef> {
+        let Some(a) = self.config.agents.get(agent) else {
+            return Vec::new();
+        };
+        let mut list: Vec<ModelRef> = Vec::new();
+        let allowed: Vec<&ModelRef> = std::iter::once(&a.model)
+            .chain(a.fallback_models.iter())
+            .collect();
+        if let Some(o) = override_key {
+            if let Some(m) = allowed.iter().find(|m| model_key(m) == o) {
+                list.push((*m).clone());
+            }
+        }
+        for m in allowed {
+            if !list.iter().any(|x| model_key(x) == model_key(m)) {
+                list.push(m.clone());
+            }
+        }
+        list
+    }
+
+    /// The current session of a key, created when there is none.
+    pub(crate) async fn session_for(
+        &self,
+        agent: &str,
+        key: &str,
+        channel: &str,
+    ) -> Result<SessionRecord, GatewayError> {
+        if let Some(s) = self.store.current_session(key).await? {
+            if s.agent == agent {
+                return Ok(s);
+            }
+        }
+        let model = self.config.agents.get(agent).map(|a| model_key(&a.model));
+        let s = self
+            .store
+            .create_session(NewSession {
+                agent: agent.to_string(),
+                key: key.to_string(),
+                parent_id: None,
+                model,
+            })
+            .await?;
+        self.hooks()
+            .session_created(&SessionEvent {
+                session_key: key.to_string(),
+                agent_name: agent.to_string(),
+                channel: channel.to_string(),
+            })
+            .await;
+        Ok(s)
+    }
+
+    /// The system prompt for an agent and session.
+    pub(crate) fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
+        let Some(a) = self.config.agents.get(agent) else {
+            return String::new();
+        };
+        let tools: Vec<PromptTool> = a
+            .tools
+            .iter()
+            .filter_map(|t| self.registry.tool(t))
+            .map(|r| PromptTool {
+                name: r.tool.name().to_string(),
+                description: r.tool.description().to_string(),
+                commands: r.tool.commands(),
+            })
+            .collect();
+        let skills: Vec<PromptSkill> = a
+            .skills
+            .iter()
+            .filter_map(|s| {
+                let def = self.skills.get(s)?;
+                Some(PromptSkill {
+                    name: s.clone(),
+                    description: def.description.clone(),
+                    context: None,
+                })
+            })
+            .collect();
+        let workspace = self.config.agent_workspace(&self.home, agent);
+        let agents_md = std::fs::read_to_string(workspace.join("AGENTS.md")).ok();
+        prompt::assemble(agent, &tools, &skills, session, agents_md.as_deref())
+    }
+
+    /// Run one prompt to its end, sending events. Never panics; every failure becomes an
+    /// `Error` event.
+    pub(crate) async fn run_prompt(
+        self: &Arc<Self>,
+        req: PromptRequest,
+        events: UnboundedSender<AgentEvent>,
+        cancel: CancellationToken,
+    ) {
+        let run = Run {
+            inner: self,
+            req,
+            events: events.clone(),
+            cancel,
+        };
+        if let Err(e) = run.go().await {
+            let _ = events.send(AgentEvent::Error {
+                message: e.to_string(),
+                kind: None,
+                hint: None,
+            });
+        }
+    }
+
+    /// Summarise the older part of a session's context into one message.
+    pub(crate) async fn compact_session(
+        &self,
+        session: &SessionRecord,
+        candidates: &[ModelRef],
+        events: &UnboundedSender<AgentEvent>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<usize>, GatewayError> {
+        let stored = self.store.messages(&session.id, false).await?;
+        // Keep the last user text message and everything after it verbatim.
+        let keep_from = stored
+            .iter()
+            .rposition(|m| {
+                m.message.role == Role::User
+                    && !m.summary
+                    && m.message
+                        .content
+                        .iter()
+                        .any(|b| matches!(b, Block::Text { .. }))
+            })
+            .unwrap_or(stored.len());
+        if keep_from == 0 {
+            return Ok(None);
+        }
+        let older = &stored[..keep_from];
+        // Only a previous summary before the kept part: nothing new to summarise.
+        let Some(upto) = older.iter().filter(|m| !m.summary).map(|m| m.seq).max() else {
+            return Ok(None);
+        };
+        let transcript = older
+            .iter()
+            .map(|m| {
+                let who = match m.message.role {
+                    Role::User => "User",
+                    Role::Assistant => "Assistant",
+                };
+                let body: Vec<String> = m
+                    .message
+                    .content
+                    .iter()
+                    .map(|b| match b {
+                        Block::Text { text } => text.clone(),
+                        Block::ToolUse { name, input, .. } => format!("[called {name} {input}]"),
+                        Block::ToolResult {
+                            content, is_error, ..
+                        } => {
+                            let text: String = content
+                                .iter()
+                                .map(|p| match p {
+                                    ToolResultPart::Text { text } => {
+                                        text.chars().take(2000).collect::<String>()
+                                    }
+                                    ToolResultPart::Image { .. } => "[image]".into(),
+                                })
+                                .collect();
+                            format!(
+                                "[tool result{}: {text}]",
+                                if *is_error { " (error)" } else { "" }
+                            )
+                        }
+                        Block::Image { .. } => "[image]".into(),
+                        Block::Thinking { .. } => String::new(),
+                    })
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                format!("{who}: {}", body.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        let request = |m: &ModelRef| {
+            let info = catalog::lookup(&m.model, self.model_overrides(m));
+            ModelRequest {
+                model: m.model.clone(),
+                system: "You summarise conversations between a user and an AI agent that works in a sandbox. Keep facts, decisions, file names, commands that worked, open tasks and the user's preferences. Be concise.".into(),
+                messages: vec![Message::user_text(format!(
+                    "Summarise this earlier part of our conversation so that you can continue the work from the summary alone:\n\n{transcript}"
+                ))],
+                tools: Vec::new(),
+                max_tokens: info.max_output_tokens.min(4096),
+                thinking: crate::config::ThinkingLevel::Off,
+                reasoning: false,
+            }
+        };
+        let (silent, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut failures = HashMap::new();
+        let routed = self
+            .router
+            .call(candidates, &mut failures, request, &silent, cancel)
+            .await
+            .map_err(|e| GatewayError::Prompt(format!("compaction failed: {e}")))?;
+        let summary_text = Message {
+            role: Role::Assistant,
+            content: routed.response.content,
+        }
+        .text();
+        let summary = Message::user_text(format!(
+            "[Summary of the earlier conversation]\n{summary_text}"
+        ));
+        self.store.compact(&session.id, upto, summary).await?;
+        let _ = events.send(AgentEvent::Compacted {
+            summarized_messages: older.len(),
+        });
+        Ok(Some(older.len()))
+    }
+
+    pub(crate) fn model_overrides(&self, m: &ModelRef) -> Option<&serde_json::Value> {
+        self.config
+            .llm
+            .providers
+            .get(&m.provider)
+            .and_then(|p| p.models.get(&m.model))
+    }
+}
+
+impl Run<'_> {
+    fn send(&self, e: AgentEvent) {
+        let _ = self.events.send(e);
+    }
+
+    async fn go(self) -> Result<(), GatewayError> {
+        let inner = self.inner;
+        let agent_name = self.req.agent.clone();
+        let agent = inner.agent(&agent_name)?.clone();
+        let key = self.req.session_key.clone();
+        let channel = self.req.channel();
+
+        // One prompt at a time per session key.
+        let lock = inner.session_lock(&key);
+        let _guard = if self.req.wait {
+            tokio::select! {
+                g = lock.lock_owned() => g,
+                _ = self.cancel.cancelled() => {
+                    self.send(AgentEvent::Error { message: "cancelled while waiting for the session".into(), kind: None, hint: None });
+                    return Ok(());
+                }
+            }
+        } else {
+            match lock.try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => {
+                    self.send(AgentEvent::Error {
+                        message: format!("session '{key}' is busy with another prompt"),
+                        kind: None,
+                        hint: Some("Wait for the running prompt to finish, or cancel it.".into()),
+                    });
+                    return Ok(());
+                }
+            }
+        };
+
+        let message = match inner
+            .hooks()
+            .pre_prompt(PrePromptEvent {
+                message: self.req.message.clone(),
+                session_key: key.clone(),
+                agent_name: agent_name.clone(),
+                channel: channel.clone(),
+            })
+            .await
+        {
+            PromptDecision::Continue(m) => m,
+            PromptDecision::Blocked(reason) => {
+                self.send(AgentEvent::Blocked { reason });
+                return Ok(());
+            }
+        };
+
+        let session = inner.session_for(&agent_name, &key, &channel).await?;
+        inner.register_session(&agent_name, &key);
+        let settings = inner.store.get_settings(&key).await?;
+        let candidates = inner.candidates(&agent_name, settings.model_override.as_deref());
+        let system = inner.system_prompt(
+            &agent_name,
+            &PromptSession {
+                channel: channel.clone(),
+                chat_id: self.req.chat_id.clone(),
+                thread_id: self.req.thread_id.clone(),
+            },
+        );
+
+        let mut history: Vec<Message> = inner
+            .store
+            .messages(&session.id, false)
+            .await?
+            .into_iter()
+            .map(|m| m.message)
+            .collect();
+        let user = Message::user_text(message);
+        let mut exchange: Vec<NewMessage> = vec![NewMessage::plain(user.clone())];
+        let mut failures = HashMap::new();
+        let mut total = Usage::default();
+        let mut switched_once = false;
+        let mut compacted = false;
+        let tool_specs = crate::tools::definitions();
+        let final_text: String;
+        let mut turn: u32 = 0;
+
+        // Compact before the first call when the context is over the threshold.
+        if let Some(first) = candidates.first() {
+            let info = catalog::lookup(&first.model, inner.model_overrides(first));
+            let threshold = first
+                .compaction_threshold
+                .unwrap_or(info.context_window.saturating_sub(16_384).max(1));
+            if estimate_tokens(&history) + estimate_tokens(std::slice::from_ref(&user)) > threshold
+                && inner
+                    .compact_session(&session, &candidates, &self.events, &self.cancel)
+                    .await?
+                    .is_some()
+            {
+                compacted = true;
+                history = inner
+                    .store
+                    .messages(&session.id, false)
+                    .await?
+                    .into_iter()
+                    .map(|m| m.message)
+                    .collect();
+            }
+        }
+
+        loop {
+            if turn >= agent.max_turns {
+                let text = format!(
+                    "Stopped after {} model turns (agents.{agent_name}.maxTurns) before the model finished. Ask it to continue, or raise maxTurns.",
+                    agent.max_turns
+                );
+                self.persist(&session, exchange, Some(&text)).await?;
+                self.send(AgentEvent::Error {
+                    message: text,
+                    kind: None,
+                    hint: None,
+                });
+                return Ok(());
+            }
+            turn += 1;
+            let mut context = history.clone();
+            context.extend(exchange.iter().map(|m| m.message.clone()));
+            let context = alternate(context);
+            self.send(AgentEvent::TurnStarted {
+                turn,
+                model: candidates.first().map(model_key).unwrap_or_default(),
+            });
+            let build = |m: &ModelRef| {
+                let info = catalog::lookup(&m.model, inner.model_overrides(m));
+                ModelRequest {
+                    model: m.model.clone(),
+                    system: system.clone(),
+                    messages: context.clone(),
+                    tools: tool_specs.clone(),
+                    max_tokens: info.max_output_tokens.min(32_000),
+                    thinking: m.thinking_level,
+                    reasoning: info.reasoning,
+                }
+            };
+            let routed = match inner
+                .router
+                .call(
+                    &candidates,
+                    &mut failures,
+                    build,
+                    &self.events,
+                    &self.cancel,
+                )
+                .await
+            {
+                Ok(r) => r,
+                Err(RouteError::Cancelled) => {
+                    self.persist(&session, exchange, Some("[cancelled by the user]"))
+                        .await?;
+                    self.send(AgentEvent::Error {
+                        message: "cancelled".into(),
+                        kind: None,
+                        hint: None,
+                    });
+                    return Ok(());
+                }
+                Err(RouteError::ContextOverflow(e)) if !compacted => {
+                    tracing::warn!(error = %e, "context overflow; compacting and retrying once");
+                    compacted = true;
+                    if inner
+                        .compact_session(&session, &candidates, &self.events, &self.cancel)
+                        .await?
+                        .is_some()
+                    {
+                        history = inner
+                            .store
+                            .messages(&session.id, false)
+                            .await?
+                            .into_iter()
+                            .map(|m| m.message)
+                            .collect();
+                    }
+                    turn -= 1;
+                    continue;
+                }
+                Err(e) => {
+                    let kind = match &e {
+                        RouteError::AllFailed { kind, .. } => Some(*kind),
+                        RouteError::ContextOverflow(_) => Some(ErrorKind::ContextOverflow),
+                        RouteError::Interrupted { error } => Some(error.kind()),
+                        _ => None,
+                    };
+                    if exchange.len() > 1 {
+                        self.persist(
+                            &session,
+                            exchange,
+                            Some("[the answer was interrupted by an error]"),
+                        )
+                        .await?;
+                    }
+                    self.send(AgentEvent::Error {
+                        message: e.to_string(),
+                        kind,
+                        hint: kind.and_then(hint_for).map(str::to_string),
+                    });
+                    return Ok(());
+                }
+            };
+            let used = model_key(&routed.model);
+            if let (Some(reason), false) = (&routed.switched, switched_once) {
+                switched_once = true;
+                let from = candidates.first().map(model_key).unwrap_or_default();
+                self.send(AgentEvent::ModelSwitched {
+                    from: from.clone(),
+                    to: used.clone(),
+                    reason: reason.clone(),
+                });
+                inner
+                    .hooks()
+                    .model_switched(&ModelSwitchedEvent {
+                        session_key: key.clone(),
+                        agent_name: agent_name.clone(),
+                        channel: channel.clone(),
+                        previous_model: from,
+                        new_model: used.clone(),
+                        reason: reason.clone(),
+                    })
+                    .await;
+            }
+            let info = catalog::lookup(&routed.model.model, inner.model_overrides(&routed.model));
+            let usage = routed.response.usage;
+            total.add(&usage);
+            self.send(AgentEvent::Usage {
+                model: used.clone(),
+                usage,
+                cost: info.cost(&usage),
+            });
+            let assistant = Message {
+                role: Role::Assistant,
+                content: routed.response.content,
+            };
+            let calls: Vec<(String, String, serde_json::Value)> = assistant
+                .tool_uses()
+                .into_iter()
+                .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
+                .collect();
+            let text = assistant.text();
+            exchange.push(NewMessage {
+                message: assistant,
+                model: Some(used.clone()),
+                usage: Some(usage),
+            });
+            if calls.is_empty() {
+                final_text = text;
+                break;
+            }
+            let mut results = Vec::with_capacity(calls.len());
+            for (id, name, input) in calls {
+                if self.cancel.is_cancelled() {
+                    results.push(result_block(
+                        &id,
+                        &ToolOutput::error("cancelled by the user before it ran"),
+                    ));
+                    continue;
+                }
+                self.send(AgentEvent::ToolCallStarted {
+                    id: id.clone(),
+                    name: name.clone(),
+                    args: input.clone(),
+                });
+                let started = Instant::now();
+                let out = match CoreToolCall::parse(&name, input) {
+                    Err(e) => ToolOutput::error(e.message),
+                    Ok(call) => {
+                        let ctx = ToolContext {
+                            session_key: Some(key.clone()),
+                            channel: Some(channel.clone()),
+                            chat_id: self.req.chat_id.clone(),
+                            thread_id: self.req.thread_id.clone(),
+                            model: Some(used.clone()),
+                            model_accepts_images: info.images,
+                        };
+                        match inner
+                            .call_core_cancellable(&agent_name, call, ctx, Some(&self.cancel))
+                            .await
+                        {
+                            Ok(out) => out,
+                            Err(e) => ToolOutput::error(format!("Error: {e}")),
+                        }
+                    }
+                };
+                self.send(AgentEvent::ToolCallFinished {
+                    id: id.clone(),
+                    name: name.clone(),
+                    output: out.joined_text(),
+                    is_error: out.is_error,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                });
+                results.push(result_block(&id, &out));
+            }
+            exchange.push(NewMessage::plain(Message {
+                role: Role::User,
+                content: results,
+            }));
+            if self.cancel.is_cancelled() {
+                self.persist(&session, exchange, Some("[cancelled by the user]"))
+                    .await?;
+                self.send(AgentEvent::Error {
+                    message: "cancelled".into(),
+                    kind: None,
+                    hint: None,
+                });
+                return Ok(());
+            }
+        }
+
+        let response = match inner
+            .hooks()
+            .post_response(PostResponseEvent {
+                response: final_text,
+                session_key: key.clone(),
+                agent_name: agent_name.clone(),
+                channel: channel.clone(),
+            })
+            .await
+        {
+            ResponseDecision::Continue(r) => r,
+            ResponseDecision::Blocked => String::new(),
+        };
+        self.persist(&session, exchange, None).await?;
+        self.send(AgentEvent::Done {
+            response,
+            session_id: session.id.clone(),
+            usage: total,
+        });
+        Ok(())
+    }
+
+    /// Store the exchange in one transaction; `note` closes an unfinished one.
+    async fn persist(
+        &self,
+        session: &SessionRecord,
+        mut exchange: Vec<NewMessage>,
+        note: Option<&str>,
+    ) -> Result<(), GatewayError> {
+        if let Some(note) = note {
+            // Every tool call needs a result before the next message.
+            if let Some(last) = exchange.last() {
+                if last.message.role == Role::Assistant {
+                    let pending: Vec<Block> = last
+                        .message
+                        .tool_uses()
+                        .into_iter()
+                        .map(|(id, _, _)| result_block(id, &ToolOutput::error(note)))
+                        .collect();
+                    if !pending.is_empty() {
+                        exchange.push(NewMessage::plain(Message {
+                            role: Role::User,
+                            content: pending,
+                        }));
+                    }
+                }
+            }
+            exchange.push(NewMessage::plain(Message::assistant_text(note)));
+        }
+        self.inner.store.append_turn(&session.id, exchange).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alternation_merges_same_roles() {
+        let m = alternate(vec![
+            Message::user_text("a"),
+            Message::user_text("b"),
+            Message::assistant_text("c"),
+        ]);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].content.len(), 2);
+    }
+
+    #[test]
+    fn channel_from_key() {
+        assert_eq!(
+            PromptRequest::new("a", "telegram:42:7", "hi").channel(),
+            "telegram"
+        );
+        let mut r = PromptRequest::new("a", "x", "hi");
+        r.channel = Some("api".into());
+        assert_eq!(r.channel(), "api");
+    }
+}

@@ -1,0 +1,1102 @@
+//! Tests of [`SqliteStore`] on a real database file in a temp dir.
+
+use std::io::{BufRead as _, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::json;
+
+use super::*;
+use crate::llm::{Block, Role, ToolResultPart};
+
+// ---- helpers ----
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("beige.db");
+    (dir, path)
+}
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(path).expect("open store")
+}
+
+fn raw(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(path).expect("raw connection")
+}
+
+fn new_session(agent: &str, key: &str) -> NewSession {
+    NewSession {
+        agent: agent.into(),
+        key: key.into(),
+        parent_id: None,
+        model: Some("anthropic/claude-sonnet-4".into()),
+    }
+}
+
+fn usage(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cache_read_tokens: 1,
+        cache_write_tokens: 2,
+    }
+}
+
+/// A complete turn: user prompt, a tool call, its result, the final answer.
+fn turn(n: usize) -> Vec<NewMessage> {
+    let call_id = format!("call_{n}");
+    vec![
+        NewMessage::plain(Message::user_text(format!("prompt {n}"))),
+        NewMessage {
+            message: Message {
+                role: Role::Assistant,
+                content: vec![Block::ToolUse {
+                    id: call_id.clone(),
+                    name: "exec".into(),
+                    input: json!({"command": format!("echo {n}")}),
+                }],
+            },
+            model: Some("anthropic/claude-sonnet-4".into()),
+            usage: Some(usage(100, 10)),
+        },
+        NewMessage::plain(Message {
+            role: Role::User,
+            content: vec![Block::ToolResult {
+                tool_use_id: call_id,
+                content: vec![ToolResultPart::Text {
+                    text: format!("{n}\n"),
+                }],
+                is_error: false,
+            }],
+        }),
+        NewMessage {
+            message: Message::assistant_text(format!("answer {n}")),
+            model: Some("anthropic/claude-sonnet-4".into()),
+            usage: Some(usage(120, 5)),
+        },
+    ]
+}
+
+fn texts(messages: &[StoredMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| match m.message.content.first() {
+            Some(Block::ToolUse { id, .. }) => format!("use:{id}"),
+            Some(Block::ToolResult { tool_use_id, .. }) => format!("result:{tool_use_id}"),
+            _ => m.message.text(),
+        })
+        .collect()
+}
+
+// ---- open, migrations, file ----
+
+#[tokio::test]
+async fn migrations_are_idempotent_and_the_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, path) = temp_db();
+
+    let store = open(&path);
+    let s = store
+        .create_session(new_session("a", "tui:a:default"))
+        .await
+        .unwrap();
+    // A second store on the same file while the first is open: nothing is re-applied.
+    let second = open(&path);
+    assert_eq!(second.get_session(&s.id).await.unwrap().unwrap().id, s.id);
+    drop((store, second));
+
+    let store = open(&path);
+    assert_eq!(
+        store
+            .current_session("tui:a:default")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        s.id
+    );
+
+    let conn = raw(&path);
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let file_mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(file_mode, 0o600);
+}
+
+#[tokio::test]
+async fn an_existing_readable_file_is_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, path) = temp_db();
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let store = open(&path);
+    store.set_offset("telegram", 1).await.unwrap();
+    let file_mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(file_mode, 0o600);
+}
+
+#[test]
+fn a_newer_database_is_refused() {
+    let (_dir, path) = temp_db();
+    drop(open(&path));
+    raw(&path)
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(
+        matches!(err, StoreError::TooNew { found, supported, .. } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("upgrade beige"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_reported_corrupt() {
+    let (_dir, path) = temp_db();
+    std::fs::write(&path, "this is not a database\n".repeat(200)).unwrap();
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("move the file aside"), "{err}");
+}
+
+#[test]
+fn a_missing_directory_is_reported() {
+    let (dir, _) = temp_db();
+    let path = dir.path().join("no/such/dir/beige.db");
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::CannotOpen { .. }), "{err:?}");
+}
+
+#[test]
+fn sqlite_errors_are_classified() {
+    let path = Path::new("/home/u/.beige/beige.db");
+    let sqlite = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+    let kind = |code| sqlite::classify(sqlite(code), path);
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_BUSY),
+        StoreError::Locked { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_LOCKED),
+        StoreError::Locked { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_CORRUPT),
+        StoreError::Corrupt { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_NOTADB),
+        StoreError::Corrupt { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_FULL),
+        StoreError::DiskFull { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_READONLY),
+        StoreError::CannotOpen { .. }
+    ));
+    assert!(matches!(
+        kind(rusqlite::ffi::SQLITE_MISUSE),
+        StoreError::Backend { .. }
+    ));
+}
+
+#[test]
+fn error_messages() {
+    let path = PathBuf::from("/home/u/.beige/beige.db");
+    insta::assert_snapshot!(StoreError::Locked { path: path.clone() }, @"the database /home/u/.beige/beige.db is locked by another process; stop the other beige gateway using this BEIGE_HOME, or wait and retry");
+    insta::assert_snapshot!(StoreError::TooNew { path: path.clone(), found: 7, supported: 1 }, @"the database /home/u/.beige/beige.db has schema version 7, but this beige only knows versions up to 1; upgrade beige, or use a backup made by this version");
+    insta::assert_snapshot!(StoreError::Corrupt { path: path.clone(), detail: "file is not a database".into() }, @"the database /home/u/.beige/beige.db is damaged or is not a beige database (file is not a database); stop beige and move the file aside (a new one is created on the next start) or restore a backup");
+    insta::assert_snapshot!(StoreError::DiskFull { path }, @"the database /home/u/.beige/beige.db cannot be written: the disk is full; free some space and retry");
+    insta::assert_snapshot!(StoreError::NotFound { what: "session", id: "s_0123".into() }, @"session s_0123 does not exist");
+}
+
+// ---- sessions ----
+
+#[tokio::test]
+async fn sessions_create_current_list_and_resume() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let key = "telegram:42";
+    assert_eq!(store.current_session(key).await.unwrap(), None);
+
+    let first = store
+        .create_session(new_session("alice", key))
+        .await
+        .unwrap();
+    assert!(
+        first.id.starts_with("s_") && first.id.len() == 18,
+        "{}",
+        first.id
+    );
+    assert!(first.id[2..].chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(first.model.as_deref(), Some("anthropic/claude-sonnet-4"));
+    assert_eq!(store.current_session(key).await.unwrap().unwrap(), first);
+
+    // `/new`: a new current session; the old one stays.
+    let second = store
+        .create_session(new_session("alice", key))
+        .await
+        .unwrap();
+    assert_ne!(first.id, second.id);
+    assert_eq!(
+        store.current_session(key).await.unwrap().unwrap().id,
+        second.id
+    );
+    assert_eq!(store.get_session(&first.id).await.unwrap().unwrap(), first);
+
+    let other = store
+        .create_session(new_session("bob", "tui:bob:default"))
+        .await
+        .unwrap();
+    let listed = store.list_sessions("alice").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [second.id.as_str(), first.id.as_str()]
+    );
+    assert_eq!(
+        store.list_sessions("bob").await.unwrap(),
+        std::slice::from_ref(&other)
+    );
+    assert_eq!(store.list_sessions("nobody").await.unwrap(), []);
+
+    // `/resume`.
+    let resumed = store.set_current_session(key, &first.id).await.unwrap();
+    assert_eq!(resumed.id, first.id);
+    assert_eq!(
+        store.current_session(key).await.unwrap().unwrap().id,
+        first.id
+    );
+    let err = store
+        .set_current_session(key, "s_missing")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+
+    // Sub-sessions name an existing parent.
+    let child = store
+        .create_session(NewSession {
+            parent_id: Some(first.id.clone()),
+            ..new_session("alice", "tool:alice:sub")
+        })
+        .await
+        .unwrap();
+    assert_eq!(child.parent_id.as_deref(), Some(first.id.as_str()));
+    let err = store
+        .create_session(NewSession {
+            parent_id: Some("s_missing".into()),
+            ..new_session("alice", "tool:alice:sub2")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    assert_eq!(
+        store.current_session("tool:alice:sub2").await.unwrap(),
+        None
+    );
+
+    // Title, model, touch.
+    store
+        .set_session_title(&other.id, "hand-made")
+        .await
+        .unwrap();
+    store
+        .set_session_model(&other.id, "openai/gpt-5")
+        .await
+        .unwrap();
+    store.touch(&other.id).await.unwrap();
+    let other2 = store.get_session(&other.id).await.unwrap().unwrap();
+    assert_eq!(other2.title.as_deref(), Some("hand-made"));
+    assert_eq!(other2.model.as_deref(), Some("openai/gpt-5"));
+    assert!(other2.updated >= other.updated);
+    for err in [
+        store.set_session_title("s_missing", "x").await.unwrap_err(),
+        store.set_session_model("s_missing", "x").await.unwrap_err(),
+        store.touch("s_missing").await.unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    }
+    assert_eq!(store.get_session("s_missing").await.unwrap(), None);
+}
+
+#[test]
+fn titles_are_collapsed_and_shortened() {
+    assert_eq!(title_from("  hello \n  world "), Some("hello world".into()));
+    assert_eq!(title_from(" \n\t"), None);
+    let long = "word ".repeat(40);
+    let title = title_from(&long).unwrap();
+    assert_eq!(title.chars().count(), TITLE_MAX_CHARS);
+    assert!(title.ends_with("word…"), "{title}");
+    let exact = "é".repeat(TITLE_MAX_CHARS);
+    assert_eq!(title_from(&exact), Some(exact));
+}
+
+// ---- messages ----
+
+#[tokio::test]
+async fn append_turn_orders_titles_and_counts() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+
+    // A turn whose first user message is a tool result only does not set the title.
+    let ids = store.append_turn(&s.id, turn(1)).await.unwrap();
+    assert_eq!(ids.len(), 4);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    let after = store.get_session(&s.id).await.unwrap().unwrap();
+    assert_eq!(after.title.as_deref(), Some("prompt 1"));
+    store.append_turn(&s.id, turn(2)).await.unwrap();
+    assert_eq!(
+        store.append_turn(&s.id, vec![]).await.unwrap(),
+        Vec::<i64>::new()
+    );
+
+    let s2 = store.get_session(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        s2.title.as_deref(),
+        Some("prompt 1"),
+        "the first user message stays the title"
+    );
+    assert_eq!(s2.message_count, 8);
+    assert_eq!(
+        s2.usage,
+        Usage {
+            input_tokens: 440,
+            output_tokens: 30,
+            cache_read_tokens: 4,
+            cache_write_tokens: 8
+        }
+    );
+
+    let messages = store.messages(&s.id, false).await.unwrap();
+    assert_eq!(
+        texts(&messages),
+        [
+            "prompt 1",
+            "use:call_1",
+            "result:call_1",
+            "answer 1",
+            "prompt 2",
+            "use:call_2",
+            "result:call_2",
+            "answer 2"
+        ]
+    );
+    assert_eq!(
+        messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        (1..=8).collect::<Vec<_>>()
+    );
+    assert_eq!(messages[0].model, None);
+    assert_eq!(messages[0].usage, None);
+    assert_eq!(
+        messages[1].model.as_deref(),
+        Some("anthropic/claude-sonnet-4")
+    );
+    assert_eq!(messages[1].usage, Some(usage(100, 10)));
+    assert!(messages.iter().all(|m| !m.compacted && !m.summary));
+
+    let err = store.append_turn("s_missing", turn(3)).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    let err = store.messages("s_missing", true).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_failure_mid_turn_stores_nothing_of_the_turn() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    let before = store.get_session(&s.id).await.unwrap().unwrap();
+
+    // Inject a failure at the third insert of the turn, from another connection.
+    raw(&path)
+        .execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON messages WHEN NEW.content LIKE '%POISON%'
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+        )
+        .unwrap();
+    let mut bad = turn(1);
+    bad[2] = NewMessage::plain(Message::user_text("POISON"));
+    let err = store.append_turn(&s.id, bad).await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+
+    assert_eq!(store.messages(&s.id, true).await.unwrap(), []);
+    let after = store.get_session(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        after, before,
+        "no title, no count, no `updated` from the failed turn"
+    );
+
+    // The next turn starts cleanly at seq 1.
+    raw(&path).execute_batch("DROP TRIGGER poison").unwrap();
+    store.append_turn(&s.id, turn(2)).await.unwrap();
+    let messages = store.messages(&s.id, true).await.unwrap();
+    assert_eq!(messages.first().map(|m| m.seq), Some(1));
+    assert_eq!(messages.len(), 4);
+}
+
+#[tokio::test]
+async fn every_block_kind_round_trips() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    let user = Message {
+        role: Role::User,
+        content: vec![
+            Block::Text {
+                text: "look at this ✓ \"quoted\"\n".into(),
+            },
+            Block::Image {
+                data: "iVBORw0KGgo=".into(),
+                mime_type: "image/png".into(),
+            },
+            Block::ToolResult {
+                tool_use_id: "t1".into(),
+                content: vec![
+                    ToolResultPart::Text { text: "out".into() },
+                    ToolResultPart::Image {
+                        data: "R0lGOD==".into(),
+                        mime_type: "image/gif".into(),
+                    },
+                ],
+                is_error: true,
+            },
+        ],
+    };
+    let assistant = Message {
+        role: Role::Assistant,
+        content: vec![
+            Block::Thinking {
+                thinking: "hmm".into(),
+                signature: Some("sig==".into()),
+            },
+            Block::Thinking {
+                thinking: "no signature".into(),
+                signature: None,
+            },
+            Block::ToolUse {
+                id: "t2".into(),
+                name: "write".into(),
+                input: json!({"path": "a.txt", "content": "x", "nested": {"n": [1, 2.5, null, true]}}),
+            },
+            Block::Text {
+                text: String::new(),
+            },
+        ],
+    };
+    store
+        .append_turn(
+            &s.id,
+            vec![
+                NewMessage::plain(user.clone()),
+                NewMessage::plain(assistant.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+    drop(store);
+    let store = open(&path);
+    let stored = store.messages(&s.id, true).await.unwrap();
+    assert_eq!(
+        stored.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
+        [user, assistant]
+    );
+}
+
+#[tokio::test]
+async fn compaction_marks_and_places_the_summary_first() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    for n in 1..=3 {
+        store.append_turn(&s.id, turn(n)).await.unwrap();
+    }
+
+    // Compact the first two turns (seq 1..=8).
+    store
+        .compact(&s.id, 8, Message::user_text("summary A"))
+        .await
+        .unwrap();
+    let context = store.messages(&s.id, false).await.unwrap();
+    assert_eq!(
+        texts(&context),
+        [
+            "summary A",
+            "prompt 3",
+            "use:call_3",
+            "result:call_3",
+            "answer 3"
+        ]
+    );
+    assert!(context[0].summary && !context[0].compacted);
+    assert!(context[1..].iter().all(|m| !m.summary && !m.compacted));
+
+    // History keeps everything, in order, with the summary after what it replaces.
+    let all = store.messages(&s.id, true).await.unwrap();
+    assert_eq!(all.len(), 13);
+    assert!(all[..8].iter().all(|m| m.compacted && !m.summary));
+    assert_eq!(all[8].message.text(), "summary A");
+    assert_eq!(
+        store
+            .get_session(&s.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .message_count,
+        12
+    );
+
+    // New turns go after the kept ones; a second compaction replaces the first summary.
+    store.append_turn(&s.id, turn(4)).await.unwrap();
+    store
+        .compact(&s.id, 12, Message::user_text("summary B"))
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&store.messages(&s.id, false).await.unwrap()),
+        [
+            "summary B",
+            "prompt 4",
+            "use:call_4",
+            "result:call_4",
+            "answer 4"
+        ]
+    );
+    // Compacting again at a boundary with nothing new fails and changes nothing.
+    let err = store
+        .compact(&s.id, 12, Message::user_text("summary C"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    // Everything compacted: the summary alone is the context, and new turns follow it.
+    store
+        .compact(&s.id, 16, Message::user_text("summary D"))
+        .await
+        .unwrap();
+    store.append_turn(&s.id, turn(5)).await.unwrap();
+    assert_eq!(
+        texts(&store.messages(&s.id, false).await.unwrap()),
+        [
+            "summary D",
+            "prompt 5",
+            "use:call_5",
+            "result:call_5",
+            "answer 5"
+        ]
+    );
+
+    let all = store.messages(&s.id, true).await.unwrap();
+    assert_eq!(all.len(), 20 + 3, "nothing was deleted");
+    assert_eq!(all.iter().filter(|m| m.summary).count(), 3);
+    assert_eq!(all.iter().filter(|m| !m.compacted).count(), 5);
+    let summaries: Vec<_> = all
+        .iter()
+        .filter(|m| m.summary)
+        .map(|m| m.message.text())
+        .collect();
+    assert_eq!(summaries, ["summary A", "summary B", "summary D"]);
+    let err = store
+        .compact("s_missing", 1, Message::user_text("x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+// ---- settings and metadata ----
+
+#[tokio::test]
+async fn settings_update_partially() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let key = "telegram:42:7";
+    assert_eq!(
+        store.get_settings(key).await.unwrap(),
+        SessionSettings::default()
+    );
+
+    let s = store
+        .update_settings(
+            key,
+            SettingsPatch {
+                verbose: Some(Some(true)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        s,
+        SessionSettings {
+            verbose: Some(true),
+            ..Default::default()
+        }
+    );
+
+    store
+        .update_settings(
+            key,
+            SettingsPatch {
+                streaming: Some(Some(false)),
+                model_override: Some(Some("openai/gpt-5".into())),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let expected = SessionSettings {
+        verbose: Some(true),
+        streaming: Some(false),
+        model_override: Some("openai/gpt-5".into()),
+    };
+    assert_eq!(store.get_settings(key).await.unwrap(), expected);
+
+    // Clearing one field leaves the others; settings outlive `/new` and restarts.
+    store
+        .update_settings(
+            key,
+            SettingsPatch {
+                verbose: Some(None),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    store.create_session(new_session("a", key)).await.unwrap();
+    drop(store);
+    let store = open(&path);
+    assert_eq!(
+        store.get_settings(key).await.unwrap(),
+        SessionSettings {
+            verbose: None,
+            ..expected
+        }
+    );
+    assert_eq!(
+        store.get_settings("telegram:43").await.unwrap(),
+        SessionSettings::default()
+    );
+}
+
+#[tokio::test]
+async fn metadata_fields_are_set_and_removed() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let key = "telegram:42";
+    assert_eq!(store.get_metadata(key).await.unwrap(), json!({}));
+    store
+        .set_metadata(
+            key,
+            "activeModel",
+            json!({"provider": "openai", "modelId": "gpt-5"}),
+        )
+        .await
+        .unwrap();
+    store.set_metadata(key, "depth", json!(1)).await.unwrap();
+    store.set_metadata(key, "depth", json!(2)).await.unwrap();
+    assert_eq!(
+        store.get_metadata(key).await.unwrap(),
+        json!({"activeModel": {"provider": "openai", "modelId": "gpt-5"}, "depth": 2})
+    );
+    store
+        .set_metadata(key, "activeModel", serde_json::Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(store.get_metadata(key).await.unwrap(), json!({"depth": 2}));
+    assert_eq!(store.get_metadata("other").await.unwrap(), json!({}));
+    // Metadata and settings share the key's row without clobbering each other.
+    store
+        .update_settings(
+            key,
+            SettingsPatch {
+                verbose: Some(Some(true)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.get_metadata(key).await.unwrap(), json!({"depth": 2}));
+}
+
+// ---- health ----
+
+#[tokio::test]
+async fn health_survives_a_restart() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let limited = HealthRecord {
+        model_key: "openrouter/meta/llama-3".into(),
+        cooldown_until: Some(now_ms() + 300_000),
+        consecutive_failures: 2,
+        last_error: Some("429 rate limited".into()),
+    };
+    let failing = HealthRecord {
+        model_key: "anthropic/claude-sonnet-4".into(),
+        cooldown_until: None,
+        consecutive_failures: 1,
+        last_error: Some("529 overloaded".into()),
+    };
+    store.save_health(limited.clone()).await.unwrap();
+    store.save_health(failing.clone()).await.unwrap();
+    let updated = HealthRecord {
+        consecutive_failures: 3,
+        ..limited.clone()
+    };
+    store.save_health(updated.clone()).await.unwrap();
+    drop(store);
+
+    let store = open(&path);
+    assert_eq!(
+        store.load_health().await.unwrap(),
+        [failing.clone(), updated]
+    );
+    store.clear_health("openrouter/meta/llama-3").await.unwrap();
+    store.clear_health("never/stored").await.unwrap();
+    assert_eq!(store.load_health().await.unwrap(), [failing]);
+}
+
+// ---- channels ----
+
+#[tokio::test]
+async fn offsets_dedup_and_outbox_retry() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+
+    assert_eq!(store.get_offset("telegram").await.unwrap(), None);
+    store.set_offset("telegram", 1001).await.unwrap();
+    store.set_offset("telegram", 1002).await.unwrap();
+    assert_eq!(store.get_offset("telegram").await.unwrap(), Some(1002));
+    assert_eq!(store.get_offset("other").await.unwrap(), None);
+
+    assert!(store.mark_seen("telegram", 1001).await.unwrap());
+    assert!(!store.mark_seen("telegram", 1001).await.unwrap());
+    assert!(
+        store.mark_seen("other", 1001).await.unwrap(),
+        "channels are separate"
+    );
+
+    // The window keeps the newest SEEN_WINDOW ids.
+    for id in 0..SEEN_WINDOW as i64 {
+        assert!(store.mark_seen("telegram", 5000 + id).await.unwrap());
+    }
+    assert!(
+        !store.mark_seen("telegram", 5000).await.unwrap(),
+        "inside the window"
+    );
+    assert!(
+        store.mark_seen("telegram", 1001).await.unwrap(),
+        "pruned, so new again"
+    );
+    let kept: i64 = raw(&path)
+        .query_row(
+            "SELECT COUNT(*) FROM channel_seen WHERE channel = 'telegram'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(kept, SEEN_WINDOW as i64);
+    assert!(
+        !store.mark_seen("other", 1001).await.unwrap(),
+        "other channels are not pruned"
+    );
+
+    // Outbox: enqueue, fail once with backoff, survive a restart, deliver once.
+    let first = store
+        .enqueue_outbox("telegram", json!({"chatId": 42, "text": "one"}))
+        .await
+        .unwrap();
+    let second = store
+        .enqueue_outbox("telegram", json!({"chatId": 42, "text": "two"}))
+        .await
+        .unwrap();
+    store
+        .enqueue_outbox("slack", json!({"text": "elsewhere"}))
+        .await
+        .unwrap();
+    assert!(first < second);
+    let now = now_ms();
+    let due = store.due_outbox("telegram", now, 10).await.unwrap();
+    assert_eq!(
+        due.iter().map(|i| i.id).collect::<Vec<_>>(),
+        [first, second]
+    );
+    assert_eq!(due[0].payload, json!({"chatId": 42, "text": "one"}));
+    assert_eq!((due[0].attempts, due[0].channel.as_str()), (0, "telegram"));
+    assert_eq!(store.due_outbox("telegram", now, 1).await.unwrap().len(), 1);
+
+    store
+        .outbox_retry(first, now + 30_000, "429 retry_after 30")
+        .await
+        .unwrap();
+    drop(store);
+    let store = open(&path);
+    let due = store.due_outbox("telegram", now, 10).await.unwrap();
+    assert_eq!(due.iter().map(|i| i.id).collect::<Vec<_>>(), [second]);
+    store.outbox_done(second).await.unwrap();
+
+    let later = store
+        .due_outbox("telegram", now + 30_000, 10)
+        .await
+        .unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].id, first);
+    assert_eq!(later[0].attempts, 1);
+    assert_eq!(later[0].next_attempt_at, now + 30_000);
+    assert_eq!(later[0].last_error.as_deref(), Some("429 retry_after 30"));
+    store.outbox_done(first).await.unwrap();
+    assert_eq!(
+        store.due_outbox("telegram", i64::MAX, 10).await.unwrap(),
+        []
+    );
+    assert_eq!(
+        store.due_outbox("slack", i64::MAX, 10).await.unwrap().len(),
+        1
+    );
+
+    let err = store.outbox_retry(first, now, "gone").await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    // Ids are never reused after delivery.
+    let third = store.enqueue_outbox("telegram", json!({})).await.unwrap();
+    assert!(third > second);
+}
+
+// ---- plugin data ----
+
+#[tokio::test]
+async fn kv_operations_and_scope_isolation() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    assert_eq!(store.kv_get("kv", "alice", "k").await.unwrap(), None);
+    store.kv_set("kv", "alice", "notes/a", "1").await.unwrap();
+    store.kv_set("kv", "alice", "notes/b", "2").await.unwrap();
+    store.kv_set("kv", "alice", "notes%c", "3").await.unwrap();
+    store.kv_set("kv", "alice", "other", "4").await.unwrap();
+    store.kv_set("kv", "alice", "notes/a", "1b").await.unwrap();
+    store.kv_set("kv", "bob", "notes/a", "bob's").await.unwrap();
+    store
+        .kv_set("other-plugin", "alice", "notes/z", "p")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store
+            .kv_get("kv", "alice", "notes/a")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("1b")
+    );
+    assert_eq!(
+        store
+            .kv_get("kv", "bob", "notes/a")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("bob's")
+    );
+    assert_eq!(
+        store.kv_list("kv", "alice", "notes/").await.unwrap(),
+        ["notes/a", "notes/b"]
+    );
+    assert_eq!(
+        store.kv_list("kv", "alice", "notes%").await.unwrap(),
+        ["notes%c"]
+    );
+    assert_eq!(store.kv_list("kv", "alice", "").await.unwrap().len(), 4);
+    assert_eq!(store.kv_list("kv", "bob", "").await.unwrap(), ["notes/a"]);
+    assert_eq!(
+        store.kv_list("other-plugin", "alice", "").await.unwrap(),
+        ["notes/z"]
+    );
+
+    assert!(store.kv_del("kv", "alice", "notes/a").await.unwrap());
+    assert!(!store.kv_del("kv", "alice", "notes/a").await.unwrap());
+    assert_eq!(store.kv_get("kv", "alice", "notes/a").await.unwrap(), None);
+    assert_eq!(
+        store
+            .kv_get("kv", "bob", "notes/a")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("bob's")
+    );
+}
+
+// ---- crash safety ----
+
+/// The database the crash child writes to.
+const CRASH_CHILD_ENV: &str = "BEIGE_STORE_CRASH_CHILD_DB";
+/// Printed by the child once it is inside the transaction of the unfinished turn.
+const CRASH_MARKER: &str = "CRASH_CHILD in-transaction";
+/// How many completed turns the child commits first.
+const CRASH_TURNS: usize = 3;
+
+/// When non-zero, [`crash_point`] stops the process after that many inserts of a turn.
+static STOP_AFTER_INSERTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Called by `append_turn` after each insert. In the crash child it reports that the
+/// transaction is open and half written, then waits for the parent's SIGKILL.
+pub(super) fn crash_point(inserted: usize) {
+    if STOP_AFTER_INSERTS.load(Ordering::SeqCst) != inserted {
+        return;
+    }
+    println!("{CRASH_MARKER}");
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::park();
+    }
+}
+
+#[tokio::test]
+#[ignore = "run by `a_crash_mid_turn_keeps_every_completed_turn` in a child process"]
+async fn crash_child() {
+    let Some(path) = std::env::var_os(CRASH_CHILD_ENV) else {
+        return;
+    };
+    let store = open(Path::new(&path));
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    for n in 1..=CRASH_TURNS {
+        store.append_turn(&s.id, turn(n)).await.unwrap();
+    }
+    println!("CRASH_CHILD session {}", s.id);
+    // Big messages overflow the page cache, so uncommitted pages reach the WAL file
+    // before the kill: recovery must ignore them, not merely never see them.
+    let big = "x".repeat(3 << 20);
+    STOP_AFTER_INSERTS.store(2, Ordering::SeqCst);
+    let unfinished = vec![
+        NewMessage::plain(Message::user_text(format!("unfinished {big}"))),
+        NewMessage::plain(Message::assistant_text(format!("unfinished {big}"))),
+        NewMessage::plain(Message::user_text("unfinished")),
+    ];
+    let _ = store.append_turn(&s.id, unfinished).await;
+    panic!("the crash point was not reached");
+}
+
+#[test]
+fn a_crash_mid_turn_keeps_every_completed_turn() {
+    use std::os::unix::process::ExitStatusExt;
+    let (_dir, path) = temp_db();
+    let test_name = format!(
+        "{}::crash_child",
+        module_path!().trim_start_matches("beige_core::")
+    );
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            test_name.as_str(),
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_CHILD_ENV, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Wait for the child to be inside the unfinished turn's transaction.
+    let stdout = child.stdout.take().unwrap();
+    let mut session_id = None;
+    let mut reached = false;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        // libtest may print `test … ` before the child's own output on the same line.
+        if let Some((_, id)) = line.split_once("CRASH_CHILD session ") {
+            session_id = Some(id.trim().to_string());
+        }
+        if line.contains(CRASH_MARKER) {
+            reached = true;
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL: no destructor, no rollback, no checkpoint.
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        reached,
+        "the child never reached the crash point ({status}):\n{stderr}"
+    );
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{stderr}");
+    let session_id = session_id.expect("the child reported its session");
+
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        wal_len > 2 << 20,
+        "uncommitted pages should have reached the WAL ({wal_len} bytes)"
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = open(&path);
+        let messages = store.messages(&session_id, true).await.unwrap();
+        let expected: Vec<String> = (1..=CRASH_TURNS)
+            .flat_map(|n| {
+                [
+                    format!("prompt {n}"),
+                    format!("use:call_{n}"),
+                    format!("result:call_{n}"),
+                    format!("answer {n}"),
+                ]
+            })
+            .collect();
+        assert_eq!(texts(&messages), expected);
+        let session = store.get_session(&session_id).await.unwrap().unwrap();
+        assert_eq!(session.message_count, 4 * CRASH_TURNS as u64);
+
+        let check: String = raw(&path)
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        let leftovers: i64 = raw(&path)
+            .query_row(
+                "SELECT COUNT(*) FROM messages WHERE content LIKE '%unfinished%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(leftovers, 0);
+
+        // The session carries on where the last completed turn ended.
+        store.append_turn(&session_id, turn(9)).await.unwrap();
+        let messages = store.messages(&session_id, true).await.unwrap();
+        assert_eq!(
+            messages.last().map(|m| m.seq),
+            Some(4 * CRASH_TURNS as i64 + 4)
+        );
+    });
+}
