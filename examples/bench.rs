@@ -10,13 +10,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
+use beige_core::llm::scripted::ScriptedProvider;
+use beige_core::llm::Block;
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::tools::{CoreToolCall, ToolContext};
-use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
 struct Figure {
     name: &'static str,
@@ -173,6 +176,126 @@ async fn tool_call_roundtrip(
     })
 }
 
+/// A scripted model for the loop benchmarks: when the last message holds a tool result
+/// it answers with text, otherwise it asks for `exec true` (or answers at once when
+/// `with_tool` is false). Labelled as what it is: not a real model.
+fn scripted(steps: usize, with_tool: bool) -> ScriptedProvider {
+    let mut p = ScriptedProvider::new("scripted");
+    for i in 0..steps {
+        p = p.then(move |req| {
+            let answered = req.messages.last().is_some_and(|m| {
+                m.content
+                    .iter()
+                    .any(|b| matches!(b, Block::ToolResult { .. }))
+            });
+            Ok(if with_tool && !answered {
+                vec![Block::ToolUse {
+                    id: format!("t{i}"),
+                    name: "exec".into(),
+                    input: serde_json::json!({"command": "true"}),
+                }]
+            } else {
+                vec![Block::Text {
+                    text: "[scripted] done".into(),
+                }]
+            })
+        });
+    }
+    p
+}
+
+async fn loop_gateway(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+    model: ScriptedProvider,
+) -> anyhow::Result<LocalGateway> {
+    let mut cfg = config(image)?;
+    cfg.llm.providers =
+        serde_json::from_value(serde_json::json!({"scripted": {"api": "anthropic-messages"}}))?;
+    if let Some(a) = cfg.agents.get_mut("bench") {
+        a.model = serde_json::from_value(
+            serde_json::json!({"provider": "scripted", "model": "scripted"}),
+        )?;
+    }
+    let docker = DockerSandbox::connect(home.hash()).await?;
+    Ok(GatewayBuilder::new(cfg, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(docker))
+        .plugin(Arc::new(NoopPlugin))
+        .provider(Arc::new(model))
+        .build()
+        .await?)
+}
+
+async fn prompt_once(gw: &LocalGateway, key: String) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let events = gw
+        .prompt(PromptRequest::new("bench", key, "go"))
+        .await?
+        .collect_all()
+        .await;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    match events.last() {
+        Some(AgentEvent::Done { .. }) => Ok(ms),
+        other => anyhow::bail!("prompt did not finish: {other:?}"),
+    }
+}
+
+/// Gateway time of one prompt with one model turn against a zero-latency scripted
+/// model: session lock, history load, prompt assembly, routing, persistence.
+async fn turn_overhead(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
+    let gw = loop_gateway(home, image, shim, scripted(250, false)).await?;
+    for i in 0..20 {
+        prompt_once(&gw, format!("api:bench:warm{i}")).await?;
+    }
+    let mut samples = Vec::new();
+    for i in 0..200 {
+        samples.push(prompt_once(&gw, format!("api:bench:s{i}")).await?);
+    }
+    gw.shutdown().await?;
+    Ok(Figure {
+        name: "turn_overhead",
+        unit: "ms",
+        samples,
+    })
+}
+
+/// 200 sessions prompting at once, each prompt one `exec true` and an answer.
+async fn concurrent_sessions(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    let gw = loop_gateway(home, image, shim, scripted(400, true)).await?;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let gw = gw.clone();
+        tasks.push(tokio::spawn(async move {
+            prompt_once(&gw, format!("api:bench:c{i}")).await
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.push(t.await??);
+    }
+    let total = started.elapsed().as_secs_f64() * 1000.0;
+    gw.shutdown().await?;
+    Ok(vec![
+        Figure {
+            name: "concurrent_sessions_prompt",
+            unit: "ms",
+            samples,
+        },
+        Figure {
+            name: "concurrent_sessions_total",
+            unit: "ms",
+            samples: vec![total],
+        },
+    ])
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let only: Vec<String> = std::env::args().skip(1).collect();
@@ -192,6 +315,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("tool_call_roundtrip") {
         figures.push(tool_call_roundtrip(&home, &image, &shim).await?);
+    }
+    if want("turn_overhead") {
+        figures.push(turn_overhead(&home, &image, &shim).await?);
+    }
+    if want("concurrent_sessions") {
+        figures.extend(concurrent_sessions(&home, &image, &shim).await?);
     }
     if want("sandbox_cold_start") {
         figures.push(sandbox_cold_start(&home, &image, &shim).await?);

@@ -26,6 +26,7 @@
 
 pub mod agent;
 pub mod audit;
+pub mod channel;
 pub mod config;
 pub mod fsutil;
 pub mod gateway;

@@ -108,6 +108,26 @@ pub struct AgentInfo {
     pub tools: Vec<String>,
     pub skills: Vec<String>,
     pub workspace_dir: PathBuf,
+    /// The `## Available Tools` block of the system prompt.
+    pub tool_context: String,
+    /// The `## Available Skills` block of the system prompt.
+    pub skill_context: String,
+}
+
+/// A model an agent may use, with its catalogue data.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedModel {
+    pub provider: String,
+    pub model: String,
+    /// `primary` or `fallback`.
+    pub role: String,
+    pub thinking_level: crate::config::ThinkingLevel,
+    #[serde(flatten)]
+    pub info: crate::llm::catalog::ModelInfo,
+    /// Present while the model cools down or after failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<ModelHealth>,
 }
 
 /// What channels and embedders talk to. Implemented in process by [`LocalGateway`].
@@ -170,7 +190,25 @@ pub trait Gateway: Send + Sync {
 
     /// Health of every model that has failed or cooled down.
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError>;
+
+    /// The models an agent may use (primary first), with catalogue data and health.
+    async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError>;
+
+    /// Agents and providers without secrets (`GET /api/config`).
+    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError>;
+
+    /// Run one of the hooks channels may trigger (`prePrompt`, `postResponse`,
+    /// `sessionCreated`, `sessionDisposed`) with a JSON event; returns the hook result
+    /// as JSON (`{}` for observers).
+    async fn run_hook(
+        &self,
+        agent: &str,
+        hook: crate::hooks::HookName,
+        event: serde_json::Value,
+    ) -> Result<serde_json::Value, GatewayError>;
 }
+
+static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// The events of one prompt. Dropping it cancels the prompt.
 pub struct AgentEventStream {
@@ -343,9 +381,24 @@ impl GatewayBuilder {
             }
         }
         ordered.extend(extra);
-        let registry =
-            PluginRegistry::build(ordered, &config, &home.root().join("data"), &package_dirs)
-                .await?;
+        let store: Arc<dyn Store> = match self.store {
+            Some(s) => s,
+            None => {
+                std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::Host {
+                    path: home.root().display().to_string(),
+                    message: e.to_string(),
+                })?;
+                Arc::new(SqliteStore::open(home.db_path())?)
+            }
+        };
+        let registry = PluginRegistry::build(
+            ordered,
+            &config,
+            &home.root().join("data"),
+            &package_dirs,
+            store.clone(),
+        )
+        .await?;
         let names: Vec<&str> = registry.tool_names().iter().map(String::as_str).collect();
         crate::config::validate_tools(&config, &config_file, &names)?;
         let skills = SkillSet::load(&config.skills, registry.skills().cloned())?;
@@ -370,10 +423,6 @@ impl GatewayBuilder {
             }
         };
 
-        let store: Arc<dyn Store> = match self.store {
-            Some(s) => s,
-            None => Arc::new(SqliteStore::open(home.db_path())?),
-        };
         let router = build_router(&config, store.clone(), self.providers).await?;
 
         let mut specs = Vec::with_capacity(config.agents.len());
@@ -561,7 +610,7 @@ struct Inner {
     /// One prompt at a time per session key.
     session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancellation of the running prompt per session key.
-    running: std::sync::Mutex<HashMap<String, CancellationToken>>,
+    running: std::sync::Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
 }
 
 /// Everything the guarded path needs to know about one call.
@@ -624,16 +673,44 @@ impl LocalGateway {
     /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
     /// and remove the sandboxes unless `gateway.keepSandboxes` is set.
     pub async fn shutdown(&self) -> Result<(), GatewayError> {
+        self.stop(self.inner.config.gateway.keep_sandboxes).await
+    }
+
+    /// Stop: cancel running prompts, fire `gatewayShutdown`, stop plugins (reverse
+    /// order), close the sockets; remove the sandboxes unless `keep_sandboxes` (an
+    /// in-place restart keeps them so the next gateway reattaches).
+    pub async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
+        for list in self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            list.iter().for_each(|(_, t)| t.cancel());
+        }
         self.inner.registry.hooks().gateway_shutdown().await;
         self.inner.registry.stop_all().await;
         self.sockets
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        if !self.inner.config.gateway.keep_sandboxes {
+        if !keep_sandboxes {
             self.inner.sandbox.remove_all().await?;
         }
         Ok(())
+    }
+
+    /// Prompts running now.
+    pub fn running_prompts(&self) -> usize {
+        self.inner
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flatten()
+            .filter(|(_, t)| !t.is_cancelled())
+            .count()
     }
 }
 
@@ -1008,6 +1085,8 @@ impl Gateway for LocalGateway {
         Ok(c.agents
             .iter()
             .map(|(name, a)| AgentInfo {
+                tool_context: self.inner.tool_context(name),
+                skill_context: self.inner.skill_context(name),
                 name: name.clone(),
                 model: model(&a.model),
                 fallback_models: a.fallback_models.iter().map(model).collect(),
@@ -1036,20 +1115,22 @@ impl Gateway for LocalGateway {
         let key = request.session_key.clone();
         let inner = self.inner.clone();
         let token = cancel.clone();
+        let id = NEXT_PROMPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        inner
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((id, token.clone()));
         tokio::spawn(async move {
-            // Register after taking the session's turn, so `cancel` hits this prompt.
-            inner
-                .running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), token.clone());
-            inner.run_prompt(request, tx, token.clone()).await;
+            inner.run_prompt(request, tx, token).await;
             let mut running = inner.running.lock().unwrap_or_else(|e| e.into_inner());
-            if running
-                .get(&key)
-                .is_some_and(|t| t.is_cancelled() || !token.is_cancelled())
-            {
-                running.remove(&key);
+            if let Some(list) = running.get_mut(&key) {
+                list.retain(|(i, _)| *i != id);
+                if list.is_empty() {
+                    running.remove(&key);
+                }
             }
         });
         Ok(AgentEventStream::new(rx, cancel))
@@ -1057,20 +1138,20 @@ impl Gateway for LocalGateway {
 
     async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
         self.inner.agent(agent)?;
-        let token = self
+        let tokens: Vec<CancellationToken> = self
             .inner
             .running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(session_key)
-            .cloned();
-        Ok(match token {
-            Some(t) if !t.is_cancelled() => {
-                t.cancel();
-                true
-            }
-            _ => false,
-        })
+            .map(|l| l.iter().map(|(_, t)| t.clone()).collect())
+            .unwrap_or_default();
+        let mut any = false;
+        for t in tokens.into_iter().filter(|t| !t.is_cancelled()) {
+            t.cancel();
+            any = true;
+        }
+        Ok(any)
     }
 
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
@@ -1208,6 +1289,124 @@ impl Gateway for LocalGateway {
 
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         Ok(self.inner.router.health.all())
+    }
+
+    async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+        let a = self.inner.agent(agent)?;
+        let health = self.inner.router.health.all();
+        Ok(std::iter::once((&a.model, "primary"))
+            .chain(a.fallback_models.iter().map(|m| (m, "fallback")))
+            .map(|(m, role)| AllowedModel {
+                provider: m.provider.clone(),
+                model: m.model.clone(),
+                role: role.to_string(),
+                thinking_level: m.thinking_level,
+                info: crate::llm::catalog::lookup(&m.model, self.inner.model_overrides(m)),
+                health: health.get(&model_key(m)).cloned(),
+            })
+            .collect())
+    }
+
+    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+        let c = &self.inner.config;
+        let providers: serde_json::Map<String, serde_json::Value> = c
+            .llm
+            .providers
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "api": p.api.or_else(|| crate::llm::default_api(name)),
+                        "baseUrl": p.base_url.clone().or_else(|| crate::llm::default_base_url(name).map(str::to_string)),
+                        "hasApiKey": p.api_key.as_deref().is_some_and(|k| !k.is_empty()),
+                        "concurrency": p.concurrency,
+                    }),
+                )
+            })
+            .collect();
+        let agents: serde_json::Map<String, serde_json::Value> = c
+            .agents
+            .iter()
+            .map(|(name, a)| {
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "model": a.model,
+                        "fallbackModels": a.fallback_models,
+                        "tools": a.tools,
+                        "skills": a.skills,
+                        "workspaceDir": c.agent_workspace(&self.inner.home, name),
+                        "sandbox": {
+                            "image": a.sandbox.image,
+                            "memoryLimit": a.sandbox.memory_limit,
+                            "network": a.sandbox.network,
+                        },
+                    }),
+                )
+            })
+            .collect();
+        Ok(serde_json::json!({"agents": agents, "providers": providers}))
+    }
+
+    async fn run_hook(
+        &self,
+        agent: &str,
+        hook: crate::hooks::HookName,
+        event: serde_json::Value,
+    ) -> Result<serde_json::Value, GatewayError> {
+        use crate::hooks::*;
+        self.inner.agent(agent)?;
+        let bad = |e: serde_json::Error| {
+            GatewayError::Prompt(format!("invalid {} event: {e}", hook.as_str()))
+        };
+        let mut event = event;
+        if let serde_json::Value::Object(o) = &mut event {
+            // Identity comes from the route, never from the body.
+            o.insert(
+                "agentName".into(),
+                serde_json::Value::String(agent.to_string()),
+            );
+            o.entry("channel")
+                .or_insert_with(|| serde_json::Value::String("api".into()));
+        }
+        let hooks = self.inner.hooks();
+        Ok(match hook {
+            HookName::PrePrompt => {
+                let e: PrePromptEvent = serde_json::from_value(event).map_err(bad)?;
+                match hooks.pre_prompt(e).await {
+                    PromptDecision::Continue(message) => serde_json::json!({"message": message}),
+                    PromptDecision::Blocked(reason) => {
+                        serde_json::json!({"block": true, "reason": reason})
+                    }
+                }
+            }
+            HookName::PostResponse => {
+                let e: PostResponseEvent = serde_json::from_value(event).map_err(bad)?;
+                match hooks.post_response(e).await {
+                    ResponseDecision::Continue(response) => {
+                        serde_json::json!({"response": response})
+                    }
+                    ResponseDecision::Blocked => serde_json::json!({"block": true}),
+                }
+            }
+            HookName::SessionCreated => {
+                let e: SessionEvent = serde_json::from_value(event).map_err(bad)?;
+                hooks.session_created(&e).await;
+                serde_json::json!({})
+            }
+            HookName::SessionDisposed => {
+                let e: SessionEvent = serde_json::from_value(event).map_err(bad)?;
+                hooks.session_disposed(&e).await;
+                serde_json::json!({})
+            }
+            other => {
+                return Err(GatewayError::Prompt(format!(
+                    "the {} hook cannot be triggered from outside the gateway",
+                    other.as_str()
+                )))
+            }
+        })
     }
 }
 

@@ -182,13 +182,11 @@ impl Inner {
         Ok(s)
     }
 
-    /// The system prompt for an agent and session.
-    pub(crate) fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
+    fn prompt_tools(&self, agent: &str) -> Vec<PromptTool> {
         let Some(a) = self.config.agents.get(agent) else {
-            return String::new();
+            return Vec::new();
         };
-        let tools: Vec<PromptTool> = a
-            .tools
+        a.tools
             .iter()
             .filter_map(|t| self.registry.tool(t))
             .map(|r| PromptTool {
@@ -196,9 +194,14 @@ impl Inner {
                 description: r.tool.description().to_string(),
                 commands: r.tool.commands(),
             })
-            .collect();
-        let skills: Vec<PromptSkill> = a
-            .skills
+            .collect()
+    }
+
+    fn prompt_skills(&self, agent: &str) -> Vec<PromptSkill> {
+        let Some(a) = self.config.agents.get(agent) else {
+            return Vec::new();
+        };
+        a.skills
             .iter()
             .filter_map(|s| {
                 let def = self.skills.get(s)?;
@@ -208,7 +211,23 @@ impl Inner {
                     context: None,
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// The tools block of an agent's system prompt.
+    pub(crate) fn tool_context(&self, agent: &str) -> String {
+        prompt::tool_context(&self.prompt_tools(agent))
+    }
+
+    /// The skills block of an agent's system prompt.
+    pub(crate) fn skill_context(&self, agent: &str) -> String {
+        prompt::skill_context(&self.prompt_skills(agent))
+    }
+
+    /// The system prompt for an agent and session.
+    pub(crate) fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
+        let tools = self.prompt_tools(agent);
+        let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let agents_md = std::fs::read_to_string(workspace.join("AGENTS.md")).ok();
         prompt::assemble(agent, &tools, &skills, session, agents_md.as_deref())

@@ -1,19 +1,16 @@
 //! The built-in `kv` plugin: a small key-value store per agent, and the worked example
 //! for plugin authors (`docs/plugins.md` quotes it).
 //!
-//! Owns the `kv` tool (`kv get|set|del|list`), its limits, and the files under its data
-//! folder: `<data_dir>/<agent>.json`, one JSON object per agent, replaced atomically on
-//! every change. An agent only ever reaches its own file, because the agent comes from the
-//! socket the call arrived on, never from the arguments. The plugin also ships the docs
-//! agents read at `/tools/packages/kv/` ([`SKILL_MD`], [`README_MD`],
-//! [`write_package_dir`]). It does not decide who may call it (policy) or record calls
-//! (audit).
+//! Owns the `kv` tool (`kv get|set|del|list`) and its limits. The pairs live in the
+//! gateway's store (`<BEIGE_HOME>/beige.db`, the table of plugin data) under plugin `kv`,
+//! scoped by agent; no file of them exists for agents to see. An agent only ever reaches
+//! its own pairs, because the agent comes from the socket the call arrived on, never from
+//! the arguments. The plugin also ships the docs agents read at `/tools/packages/kv/`
+//! ([`SKILL_MD`], [`README_MD`], [`write_package_dir`]). It does not decide who may call
+//! it (policy), record calls (audit) or own the database (the store does).
 
-use std::collections::btree_map::BTreeMap;
-use std::collections::hash_map::{Entry, HashMap};
 use std::io::Write;
-use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -21,6 +18,10 @@ use tokio::sync::Mutex;
 
 use super::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 use crate::config::is_valid_agent_name;
+use crate::store::{Store, StoreError};
+
+/// The plugin name the pairs are stored under.
+const PLUGIN: &str = "kv";
 
 /// How an agent uses `kv` from a shell; mounted at `/tools/packages/kv/SKILL.md`.
 pub const SKILL_MD: &str = include_str!("kv/SKILL.md");
@@ -60,7 +61,7 @@ impl Plugin for KvPlugin {
 
     async fn register(&self, ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
         reg.tool(Arc::new(KvTool {
-            store: Store::new(ctx.data_dir.clone()),
+            store: KvStore::new(ctx.store.clone()),
         }))
     }
 }
@@ -82,7 +83,7 @@ pub fn write_package_dir(dir: &Path) -> std::io::Result<()> {
 /// The `kv` tool: parses the command line, applies the limits, and asks the store.
 #[derive(Debug)]
 struct KvTool {
-    store: Store,
+    store: KvStore,
 }
 
 #[async_trait]
@@ -242,26 +243,28 @@ fn check_key(key: &str) -> Result<(), String> {
     }
 }
 
-/// Where the pairs live: `<dir>/<agent>.json`, read on an agent's first call, kept in
-/// memory, and rewritten atomically on every change. The tool knows storage only through
-/// these four methods, so a database can replace this struct without touching the tool.
+/// The tool's view of the gateway's store: the rows of plugin `kv` whose scope is the
+/// calling agent (the `plugin_kv` table of `beige.db`). The tool knows storage only
+/// through these four methods.
 #[derive(Debug)]
-struct Store {
-    dir: PathBuf,
-    agents: Mutex<HashMap<String, BTreeMap<String, String>>>,
+struct KvStore {
+    store: Arc<dyn Store>,
+    /// Held across the key-count check and the write of `set`, so two concurrent sets of
+    /// new keys cannot both pass the `maxKeys` check.
+    set_lock: Mutex<()>,
 }
 
-impl Store {
-    fn new(dir: PathBuf) -> Self {
+impl KvStore {
+    fn new(store: Arc<dyn Store>) -> Self {
         Self {
-            dir,
-            agents: Mutex::new(HashMap::new()),
+            store,
+            set_lock: Mutex::new(()),
         }
     }
 
     async fn get(&self, agent: &str, key: &str) -> Result<Option<String>, ToolError> {
-        let mut agents = self.agents.lock().await;
-        Ok(self.entries(&mut agents, agent).await?.get(key).cloned())
+        let scope = scope(agent)?;
+        self.store.kv_get(PLUGIN, scope, key).await.map_err(failed)
     }
 
     /// Store `value`; `false` (nothing stored) when `key` is new and the agent already
@@ -273,98 +276,60 @@ impl Store {
         value: String,
         max_keys: u64,
     ) -> Result<bool, ToolError> {
-        let mut agents = self.agents.lock().await;
-        let entries = self.entries(&mut agents, agent).await?;
-        let held = u64::try_from(entries.len()).unwrap_or(u64::MAX);
-        if !entries.contains_key(&key) && held >= max_keys {
-            return Ok(false);
+        let scope = scope(agent)?;
+        let _guard = self.set_lock.lock().await;
+        let exists = self
+            .store
+            .kv_get(PLUGIN, scope, &key)
+            .await
+            .map_err(failed)?
+            .is_some();
+        if !exists {
+            let keys = self
+                .store
+                .kv_list(PLUGIN, scope, "")
+                .await
+                .map_err(failed)?;
+            let held = u64::try_from(keys.len()).unwrap_or(u64::MAX);
+            if held >= max_keys {
+                return Ok(false);
+            }
         }
-        let previous = entries.insert(key.clone(), value);
-        if let Err(e) = self.save(agent, entries).await {
-            // Keep memory equal to disk.
-            match previous {
-                Some(old) => entries.insert(key, old),
-                None => entries.remove(&key),
-            };
-            return Err(e);
-        }
+        self.store
+            .kv_set(PLUGIN, scope, &key, &value)
+            .await
+            .map_err(failed)?;
         Ok(true)
     }
 
     /// Delete `key`; `false` when it did not exist.
     async fn del(&self, agent: &str, key: &str) -> Result<bool, ToolError> {
-        let mut agents = self.agents.lock().await;
-        let entries = self.entries(&mut agents, agent).await?;
-        let Some(old) = entries.remove(key) else {
-            return Ok(false);
-        };
-        if let Err(e) = self.save(agent, entries).await {
-            entries.insert(key.to_string(), old);
-            return Err(e);
-        }
-        Ok(true)
+        let scope = scope(agent)?;
+        self.store.kv_del(PLUGIN, scope, key).await.map_err(failed)
     }
 
     /// Keys starting with `prefix`, sorted.
     async fn list(&self, agent: &str, prefix: &str) -> Result<Vec<String>, ToolError> {
-        let mut agents = self.agents.lock().await;
-        let entries = self.entries(&mut agents, agent).await?;
-        Ok(entries
-            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
-            .collect())
-    }
-
-    /// The agent's pairs, loaded from its file on first use. A file that cannot be read
-    /// is reported on every call and never overwritten.
-    async fn entries<'a>(
-        &self,
-        agents: &'a mut HashMap<String, BTreeMap<String, String>>,
-        agent: &str,
-    ) -> Result<&'a mut BTreeMap<String, String>, ToolError> {
-        match agents.entry(agent.to_string()) {
-            Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
-                let path = self.path(agent)?;
-                let loaded = match tokio::fs::read(&path).await {
-                    Ok(bytes) => serde_json::from_slice(&bytes).map_err(|err| {
-                        ToolError::Failed(format!(
-                            "{} is not a valid kv file ({err}); fix it or move it away",
-                            path.display()
-                        ))
-                    })?,
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-                    Err(err) => {
-                        return Err(ToolError::Failed(format!(
-                            "cannot read {}: {err}",
-                            path.display()
-                        )))
-                    }
-                };
-                Ok(e.insert(loaded))
-            }
-        }
-    }
-
-    async fn save(&self, agent: &str, entries: &BTreeMap<String, String>) -> Result<(), ToolError> {
-        let path = self.path(agent)?;
-        let bytes = serde_json::to_vec_pretty(entries)
-            .map_err(|e| ToolError::Failed(format!("cannot encode the store: {e}")))?;
-        let target = path.clone();
-        tokio::task::spawn_blocking(move || write_atomic(&target, &bytes))
+        let scope = scope(agent)?;
+        self.store
+            .kv_list(PLUGIN, scope, prefix)
             .await
-            .map_err(|e| ToolError::Failed(format!("the write was interrupted: {e}")))?
-            .map_err(|e| ToolError::Failed(format!("cannot save {}: {e}", path.display())))
+            .map_err(failed)
     }
+}
 
-    fn path(&self, agent: &str) -> Result<PathBuf, ToolError> {
-        // The gateway validated the name already; the file name depends on it, so check.
-        if !is_valid_agent_name(agent) {
-            return Err(ToolError::Failed(format!("invalid agent name {agent:?}")));
-        }
-        Ok(self.dir.join(format!("{agent}.json")))
+/// The store scope of `agent`'s pairs: its name. The gateway validated the name already;
+/// the scope is what keeps agents apart, so check it again.
+fn scope(agent: &str) -> Result<&str, ToolError> {
+    if is_valid_agent_name(agent) {
+        Ok(agent)
+    } else {
+        Err(ToolError::Failed(format!("invalid agent name {agent:?}")))
     }
+}
+
+fn failed(e: StoreError) -> ToolError {
+    ToolError::Failed(e.to_string())
 }
 
 /// Replace `path` with `bytes` so that readers see the old file or the new one, never
@@ -395,7 +360,10 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::plugin::{PluginRegistry, SessionInfo};
+    use crate::store::SqliteStore;
     use serde_json::json;
+    use std::collections::HashMap;
+    use std::path::PathBuf;
 
     fn config(kv: serde_json::Value, b_override: serde_json::Value) -> Config {
         serde_json::from_value(json!({
@@ -410,14 +378,19 @@ mod tests {
         .unwrap()
     }
 
-    /// Registers a fresh `KvPlugin` the way the gateway does; the store lives in
-    /// `<root>/kv/`.
-    async fn registry(root: &Path, config: &Config) -> PluginRegistry {
+    /// Opens (or reopens) the database `<root>/beige.db`.
+    fn open_store(root: &Path) -> Arc<dyn Store> {
+        Arc::new(SqliteStore::open(root.join("beige.db")).unwrap())
+    }
+
+    /// Registers a fresh `KvPlugin` on `store` the way the gateway does.
+    async fn registry(root: &Path, config: &Config, store: Arc<dyn Store>) -> PluginRegistry {
         PluginRegistry::build(
             vec![Arc::new(KvPlugin::new())],
             config,
             root,
             &HashMap::new(),
+            store,
         )
         .await
         .unwrap()
@@ -429,14 +402,23 @@ mod tests {
     }
 
     impl Kv {
+        /// A fresh `KvPlugin` on the database `<root>/beige.db` (opened anew).
         async fn new(root: &Path) -> Self {
+            Self::on(root, open_store(root)).await
+        }
+
+        /// A fresh `KvPlugin` on `store`.
+        async fn on(root: &Path, store: Arc<dyn Store>) -> Self {
             let config = config(json!({}), json!({}));
-            Self::with_config(root, config).await
+            Self {
+                registry: registry(root, &config, store).await,
+                config,
+            }
         }
 
         async fn with_config(root: &Path, config: Config) -> Self {
             Self {
-                registry: registry(root, &config).await,
+                registry: registry(root, &config, open_store(root)).await,
                 config,
             }
         }
@@ -513,21 +495,41 @@ mod tests {
     #[tokio::test]
     async fn persists_across_instances() {
         let dir = tempfile::tempdir().unwrap();
+        let store = open_store(dir.path());
         {
-            let kv = Kv::new(dir.path()).await;
+            let kv = Kv::on(dir.path(), store.clone()).await;
             kv.run("a", &["set", "k", "v1"]).await;
             kv.run("a", &["set", "gone", "x"]).await;
             kv.run("a", &["del", "gone"]).await;
         }
-        let on_disk: BTreeMap<String, String> =
-            serde_json::from_slice(&std::fs::read(dir.path().join("kv/a.json")).unwrap()).unwrap();
+        // The pairs are rows of plugin `kv`, scoped by agent.
+        assert_eq!(store.kv_list("kv", "a", "").await.unwrap(), ["k"]);
         assert_eq!(
-            on_disk,
-            BTreeMap::from([("k".to_string(), "v1".to_string())])
+            store.kv_get("kv", "a", "k").await.unwrap().as_deref(),
+            Some("v1")
         );
-        let kv = Kv::new(dir.path()).await;
+        let kv = Kv::on(dir.path(), store).await;
         assert_eq!(kv.run("a", &["get", "k"]).await, ok("v1\n"));
         assert_eq!(kv.run("a", &["list"]).await, ok("k\n"));
+    }
+
+    #[tokio::test]
+    async fn survives_reopening_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let kv = Kv::new(dir.path()).await;
+            kv.run("a", &["set", "k", "v1"]).await;
+            kv.run("b", &["set", "k", "v2"]).await;
+        }
+        let store = open_store(dir.path());
+        // Another plugin's pairs under the same scope and key are separate.
+        store.kv_set("other", "a", "k", "not kv's").await.unwrap();
+        let kv = Kv::on(dir.path(), store).await;
+        assert_eq!(kv.run("a", &["get", "k"]).await, ok("v1\n"));
+        assert_eq!(kv.run("b", &["get", "k"]).await, ok("v2\n"));
+        assert_eq!(kv.run("a", &["list"]).await, ok("k\n"));
+        // Nothing lands in the plugin's data folder.
+        assert_eq!(std::fs::read_dir(dir.path().join("kv")).unwrap().count(), 0);
     }
 
     #[tokio::test]
@@ -541,7 +543,7 @@ mod tests {
         kv.run("b", &["set", "secret", "b's"]).await;
         assert_eq!(kv.run("a", &["get", "secret"]).await, ok("a's\n"));
         assert_eq!(kv.run("b", &["get", "secret"]).await, ok("b's\n"));
-        // A name that is not a valid agent name never becomes a path.
+        // A name that is not a valid agent name never becomes a scope.
         let call = ToolCall {
             tool: "kv".into(),
             args: vec!["list".into()],
@@ -638,52 +640,6 @@ mod tests {
                 .to_string()
                 .contains("must be a whole number ≥ 0, not \"lots\""),
             "{call_err}"
-        );
-    }
-
-    #[tokio::test]
-    async fn atomic_writes_leave_no_temp_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::new(dir.path()).await;
-        for i in 0..20 {
-            kv.run("a", &["set", &format!("k{i}"), "v"]).await;
-            kv.run("b", &["set", "k", &i.to_string()]).await;
-        }
-        kv.run("a", &["del", "k0"]).await;
-        let mut files: Vec<String> = std::fs::read_dir(dir.path().join("kv"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        files.sort();
-        assert_eq!(files, ["a.json", "b.json"]);
-    }
-
-    #[tokio::test]
-    async fn a_broken_file_is_reported_and_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::new(dir.path()).await;
-        std::fs::write(dir.path().join("kv/a.json"), "{not json").unwrap();
-        let call = |args: &[&str]| ToolCall {
-            tool: "kv".into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            stdin: None,
-            cwd: None,
-            workspace: PathBuf::new(),
-            session: SessionInfo {
-                agent: "a".into(),
-                ..SessionInfo::default()
-            },
-            config: json!({}),
-        };
-        let tool = kv.registry.tool("kv").unwrap().tool.clone();
-        let err = tool.call(call(&["set", "k", "v"])).await.unwrap_err();
-        assert!(
-            err.to_string().contains("a.json is not a valid kv file"),
-            "{err}"
-        );
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("kv/a.json")).unwrap(),
-            "{not json"
         );
     }
 

@@ -121,6 +121,10 @@ pub struct PluginContext {
     pub config: serde_json::Value,
     /// `<BEIGE_HOME>/data/<plugin>/`, created before `register`.
     pub data_dir: PathBuf,
+    /// The gateway's store (`<BEIGE_HOME>/beige.db`), where plugin data goes: key-value
+    /// pairs scoped by plugin name and a scope (usually the calling agent). A plugin uses
+    /// its own name as `plugin` and never another plugin's.
+    pub store: Arc<dyn crate::store::Store>,
     /// Where the plugin's docs (`SKILL.md`, `README.md`) live, mounted at
     /// `/tools/packages/<tool>/` for each of its tools; `None` for none.
     pub package_dir: Option<PathBuf>,

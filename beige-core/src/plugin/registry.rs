@@ -93,12 +93,14 @@ pub struct PluginRegistry {
 }
 
 impl PluginRegistry {
-    /// Register `plugins` (already in config order).
+    /// Register `plugins` (already in config order). Every plugin gets `store`, the
+    /// gateway's store, for its data.
     pub async fn build(
         plugins: Vec<Arc<dyn Plugin>>,
         config: &Config,
         data_root: &std::path::Path,
         package_dirs: &HashMap<String, PathBuf>,
+        store: Arc<dyn crate::store::Store>,
     ) -> Result<Self, PluginError> {
         let mut tools: HashMap<String, RegisteredTool> = HashMap::new();
         let mut tool_order = Vec::new();
@@ -119,6 +121,7 @@ impl PluginRegistry {
                     .unwrap_or_else(|| serde_json::json!({})),
                 data_dir,
                 package_dir: package_dirs.get(&name).cloned(),
+                store: store.clone(),
             };
             let mut reg = Registrar::new(&name, ctx.package_dir.clone());
             plugin.register(&ctx, &mut reg).await?;
@@ -275,6 +278,10 @@ mod tests {
         }
     }
 
+    fn store(dir: &std::path::Path) -> Arc<dyn crate::store::Store> {
+        Arc::new(crate::store::SqliteStore::open(dir.join("beige.db")).unwrap())
+    }
+
     fn config() -> Config {
         serde_json::from_value(json!({
             "llm": {"providers": {"anthropic": {}}},
@@ -288,12 +295,14 @@ mod tests {
     #[tokio::test]
     async fn naming_rules_and_uniqueness() {
         let dir = tempfile::tempdir().unwrap();
+        let db = store(dir.path());
         let c = config();
         let ok = PluginRegistry::build(
             vec![Arc::new(P("git", vec!["git", "git.log"]))],
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap();
@@ -303,6 +312,7 @@ mod tests {
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap_err();
@@ -312,6 +322,7 @@ mod tests {
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap_err();
@@ -321,6 +332,7 @@ mod tests {
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap_err();
@@ -330,6 +342,7 @@ mod tests {
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap_err();
@@ -339,12 +352,14 @@ mod tests {
     #[tokio::test]
     async fn per_agent_config_is_deep_merged() {
         let dir = tempfile::tempdir().unwrap();
+        let db = store(dir.path());
         let c = config();
         let r = PluginRegistry::build(
             vec![Arc::new(P("git", vec!["git", "git.log"]))],
             &c,
             dir.path(),
             &HashMap::new(),
+            db.clone(),
         )
         .await
         .unwrap();
