@@ -4,9 +4,11 @@
 
 use std::path::PathBuf;
 
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand};
+use clap_complete::Shell;
 
-/// Where commands that talk to a running gateway find it by default.
+/// Where commands that talk to a running gateway find it when neither `--gateway` nor the
+/// config says otherwise.
 pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:7433";
 
 /// beige: a secure self-hosted gateway that runs AI agents in Docker sandboxes.
@@ -15,16 +17,17 @@ pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:7433";
     name = "beige",
     version,
     disable_version_flag = true,
-    after_help = "Environment:\n  BEIGE_HOME  where beige keeps its config, token, data and logs [default: ~/.beige]\n  RUST_LOG    log filter when --log-level is not given"
+    after_help = "Environment:\n  BEIGE_HOME  where beige keeps its config, token, data and logs [default: ~/.beige]\n  RUST_LOG    log filter when --log-level is not given\n\nStart with `beige demo` (offline, no API key), then `beige setup` and `beige gateway start`."
 )]
 pub struct Cli {
     /// Config file [default: <BEIGE_HOME>/config.json5]
     #[arg(short, long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
-    /// URL of the running gateway
-    #[arg(short, long, global = true, value_name = "URL", default_value = DEFAULT_GATEWAY_URL)]
-    pub gateway: String,
+    /// URL of the running gateway [default: gateway.host/port of the config, else
+    /// http://127.0.0.1:7433]
+    #[arg(short, long, global = true, value_name = "URL")]
+    pub gateway: Option<String>,
 
     /// Log filter, e.g. info or beige_core=debug [default: $RUST_LOG, else warn]
     #[arg(long, global = true, value_name = "LEVEL")]
@@ -43,13 +46,136 @@ pub enum Command {
     /// Create BEIGE_HOME, a commented default config.json5 and the API token (never
     /// overwrites anything)
     Setup,
+    /// Start, stop, restart and watch the gateway daemon
+    Gateway {
+        #[command(subcommand)]
+        command: Option<GatewayCommand>,
+    },
+    /// Send one message to an agent through the running gateway and stream the answer
+    #[command(after_help = "Exit codes:\n  0  the agent answered\n  1  the prompt failed (the message says why and what to do)\n  2  wrong usage\n  3  the gateway is not running\n  4  no such agent\n  130  cancelled with Ctrl+C")]
+    Run(RunArgs),
+    /// Run a command in an agent's sandbox through the gateway (a core `exec`, checked by
+    /// policy and audited like the model's own calls)
+    #[command(after_help = "The exit code is the command's own exit code (1 when the call itself failed).\n\nExample:\n  beige exec assistant -- ls -la /workspace")]
+    Exec(ExecArgs),
+    /// List an agent's sessions
+    Sessions(SessionsArgs),
+    /// Read the audit log (every tool call, who allowed it and how it ended)
+    Audit {
+        #[command(subcommand)]
+        command: Option<AuditCommand>,
+    },
     /// Check a config file or print its JSON Schema
     Config {
         #[command(subcommand)]
         command: Option<ConfigCommand>,
     },
-    // Next: Gateway, Run, Exec, Tui, Plugins, Sessions, Audit, Doctor, Completions, Demo
-    // (see the CLI table in the surfaces spec).
+    /// Check Docker, images, the shim, the config, the port and BEIGE_HOME; prints what is
+    /// wrong and how to fix it
+    Doctor(DoctorArgs),
+    /// The offline demonstration: one agent in a real Docker sandbox, driven by a scripted
+    /// model (no API key, no network, no daemon)
+    #[command(after_help = "Needs a Docker engine, the test image (scripts/setup-docker) and the static shim\n(scripts/build-shim). With ANTHROPIC_API_KEY or OPENAI_API_KEY set, a real model answers the\nsame prompt instead of the scripted one.\n\nEnvironment:\n  BEIGE_TEST_IMAGE  sandbox image [default: beige-test-busybox:latest]\n  BEIGE_SHIM        the static shim [default: next to beige, else target/shim/beige-shim]")]
+    Demo,
+    /// Start the terminal UI against the running gateway
+    Tui {
+        /// The agent to talk to [default: the first configured]
+        agent: Option<String>,
+    },
+    /// Print a shell completion script
+    #[command(after_help = "Example:\n  beige completions bash > ~/.local/share/bash-completion/completions/beige")]
+    Completions {
+        /// The shell to complete for
+        shell: Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GatewayCommand {
+    /// Start the gateway as a background daemon (or in this terminal with --foreground)
+    #[command(after_help = "Checks Docker and the config first, starts the daemon with its output in\n<BEIGE_HOME>/logs/gateway.log, waits until /api/health answers (showing the startup log)\nand prints the pid, the URL and the log path.")]
+    Start {
+        /// Run in this terminal instead of as a daemon (logs to stderr; Ctrl+C stops)
+        #[arg(short = 'F', long)]
+        foreground: bool,
+        /// Seconds to wait for the gateway to answer (0 = no limit)
+        #[arg(long, value_name = "S", default_value_t = 60.0)]
+        timeout: f64,
+    },
+    /// Stop the daemon gracefully (running prompts get up to 10 s), wait for it to exit
+    Stop {
+        /// Seconds to wait for the daemon to exit before giving up
+        #[arg(long, value_name = "S", default_value_t = 30.0)]
+        timeout: f64,
+    },
+    /// Reload config and plugins in place; sessions survive, a broken config is reported
+    /// and the gateway keeps running with the old one
+    Restart,
+    /// Whether the gateway runs: pid, version, uptime, agents (exit 3 when stopped)
+    Status,
+    /// Print the gateway log
+    Logs {
+        /// Keep printing new lines as they are written (across rotation)
+        #[arg(short, long)]
+        follow: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The agent to talk to
+    pub agent: String,
+    /// The message (several words are joined with spaces)
+    #[arg(required = true, num_args = 1.., value_name = "MESSAGE")]
+    pub message: Vec<String>,
+    /// Session key: the same key continues the same conversation
+    /// [default: cli:<agent>:default]
+    #[arg(short, long, value_name = "KEY")]
+    pub session: Option<String>,
+    /// Print every event as one JSON object per line instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The agent whose sandbox runs the command
+    pub agent: String,
+    /// The command and its arguments (after `--`), run by `sh -c` in /workspace
+    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    pub command: Vec<String>,
+    /// Seconds before the command is killed [default: 900, capped by the config]
+    #[arg(long, value_name = "S")]
+    pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// The agent whose sessions to list
+    pub agent: String,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Print the last records of <BEIGE_HOME>/logs/audit.jsonl, one line per finished call
+    #[command(after_help = "Line format:\n  <time> ✓|✗ <CORE|TOOL> <agent>/<tool> <args> → <outcome> (<duration>)\n\n`✗` marks a call that was denied or failed.")]
+    Tail {
+        /// Keep printing new records as they are written (across rotation)
+        #[arg(short, long)]
+        follow: bool,
+        /// Only this agent's calls
+        #[arg(short, long, value_name = "AGENT")]
+        agent: Option<String>,
+        /// How many calls to print first
+        #[arg(short = 'n', long, value_name = "N", default_value_t = 20)]
+        lines: usize,
+        /// Print the raw JSON records
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,4 +187,11 @@ pub enum ConfigCommand {
     },
     /// Print the JSON Schema of config.json5
     Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also show what this agent's system prompt tells it about its tools and skills
+    #[arg(short, long, value_name = "AGENT")]
+    pub agent: Option<String>,
 }

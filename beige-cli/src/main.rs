@@ -1,34 +1,107 @@
 //! The `beige` command line. Parses arguments, sets up logging and hands off to
-//! [`cmd`]; every error ends here as one message on stderr and exit code 1.
+//! [`cmd`]; every error ends here as one message on stderr and a non-zero exit code
+//! (1 unless the command chose another with [`Exit`]). Usage errors exit with 2 (clap).
 
 mod cli;
+mod client;
 mod cmd;
+mod daemon;
+mod logfile;
+mod sys;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 
-fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
-    init_logging(cli.log_level.as_deref());
-    match cmd::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+/// An error that ends `beige` with a particular exit code. `message` (when not empty)
+/// goes to stderr as is; the command has already printed anything else.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Exit {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
         }
+    }
+
+    /// Exit with `code` without printing anything more.
+    pub fn silent(code: u8) -> Self {
+        Self::new(code, "")
     }
 }
 
-/// Logs go to stderr: `--log-level` wins over `RUST_LOG`; the default is `warn`.
-fn init_logging(level: Option<&str>) {
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Exit codes shared by the commands that talk to a gateway.
+pub mod code {
+    /// The gateway is not running (also `gateway status` when stopped).
+    pub const NOT_RUNNING: u8 = 3;
+    /// No such agent.
+    pub const UNKNOWN_AGENT: u8 = 4;
+    /// Interrupted with Ctrl+C.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let foreground = matches!(
+        cli.command,
+        Some(cli::Command::Gateway {
+            command: Some(cli::GatewayCommand::Start {
+                foreground: true,
+                ..
+            })
+        })
+    );
+    init_logging(
+        cli.log_level.as_deref(),
+        if foreground { "info" } else { "warn" },
+        foreground,
+    );
+    match cmd::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => match err.downcast_ref::<Exit>() {
+            Some(exit) => {
+                if !exit.message.is_empty() {
+                    eprintln!("{}", exit.message);
+                }
+                ExitCode::from(exit.code)
+            }
+            None => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// Logs go to stderr: `--log-level` wins over `RUST_LOG`, else `default`. The gateway
+/// in the foreground logs with timestamps; other commands print only the message.
+fn init_logging(level: Option<&str>, default: &str, timestamps: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = match level {
         Some(level) => EnvFilter::new(level),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
     };
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    if timestamps {
+        builder.init();
+    } else {
+        builder.without_time().with_target(false).init();
+    }
 }
