@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-pub use libc::{SIGKILL, SIGTERM};
+pub use libc::SIGTERM;
 
 /// Send `signal` to process `pid`.
 pub fn kill(pid: i32, signal: i32) -> io::Result<()> {

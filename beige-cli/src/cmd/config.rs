@@ -43,7 +43,7 @@ pub fn schema() -> Result<()> {
 
 /// Commands that need a config run setup first when there is none, and say so (on
 /// stderr, so their own output stays clean).
-fn ensure_setup(home: &BeigeHome) -> Result<()> {
+pub fn ensure_setup(home: &BeigeHome) -> Result<()> {
     if home.config_path().exists() {
         return Ok(());
     }

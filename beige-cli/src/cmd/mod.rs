@@ -1,16 +1,38 @@
-//! What each command does. One module per command group; [`run`] dispatches.
+//! What each command does. One module per command group; [`run`] dispatches and starts
+//! the async runtime for the commands that need one.
 
-mod config;
+mod audit;
+pub mod config;
+mod demo;
+mod doctor;
+pub mod gateway;
+mod run;
 mod setup;
+
+use std::future::Future;
 
 use anyhow::Result;
 use beige_core::home::BeigeHome;
 use clap::CommandFactory;
 
-use crate::cli::{Cli, Command, ConfigCommand};
+use crate::cli::{AuditCommand, Cli, Command, ConfigCommand, GatewayCommand};
+use crate::client::Target;
+use crate::Exit;
+
+/// What `beige tui` says until the terminal UI ships with the CLI.
+pub const TUI_NOT_YET: &str = "The terminal UI is not part of this build yet. Meanwhile:\n  beige run <agent> \"<message>\"     one prompt, streamed (same session with --session KEY)\n  beige exec <agent> -- <command>   a command in the agent's sandbox\n  beige sessions <agent>            the agent's sessions";
+
+fn block_on<F: Future<Output = Result<()>>>(f: F) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(f)
+}
 
 pub fn run(cli: Cli) -> Result<()> {
     let home = BeigeHome::from_env();
+    let config = cli.config.as_deref();
+    let target = || Target::resolve(&home, config, cli.gateway.as_deref());
     match cli.command {
         None => print_help(&[]),
         Some(Command::Setup) => setup::run(&home),
@@ -18,12 +40,72 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Config {
             command: Some(ConfigCommand::Validate { path }),
         }) => {
-            let explicit = path.or(cli.config);
+            let explicit = path.or(cli.config.clone());
             config::validate(&home, explicit.as_deref())
         }
         Some(Command::Config {
             command: Some(ConfigCommand::Schema),
         }) => config::schema(),
+        Some(Command::Gateway { command: None }) => print_help(&["gateway"]),
+        Some(Command::Gateway {
+            command: Some(command),
+        }) => match command {
+            GatewayCommand::Start {
+                foreground: true, ..
+            } => {
+                let path = gateway::config_path(&home, config)?;
+                block_on(crate::daemon::foreground::run(home.clone(), path))
+            }
+            GatewayCommand::Start {
+                foreground: false,
+                timeout,
+            } => block_on(gateway::start(
+                &home,
+                config,
+                cli.log_level.as_deref(),
+                timeout,
+            )),
+            GatewayCommand::Stop { timeout } => block_on(gateway::stop(&home, timeout)),
+            GatewayCommand::Restart => {
+                let t = target();
+                block_on(gateway::restart(&home, &t))
+            }
+            GatewayCommand::Status => {
+                let t = target();
+                block_on(gateway::status(&home, &t))
+            }
+            GatewayCommand::Logs { follow } => gateway::logs(&home, config, follow),
+        },
+        Some(Command::Run(args)) => {
+            let t = target();
+            block_on(run::run(&t, args))
+        }
+        Some(Command::Exec(args)) => {
+            let t = target();
+            block_on(run::exec(&t, args))
+        }
+        Some(Command::Sessions(args)) => {
+            let t = target();
+            block_on(run::sessions(&t, args))
+        }
+        Some(Command::Audit { command: None }) => print_help(&["audit"]),
+        Some(Command::Audit {
+            command:
+                Some(AuditCommand::Tail {
+                    follow,
+                    agent,
+                    lines,
+                    json,
+                }),
+        }) => audit::tail(&home, follow, agent.as_deref(), lines, json),
+        Some(Command::Doctor(args)) => block_on(doctor::run(&home, config, args.agent.as_deref())),
+        Some(Command::Demo) => block_on(demo::run()),
+        Some(Command::Tui { .. }) => Err(Exit::new(2, TUI_NOT_YET).into()),
+        Some(Command::Completions { shell }) => {
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "beige", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 

@@ -106,9 +106,9 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-/// The original's example configs, shared next to the repository.
+/// The original's example configs (fixtures copied from the shared reference).
 pub fn original_config(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/original-configs")
+        .join("../beige-core/tests/fixtures/original-configs")
         .join(name)
 }

@@ -5,6 +5,8 @@
 //! hooks, policy, fallback and audit apply identically whichever channel a message came
 //! from; it never reaches into the gateway's internals.
 
+pub mod http;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

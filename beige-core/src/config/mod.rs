@@ -49,10 +49,10 @@ mod tests {
         );
     }
 
-    /// The original's configs, from the shared reference folder next to the repository.
+    /// The original's configs (copies of the shared reference files, kept as fixtures).
     fn original(name: &str) -> String {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/reference/original-configs")
+            .join("tests/fixtures/original-configs")
             .join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }

@@ -10,8 +10,10 @@
 //! written does not run.
 
 mod prompt;
+pub mod remote;
 
 pub use prompt::PromptRequest;
+pub use remote::RemoteGateway;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -89,6 +91,15 @@ pub enum GatewayError {
     },
     #[error("no session '{session}' for agent '{agent}'")]
     UnknownSession { agent: String, session: String },
+    /// A remote gateway answered with an error status ([`RemoteGateway`]).
+    #[error("the gateway answered {status}: {message}")]
+    Remote { status: u16, message: String },
+    /// A remote gateway could not be reached ([`RemoteGateway`]).
+    #[error("cannot reach the beige gateway at {url} ({message}); is it running? Start it with `beige gateway start` (check with `beige gateway status`)")]
+    Unreachable { url: String, message: String },
+    /// A [`RemoteGateway`] could not be set up (bad URL, unreadable token file).
+    #[error("cannot use the gateway at {url}: {message}")]
+    RemoteSetup { url: String, message: String },
 }
 
 impl From<ConfigError> for GatewayError {

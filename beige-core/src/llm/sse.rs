@@ -2,10 +2,10 @@
 //! sending a request (a non-2xx answer becomes a typed [`LlmError::Api`] built from the
 //! provider's JSON error body and `retry-after`), turning a streamed response into
 //! `eventsource-stream` events with a per-event idle timeout, and driving a per-API
-//! [`SseDecoder`] into an [`EventStream`] that ends with exactly one `Completed` or one
+//! `SseDecoder` into an [`EventStream`] that ends with exactly one `Completed` or one
 //! error. It knows no wire format beyond the common error-body shapes, never retries
 //! anything, and never puts request headers (so never an API key) into an error; clients
-//! pass every error through [`redact`] as a second line of defence.
+//! pass every error through `redact` as a second line of defence.
 
 use std::collections::VecDeque;
 use std::pin::Pin;

@@ -1,0 +1,161 @@
+//! `beige audit tail [-f] [--agent A] [-n N] [--json]`: the audit log for people.
+//!
+//! Reads `<BEIGE_HOME>/logs/audit.jsonl` (and its newest rotated file when the current
+//! one holds too few records) directly — no gateway needed. Each finished call becomes
+//! one line, e.g. `✓ CORE assistant/exec ls → exit 0 (12 ms)`; `started` records are
+//! skipped (every call has a `finished` one, denied calls only that).
+
+use std::path::Path;
+
+use anyhow::Result;
+use beige_core::audit::{AuditDecision, AuditRecord, AuditType, Phase};
+use beige_core::home::BeigeHome;
+
+use crate::logfile::{self, Follower};
+use crate::Exit;
+
+/// One record as a line.
+pub fn render(r: &AuditRecord) -> String {
+    let ok = r.decision == AuditDecision::Allowed
+        && r.error.is_none()
+        && r.exit_code.unwrap_or(0) == 0;
+    let kind = match r.kind {
+        AuditType::CoreTool => "CORE",
+        AuditType::Tool => "TOOL",
+    };
+    let args = r
+        .args
+        .iter()
+        .map(|a| shorten(a, 80))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let outcome = match (r.decision, &r.error, r.exit_code) {
+        (AuditDecision::Denied, Some(e), _) => format!("denied: {}", shorten(e, 120)),
+        (AuditDecision::Denied, None, _) => "denied".to_string(),
+        (AuditDecision::Allowed, Some(e), _) => format!("failed: {}", shorten(e, 120)),
+        (AuditDecision::Allowed, None, Some(code)) => format!("exit {code}"),
+        (AuditDecision::Allowed, None, None) => "finished".to_string(),
+    };
+    let time = r.ts.get(11..19).unwrap_or(&r.ts);
+    let mut line = format!(
+        "{time} {} {kind} {}/{}",
+        if ok { "✓" } else { "✗" },
+        r.agent,
+        r.tool
+    );
+    if !args.is_empty() {
+        line.push(' ');
+        line.push_str(&args);
+    }
+    line.push_str(&format!(" → {outcome}"));
+    if let Some(ms) = r.duration_ms {
+        line.push_str(&format!(" ({ms} ms)"));
+    }
+    line
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    let one_line = s.replace('\n', "⏎");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Parse the finished records of a file's lines that match `agent`.
+fn finished<'a>(
+    lines: impl Iterator<Item = &'a str>,
+    agent: Option<&'a str>,
+) -> impl Iterator<Item = (AuditRecord, &'a str)> {
+    lines
+        .filter_map(|l| serde_json::from_str::<AuditRecord>(l).ok().map(|r| (r, l)))
+        .filter(|(r, _)| r.phase == Phase::Finished)
+        .filter(move |(r, _)| agent.is_none_or(|a| r.agent == a))
+}
+
+fn print(record: &AuditRecord, raw: &str, json: bool) {
+    if json {
+        println!("{raw}");
+    } else {
+        println!("{}", render(record));
+    }
+}
+
+pub fn tail(
+    home: &BeigeHome,
+    follow: bool,
+    agent: Option<&str>,
+    count: usize,
+    json: bool,
+) -> Result<()> {
+    let path = home.audit_log_path();
+    if !path.exists() && !follow {
+        return Err(Exit::new(
+            1,
+            format!(
+                "error: no audit log at {} yet — it is written when an agent's tools are first called.",
+                path.display()
+            ),
+        )
+        .into());
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut records: Vec<(AuditRecord, &str)> = finished(current.lines(), agent).collect();
+    let older;
+    if records.len() < count {
+        older = std::fs::read_to_string(logfile::numbered(&path, 1)).unwrap_or_default();
+        let mut before: Vec<(AuditRecord, &str)> = finished(older.lines(), agent).collect();
+        before.append(&mut records);
+        records = before;
+    }
+    let skip = records.len().saturating_sub(count);
+    for (r, raw) in &records[skip..] {
+        print(r, raw, json);
+    }
+    if !follow {
+        return Ok(());
+    }
+    follow_file(&path, agent, json)
+}
+
+fn follow_file(path: &Path, agent: Option<&str>, json: bool) -> Result<()> {
+    let mut follower = Follower::new(path, false);
+    loop {
+        let lines = follower.poll_lines();
+        for (r, raw) in finished(lines.iter().map(String::as_str), agent) {
+            print(&r, raw, json);
+        }
+        std::thread::sleep(logfile::POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_for_people() {
+        let r: AuditRecord = serde_json::from_value(serde_json::json!({
+            "ts": "2026-01-02T03:04:05.678+00:00", "agent": "assistant", "phase": "finished",
+            "type": "core_tool", "tool": "exec", "args": ["ls"], "decision": "allowed",
+            "durationMs": 12, "exitCode": 0
+        }))
+        .unwrap();
+        assert_eq!(
+            render(&r),
+            "03:04:05 ✓ CORE assistant/exec ls → exit 0 (12 ms)"
+        );
+        let r: AuditRecord = serde_json::from_value(serde_json::json!({
+            "ts": "2026-01-02T03:04:05.678+00:00", "agent": "a", "phase": "finished",
+            "type": "tool", "tool": "kv", "args": ["get", "x"], "decision": "denied",
+            "durationMs": 0, "error": "tool 'kv' is not allowed for agent 'a'"
+        }))
+        .unwrap();
+        assert_eq!(
+            render(&r),
+            "03:04:05 ✗ TOOL a/kv get x → denied: tool 'kv' is not allowed for agent 'a' (0 ms)"
+        );
+    }
+}

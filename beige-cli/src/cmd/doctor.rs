@@ -1,0 +1,359 @@
+//! `beige doctor [--agent A]`: checks what the gateway needs and says how to fix what is
+//! wrong — BEIGE_HOME and token permissions, the config, the Docker engine, the shim,
+//! the agents' images and the port — plus, with `--agent`, what the agent's system
+//! prompt tells it about its tools and skills.
+//!
+//! Doctor only looks: it never runs setup, builds images or starts anything, so it can
+//! be run on a broken installation. It exits with 1 when any check failed.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use beige_core::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
+use beige_core::config::{Config, DEFAULT_IMAGE};
+use beige_core::home::BeigeHome;
+use beige_core::plugin::{kv::KvPlugin, Plugin, PluginRegistry};
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::sandbox::shim;
+use beige_core::skills::SkillSet;
+use beige_core::store::SqliteStore;
+
+use crate::client;
+use crate::Exit;
+
+/// The outcome of all checks.
+#[derive(Debug, Default)]
+struct Report {
+    failed: usize,
+}
+
+impl Report {
+    fn ok(&mut self, what: impl AsRef<str>) {
+        println!("✓ {}", what.as_ref());
+    }
+
+    fn note(&mut self, what: impl AsRef<str>) {
+        println!("• {}", what.as_ref());
+    }
+
+    fn fail(&mut self, what: impl AsRef<str>, fix: impl AsRef<str>) {
+        self.failed += 1;
+        println!("✗ {}", what.as_ref());
+        for (i, line) in fix.as_ref().lines().enumerate() {
+            if i == 0 {
+                println!("    fix: {line}");
+            } else {
+                println!("         {line}");
+            }
+        }
+    }
+}
+
+fn mode_of(path: &Path) -> Option<u32> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o777)
+}
+
+pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option<&str>) -> Result<()> {
+    let mut r = Report::default();
+    println!("beige doctor {} — BEIGE_HOME {}", env!("CARGO_PKG_VERSION"), home.root().display());
+    println!();
+
+    // BEIGE_HOME and the token.
+    let root = home.root();
+    match mode_of(root) {
+        None => r.fail(
+            format!("BEIGE_HOME {} does not exist", root.display()),
+            "run `beige setup` (it creates the folder, a default config and the API token)",
+        ),
+        Some(0o700) => r.ok(format!("BEIGE_HOME {} exists, mode 0700", root.display())),
+        Some(m) => r.fail(
+            format!("BEIGE_HOME {} has mode {m:04o}: other users can read secrets and sessions", root.display()),
+            format!("chmod 700 {}   (or run `beige setup`, which tightens it)", root.display()),
+        ),
+    }
+    let token = home.token_path();
+    match mode_of(&token) {
+        None => r.fail(
+            format!("no API token at {}", token.display()),
+            "run `beige setup` to create one",
+        ),
+        Some(0o600) => r.ok(format!("API token {} has mode 0600", token.display())),
+        Some(m) => r.fail(
+            format!("API token {} has mode {m:04o}: other users can read it", token.display()),
+            format!("chmod 600 {}   (or run `beige setup`, which tightens it)", token.display()),
+        ),
+    }
+
+    // The config.
+    let config_path = explicit_config
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| home.config_path());
+    let config = match Config::load(&config_path, home) {
+        Ok(loaded) => {
+            let agents: Vec<&str> = loaded.config.agents.keys().map(String::as_str).collect();
+            r.ok(format!(
+                "config {} is valid ({} agent(s): {})",
+                loaded.path.display(),
+                agents.len(),
+                agents.join(", ")
+            ));
+            for w in &loaded.warnings {
+                r.note(format!("config warning: {w}"));
+            }
+            Some(loaded.config)
+        }
+        Err(e) if !config_path.exists() => {
+            r.fail(
+                format!("no config at {}", config_path.display()),
+                "run `beige setup` to create a commented default config",
+            );
+            tracing::debug!(error = %e, "config missing");
+            None
+        }
+        Err(e) => {
+            r.fail(
+                format!("the config does not load: {e}"),
+                format!(
+                    "edit {} as the message says, then check it with `beige config validate`",
+                    config_path.display()
+                ),
+            );
+            None
+        }
+    };
+
+    // Docker.
+    let docker = match tokio::time::timeout(Duration::from_secs(10), DockerSandbox::connect(home.hash())).await {
+        Ok(Ok(d)) => {
+            let version = d
+                .client()
+                .version()
+                .await
+                .ok()
+                .and_then(|v| v.version)
+                .unwrap_or_else(|| "unknown version".into());
+            r.ok(format!("Docker engine reachable (version {version})"));
+            Some(d)
+        }
+        Ok(Err(e)) => {
+            r.fail(
+                format!("Docker engine not reachable: {}", docker_reason(&e.to_string())),
+                docker_fix(),
+            );
+            None
+        }
+        Err(_) => {
+            r.fail("Docker engine did not answer within 10 s", docker_fix());
+            None
+        }
+    };
+
+    // The shim.
+    let configured = config.as_ref().and_then(|c| c.sandbox.shim.clone());
+    match shim::locate(configured.as_deref()) {
+        Ok(p) => r.ok(format!("shim {} is a static executable", p.display())),
+        Err(e) => r.fail(
+            format!("shim: {e}"),
+            "build the static shim with `scripts/build-shim`, then point BEIGE_SHIM (or sandbox.shim in the config) at target/shim/beige-shim, or put it next to the beige binary",
+        ),
+    }
+
+    // Images.
+    if let (Some(config), Some(docker)) = (&config, &docker) {
+        let mut seen: Vec<&str> = Vec::new();
+        for a in config.agents.values() {
+            let image = a.sandbox.image.as_str();
+            if seen.contains(&image) {
+                continue;
+            }
+            seen.push(image);
+            let users: Vec<&str> = config
+                .agents
+                .iter()
+                .filter(|(_, x)| x.sandbox.image == image)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            let present = docker.client().inspect_image(image).await.is_ok();
+            if present {
+                r.ok(format!("image {image} is present (agents: {})", users.join(", ")));
+            } else if image == DEFAULT_IMAGE || image.starts_with("beige-sandbox:") {
+                r.ok(format!(
+                    "image {image} is not built yet — the gateway builds it on start (agents: {})",
+                    users.join(", ")
+                ));
+            } else {
+                r.fail(
+                    format!("image {image} is missing (agents: {}); beige never pulls images itself", users.join(", ")),
+                    format!("docker pull {image}   (or build it; for tests: scripts/setup-docker builds beige-test-busybox:latest)"),
+                );
+            }
+        }
+    }
+
+    // The port.
+    if let Some(config) = &config {
+        let gw = &config.gateway;
+        let url = client::url_for(&gw.host, gw.port);
+        if let Some(h) = client::health(&url).await {
+            r.ok(format!("port {} is used by a running beige gateway (version {}) at {url}", gw.port, h.version));
+        } else {
+            match std::net::TcpListener::bind((gw.host.as_str(), gw.port)) {
+                Ok(_) => r.ok(format!("port {}:{} is free", gw.host, gw.port)),
+                Err(e) => r.fail(
+                    format!("cannot listen on {}:{}: {e}", gw.host, gw.port),
+                    format!(
+                        "stop the program using port {} (e.g. `ss -ltnp | grep :{}`), or set gateway.port in {}",
+                        gw.port,
+                        gw.port,
+                        config_path.display()
+                    ),
+                ),
+            }
+        }
+    }
+
+    // One agent's prompt.
+    if let Some(name) = agent {
+        println!();
+        match &config {
+            None => r.fail(
+                format!("cannot show agent '{name}': the config does not load"),
+                "fix the config first",
+            ),
+            Some(c) => match c.agents.get(name) {
+                None => r.fail(
+                    format!("no agent '{name}' in the config"),
+                    format!(
+                        "use one of: {}",
+                        c.agents.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some(_) => match preview(home, c, name).await {
+                    Ok(text) => {
+                        r.ok(format!("system prompt of agent '{name}' ({} lines):", text.lines().count()));
+                        for line in text.lines() {
+                            println!("    │ {line}");
+                        }
+                    }
+                    Err(e) => r.fail(
+                        format!("the system prompt of agent '{name}' cannot be assembled: {e}"),
+                        "fix the agent's tools and skills in the config as the message says",
+                    ),
+                },
+            },
+        }
+    }
+
+    println!();
+    if r.failed == 0 {
+        println!("All checks passed.");
+        Ok(())
+    } else {
+        Err(Exit::new(
+            1,
+            format!(
+                "{} check(s) failed — see the fixes above.",
+                r.failed
+            ),
+        )
+        .into())
+    }
+}
+
+/// The first line of a Docker connection error, without bollard's internals.
+fn docker_reason(message: &str) -> String {
+    let m = message
+        .split(". Start the Docker engine")
+        .next()
+        .unwrap_or(message);
+    m.trim_start_matches("Docker is not usable: ").to_string()
+}
+
+fn docker_fix() -> String {
+    let host = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+    let mut fix = String::from(
+        "start a Docker engine: `scripts/setup-docker` (installs and starts one), or `systemctl start docker`;\nthen check with `docker info` that this user may use it (root, or a member of the docker group)",
+    );
+    if let Some(h) = host {
+        fix.push_str(&format!(
+            "\nDOCKER_HOST is set to {h}: unset it to use the local socket, or point it at a running engine"
+        ));
+    }
+    fix
+}
+
+/// The agent's system prompt as the gateway would assemble it for a `cli` session.
+async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<String> {
+    let scratch = tempfile::tempdir()?;
+    let store = Arc::new(SqliteStore::open(scratch.path().join("doctor.db"))?);
+    let mut plugins: Vec<Arc<dyn Plugin>> = Vec::new();
+    for (name, entry) in &config.plugins {
+        if name == "kv" && entry.path.is_none() {
+            plugins.push(Arc::new(KvPlugin::new()));
+        }
+    }
+    let registry = PluginRegistry::build(
+        plugins,
+        config,
+        &scratch.path().join("data"),
+        &HashMap::new(),
+        store,
+    )
+    .await?;
+    let a = config
+        .agents
+        .get(agent)
+        .ok_or_else(|| anyhow::anyhow!("no agent '{agent}'"))?;
+    let mut missing = Vec::new();
+    let tools: Vec<PromptTool> = a
+        .tools
+        .iter()
+        .filter_map(|t| {
+            let found = registry.tool(t);
+            if found.is_none() {
+                missing.push(t.clone());
+            }
+            found
+        })
+        .map(|r| PromptTool {
+            name: r.tool.name().to_string(),
+            description: r.tool.description().to_string(),
+            commands: r.tool.commands(),
+        })
+        .collect();
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "tool(s) {} are not available in this build (only the built-in kv plugin is; external plugins arrive later)",
+            missing.join(", ")
+        );
+    }
+    let skills = SkillSet::load(&config.skills, registry.skills().cloned())?;
+    let prompt_skills: Vec<PromptSkill> = skills
+        .for_agent(agent, a)?
+        .into_iter()
+        .map(|s| PromptSkill {
+            name: s.name,
+            description: s.description,
+            context: None,
+        })
+        .collect();
+    let workspace = config.agent_workspace(home, agent);
+    let agents_md = std::fs::read_to_string(workspace.join("AGENTS.md")).ok();
+    Ok(prompt::assemble(
+        agent,
+        &tools,
+        &prompt_skills,
+        &PromptSession {
+            channel: "cli".into(),
+            chat_id: None,
+            thread_id: None,
+        },
+        Some(agents_md.as_deref().unwrap_or(prompt::DEFAULT_AGENTS_MD)),
+    ))
+}

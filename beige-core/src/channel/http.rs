@@ -1,0 +1,1188 @@
+//! The HTTP API channel: [`router`] (the axum app every test drives) and
+//! [`HttpApiChannel`] (the same app bound to `gateway.host:gateway.port`).
+//!
+//! Owns the wire contract of `/api/*` — routes, request and response shapes, status codes —
+//! and the checks in front of it: the bearer token (constant-time compare), the `Host`
+//! and `Origin` rules against DNS rebinding and cross-site requests, `Content-Type` and
+//! the body size limit. Everything behind the checks goes through the [`Gateway`] trait,
+//! so policy, hooks, fallback and audit apply exactly as for every other channel; this
+//! module never touches the gateway's internals, the store or the sandboxes.
+//!
+//! The route table [`routes`] is the single list the router is built from; the OpenAPI
+//! document served at `/api/openapi.json` ([`OPENAPI_JSON`]) is checked against it by a
+//! test. `docs/http-api.md` is the reference for people.
+
+use std::convert::Infallible;
+use std::future::IntoFuture;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post, MethodRouter};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::{Channel, ChannelError};
+use crate::agent::events::AgentEvent;
+use crate::gateway::{Gateway, GatewayError, PromptRequest};
+use crate::hooks::HookName;
+use crate::store::SettingsPatch;
+use crate::tools::{CoreToolCall, ToolContext};
+
+/// Default limit of a request body: 10 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 10 * 1024 * 1024;
+
+/// The OpenAPI 3.1 document served at `GET /api/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("../../assets/openapi.json");
+
+/// The 401 message: what is missing and where the token is.
+pub const UNAUTHORIZED_MESSAGE: &str =
+    "Missing or invalid token: send Authorization: Bearer <token from BEIGE_HOME/gateway.token>";
+
+/// The channel name (also the default first segment of API session keys).
+pub const CHANNEL_NAME: &str = "api";
+
+/// How long [`HttpApiChannel::run`] waits for open requests after shutdown fires.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Interval of SSE keep-alive comments (they also reveal a closed connection).
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The most of an error body (from an extractor rejection) wrapped into `{error}`.
+const MAX_REWRAPPED_BODY: usize = 16 * 1024;
+
+/// What the daemon does on `POST /api/gateway/restart`: start an in-place restart in the
+/// background and return at once.
+pub type RestartHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Everything the HTTP API needs. Build it with [`ApiState::new`].
+#[derive(Clone)]
+pub struct ApiState {
+    /// Every route is served through this gateway ([`HttpApiChannel::run`] replaces it
+    /// with the gateway it is given).
+    pub gateway: Arc<dyn Gateway>,
+    /// The bearer token; `None` disables authentication (only allowed on loopback).
+    pub token: Option<String>,
+    /// Extra names accepted in `Host` and `Origin` (`name` or `name:port`), e.g. the name
+    /// of a reverse proxy. Loopback names are always accepted.
+    pub allowed_hosts: Vec<String>,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
+    /// `POST /api/gateway/restart`; `None` answers 501.
+    pub restart: Option<RestartHook>,
+    /// The port the API listens on: an `Origin` on a loopback name must use it. `None`
+    /// (an unbound router) accepts any port.
+    pub port: Option<u16>,
+    /// Accept any IP literal in `Host`/`Origin` (set when listening on a wildcard
+    /// address; an IP literal cannot be a DNS-rebinding name).
+    pub allow_ip_hosts: bool,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("body_limit", &self.body_limit)
+            .field("restart", &self.restart.is_some())
+            .field("port", &self.port)
+            .field("allow_ip_hosts", &self.allow_ip_hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// A state with the default body limit, no extra hosts and no restart hook.
+    pub fn new(gateway: Arc<dyn Gateway>, token: Option<String>) -> Self {
+        Self {
+            gateway,
+            token,
+            allowed_hosts: Vec::new(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            restart: None,
+            port: None,
+            allow_ip_hosts: false,
+        }
+    }
+
+    /// Accept this name (`name` or `name:port`) in `Host` and `Origin`.
+    pub fn with_allowed_host(mut self, host: impl Into<String>) -> Self {
+        self.allowed_hosts.push(host.into());
+        self
+    }
+
+    /// Change the body limit.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// Serve `POST /api/gateway/restart` with this hook.
+    pub fn with_restart(mut self, hook: RestartHook) -> Self {
+        self.restart = Some(hook);
+        self
+    }
+
+    /// Whether a `Host` (or `Origin`) host name is acceptable, port aside.
+    fn host_name_ok(&self, host: &str) -> bool {
+        is_loopback_name(host) || (self.allow_ip_hosts && parse_ip(host).is_some())
+    }
+
+    fn host_allowed(&self, authority: &str) -> bool {
+        let (host, port) = split_host_port(authority);
+        self.host_name_ok(&host) || self.listed(&host, port, true)
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        let (scheme, rest) = match origin.split_once("://") {
+            Some((s, r)) => (s.to_ascii_lowercase(), r),
+            None => return false,
+        };
+        let default_port = match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return false,
+        };
+        let authority = rest.split('/').next().unwrap_or_default();
+        if authority.is_empty() || authority.contains('@') {
+            return false;
+        }
+        let (host, port) = split_host_port(authority);
+        let port = port.unwrap_or(default_port);
+        (self.host_name_ok(&host) && self.port.is_none_or(|p| p == port))
+            || self.listed(&host, Some(port), false)
+    }
+
+    /// Whether `host[:port]` matches an entry of `allowed_hosts`. An entry without a port
+    /// matches every port; `port_optional` lets a request without a port match an entry
+    /// with one (a `Host` header may omit the default port).
+    fn listed(&self, host: &str, port: Option<u16>, port_optional: bool) -> bool {
+        self.allowed_hosts.iter().any(|entry| {
+            let (h, p) = split_host_port(entry);
+            h == host
+                && match (p, port) {
+                    (None, _) => true,
+                    (Some(a), Some(b)) => a == b,
+                    (Some(_), None) => port_optional,
+                }
+        })
+    }
+
+    fn token_ok(&self, headers: &HeaderMap) -> bool {
+        let Some(expected) = &self.token else {
+            return true;
+        };
+        let Some(given) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+        else {
+            return false;
+        };
+        constant_time_eq(given.as_bytes(), expected.as_bytes())
+    }
+}
+
+/// Compare two secrets without leaking where they differ (or their lengths): both are
+/// hashed, and the digests are compared in constant time.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
+    x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
+}
+
+fn parse_ip(host: &str) -> Option<IpAddr> {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok()
+}
+
+fn is_loopback_name(host: &str) -> bool {
+    host == "localhost" || parse_ip(host).is_some_and(|ip| ip.is_loopback())
+}
+
+/// Split `host[:port]` (`[v6]:port` too) into a lowercase host without brackets or a
+/// trailing dot, and the port.
+fn split_host_port(authority: &str) -> (String, Option<u16>) {
+    let a = authority.trim();
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, tail)) => (h, tail.strip_prefix(':').and_then(|p| p.parse().ok())),
+            None => (rest, None),
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, p.parse().ok()),
+            _ => (a, None),
+        }
+    };
+    (host.trim_end_matches('.').to_ascii_lowercase(), port)
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+/// An error answer: a status and `{"error": …}` (plus optional extra fields).
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    body: Map<String, Value>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let mut body = Map::new();
+        body.insert("error".into(), Value::String(message.into()));
+        Self { status, body }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn with(mut self, key: &str, value: Value) -> Self {
+        self.body.insert(key.into(), value);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(Value::Object(self.body))).into_response()
+    }
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(e: GatewayError) -> Self {
+        match e {
+            GatewayError::UnknownAgent { agent, .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, format!("Unknown agent: {agent}"))
+            }
+            GatewayError::ModelNotAllowed {
+                agent,
+                requested,
+                allowed,
+            } => ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Model {requested} is not in the allowed list for agent '{agent}' (allowed: {allowed})"
+                ),
+            ),
+            e @ GatewayError::UnknownSession { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, e.to_string())
+            }
+            GatewayError::InvalidCall(c) => ApiError::bad_request(c.message),
+            // Hook events that do not parse, hooks that cannot be triggered from outside.
+            GatewayError::Prompt(message) => ApiError::bad_request(message),
+            // A gateway that is itself remote: pass its answer through.
+            GatewayError::Remote { status, message } => ApiError::new(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                message,
+            ),
+            e @ GatewayError::Unreachable { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())
+            }
+            other => {
+                tracing::error!(error = %other, "HTTP API request failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Internal error; the details are in the gateway log (`beige gateway logs`)",
+                )
+            }
+        }
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+// ---------------------------------------------------------------------------------------
+// Router
+
+type Shared = Arc<ApiState>;
+type Handler = fn() -> MethodRouter<Shared>;
+
+/// The route table: method, path (axum syntax, also the OpenAPI path) and handler. The
+/// router is built from it and a test checks the OpenAPI document against it.
+const TABLE: &[(&str, &str, Handler)] = &[
+    ("GET", "/api/health", || get(health)),
+    ("GET", "/api/health/models", || get(models_health)),
+    ("GET", "/api/openapi.json", || get(openapi)),
+    ("GET", "/api/agents", || get(agents)),
+    ("GET", "/api/config", || get(config)),
+    ("GET", "/api/agents/{name}/models", || get(agent_models)),
+    ("POST", "/api/agents/{name}/exec", || post(exec)),
+    ("POST", "/api/agents/{name}/prompt", || post(prompt)),
+    ("GET", "/api/agents/{name}/sessions", || get(list_sessions)),
+    ("POST", "/api/agents/{name}/sessions", || post(new_session)),
+    ("GET", "/api/agents/{name}/sessions/{id}/messages", || {
+        get(session_messages)
+    }),
+    ("POST", "/api/agents/{name}/sessions/{key}/resume", || {
+        post(resume_session)
+    }),
+    ("PATCH", "/api/agents/{name}/sessions/{key}/model", || {
+        patch(set_model)
+    }),
+    ("GET", "/api/agents/{name}/sessions/{key}/settings", || {
+        get(get_settings)
+    }),
+    ("PATCH", "/api/agents/{name}/sessions/{key}/settings", || {
+        patch(update_settings)
+    }),
+    ("POST", "/api/agents/{name}/sessions/{key}/cancel", || {
+        post(cancel)
+    }),
+    ("POST", "/api/agents/{name}/hooks/pre-prompt", || {
+        post(hook_pre_prompt)
+    }),
+    ("POST", "/api/agents/{name}/hooks/post-response", || {
+        post(hook_post_response)
+    }),
+    ("POST", "/api/agents/{name}/hooks/session-created", || {
+        post(hook_session_created)
+    }),
+    ("POST", "/api/agents/{name}/hooks/session-disposed", || {
+        post(hook_session_disposed)
+    }),
+    ("POST", "/api/gateway/restart", || post(restart)),
+];
+
+/// Every route the API serves, as `(method, path)` with `{param}` placeholders.
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    TABLE.iter().map(|(m, p, _)| (*m, *p)).collect()
+}
+
+/// The HTTP API as an axum app. Serve it with `axum::serve`, or drive it in tests with
+/// `tower::ServiceExt::oneshot`.
+pub fn router(state: ApiState) -> Router {
+    let shared: Shared = Arc::new(state);
+    let mut app: Router<Shared> = Router::new();
+    for (_, path, handler) in TABLE {
+        app = app.route(path, handler());
+    }
+    app.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(shared.clone(), guard))
+        .with_state(shared)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "Not found")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
+}
+
+/// The checks in front of every route: `Host`, `Origin`, the token (not for
+/// `/api/health`), a declared body over the limit. Non-JSON error answers (extractor
+/// rejections) are rewrapped as `{"error": …}`.
+async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        });
+    match authority {
+        None => {
+            return ApiError::bad_request("Missing Host header").into_response();
+        }
+        Some(h) if !s.host_allowed(&h) => {
+            tracing::warn!(host = %h, "refused a request with a foreign Host header");
+            return ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host '{h}' is not allowed: use localhost or 127.0.0.1 (requests for other names are refused to prevent DNS rebinding)"
+                ),
+            )
+            .into_response();
+        }
+        Some(_) => {}
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("<invalid>");
+        if !s.origin_allowed(origin) {
+            tracing::warn!(origin, "refused a cross-origin request");
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("Origin '{origin}' is not allowed: cross-site requests to the gateway are refused"),
+            )
+            .into_response();
+        }
+    }
+    if req.uri().path() != "/api/health" && !s.token_ok(req.headers()) {
+        return ApiError::new(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
+            .with_www_authenticate()
+            .into_response();
+    }
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > s.body_limit as u64 {
+            return too_large(s.body_limit).into_response();
+        }
+    }
+    let response = next.run(req).await;
+    rewrap_error(response).await
+}
+
+impl ApiError {
+    fn with_www_authenticate(self) -> WithHeader {
+        WithHeader(self, header::WWW_AUTHENTICATE, "Bearer")
+    }
+}
+
+struct WithHeader(ApiError, header::HeaderName, &'static str);
+
+impl IntoResponse for WithHeader {
+    fn into_response(self) -> Response {
+        let mut r = self.0.into_response();
+        r.headers_mut()
+            .insert(self.1, HeaderValue::from_static(self.2));
+        r
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "Request body too large: the limit is {limit} bytes ({} MiB)",
+            limit / (1024 * 1024)
+        ),
+    )
+}
+
+/// Turn an error answer that is not JSON (an axum rejection) into `{"error": …}`.
+async fn rewrap_error(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_REWRAPPED_BODY)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("Error").to_string()
+    } else {
+        text
+    };
+    let mut r = ApiError::new(status, message).into_response();
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            r.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// Request bodies
+
+/// Read a JSON object body. An absent (empty) body is `None`; a body needs
+/// `Content-Type: application/json` (415), must fit the limit (413) and parse (400).
+async fn json_body(s: &ApiState, headers: &HeaderMap, body: Body) -> Result<Map<String, Value>, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or_default().to_ascii_lowercase());
+    let is_json = content_type.as_deref().is_some_and(|ct| {
+        let essence = ct.split(';').next().unwrap_or_default().trim();
+        essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    });
+    let unsupported = || {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported Content-Type: send the body as JSON with Content-Type: application/json",
+        )
+    };
+    if content_type.is_some() && !is_json {
+        return Err(unsupported());
+    }
+    let bytes = axum::body::to_bytes(body, s.body_limit).await.map_err(|e| {
+        let mut source: Option<&dyn std::error::Error> = Some(&e);
+        while let Some(err) = source {
+            if err.to_string().contains("length limit") {
+                return too_large(s.body_limit);
+            }
+            source = err.source();
+        }
+        ApiError::bad_request(format!("Could not read the request body: {e}"))
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    if !is_json {
+        return Err(unsupported());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad_request("The request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("Invalid JSON: {e}"))),
+    }
+}
+
+/// An optional string field (`null` counts as absent).
+fn opt_str(map: &Map<String, Value>, field: &str) -> Result<Option<String>, ApiError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "Invalid {field}: expected a string"
+        ))),
+    }
+}
+
+/// An optional non-empty string field.
+fn opt_key(map: &Map<String, Value>, field: &str) -> Result<Option<String>, ApiError> {
+    match opt_str(map, field)? {
+        Some(s) if s.trim().is_empty() => Err(ApiError::bad_request(format!(
+            "Invalid {field}: must not be empty"
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// A required non-empty string field; `missing` is the message when it is absent.
+fn req_str(map: &Map<String, Value>, field: &str, missing: &str) -> Result<String, ApiError> {
+    match opt_str(map, field)? {
+        Some(s) if !s.trim().is_empty() => Ok(s),
+        _ => Err(ApiError::bad_request(missing)),
+    }
+}
+
+/// A tri-state field for a settings patch: absent → leave, `null` → clear, value → set.
+fn patch_field<T>(
+    map: &Map<String, Value>,
+    field: &str,
+    expected: &str,
+    get: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<Option<T>>, ApiError> {
+    match map.get(field) {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(v) => get(v).map(|t| Some(Some(t))).ok_or_else(|| {
+            ApiError::bad_request(format!("Invalid {field}: expected {expected} or null"))
+        }),
+    }
+}
+
+fn default_key(agent: &str) -> String {
+    format!("{CHANNEL_NAME}:{agent}:default")
+}
+
+/// Fail with 404 `Unknown agent: x` unless the agent is configured.
+async fn ensure_agent(s: &ApiState, name: &str) -> Result<(), ApiError> {
+    let agents = s.gateway.agents().await?;
+    if agents.iter().any(|a| a.name == name) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("Unknown agent: {name}"),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handlers
+
+async fn health(State(s): State<Shared>) -> Response {
+    let mut body = json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")});
+    match s.gateway.agents().await {
+        Ok(a) => body["agents"] = json!(a.len()),
+        Err(e) => tracing::warn!(error = %e, "health: could not list agents"),
+    }
+    Json(body).into_response()
+}
+
+async fn models_health(State(s): State<Shared>) -> ApiResult {
+    let health = s.gateway.health().await?;
+    Ok(Json(json!({ "models": health })).into_response())
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        OPENAPI_JSON,
+    )
+        .into_response()
+}
+
+async fn agents(State(s): State<Shared>) -> ApiResult {
+    let agents = s.gateway.agents().await?;
+    Ok(Json(json!({ "agents": agents })).into_response())
+}
+
+async fn config(State(s): State<Shared>) -> ApiResult {
+    Ok(Json(s.gateway.config_summary().await?).into_response())
+}
+
+async fn agent_models(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
+    let models = s.gateway.models(&name).await?;
+    Ok(Json(json!({ "models": models })).into_response())
+}
+
+async fn exec(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let missing = || ApiError::bad_request("Missing tool or params");
+    let tool = opt_str(&map, "tool")?.ok_or_else(missing)?;
+    let params = match map.get("params") {
+        Some(p @ Value::Object(_)) => p.clone(),
+        Some(Value::Null) | None => return Err(missing()),
+        Some(_) => return Err(ApiError::bad_request("Invalid params: expected an object")),
+    };
+    let session_key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    // The model whose image support `read` checks: `activeModel`, else the primary.
+    let active = match map.get("activeModel") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => {
+            let provider = opt_str(m, "provider")?;
+            let model = opt_str(m, "modelId")?.or(opt_str(m, "model")?);
+            match (provider, model) {
+                (Some(p), Some(m)) => Some(format!("{p}/{m}")),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "Invalid activeModel: expected {provider, modelId}",
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "Invalid activeModel: expected {provider, modelId}",
+            ))
+        }
+    };
+    let models = s.gateway.models(&name).await?;
+    let (model, images) = match active {
+        Some(key) => {
+            let images = models
+                .iter()
+                .find(|m| format!("{}/{}", m.provider, m.model) == key)
+                .map(|m| m.info.images)
+                .unwrap_or_else(|| {
+                    let id = key.split_once('/').map(|(_, m)| m).unwrap_or(&key);
+                    crate::llm::catalog::lookup(id, None).images
+                });
+            (Some(key), images)
+        }
+        None => match models.first() {
+            Some(m) => (Some(format!("{}/{}", m.provider, m.model)), m.info.images),
+            None => (None, false),
+        },
+    };
+    let call = CoreToolCall::parse(&tool, params).map_err(|e| ApiError::bad_request(e.message))?;
+    let ctx = ToolContext {
+        session_key: Some(session_key),
+        channel: Some(CHANNEL_NAME.to_string()),
+        model,
+        model_accepts_images: images,
+        ..ToolContext::default()
+    };
+    let out = s.gateway.call_tool(&name, call, ctx).await?;
+    Ok(Json(out).into_response())
+}
+
+fn wants_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("text/event-stream"))
+}
+
+/// One `AgentEvent` as an SSE event: `event: <type>`, `data: <the event as JSON>`.
+fn sse_event(e: &AgentEvent) -> Event {
+    let value = serde_json::to_value(e).unwrap_or_else(|err| {
+        json!({"type": "error", "message": format!("could not encode an event: {err}")})
+    });
+    let kind = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message")
+        .to_string();
+    Event::default().event(kind).data(value.to_string())
+}
+
+async fn prompt(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let message = req_str(&map, "message", "Missing message")?;
+    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let mut request = PromptRequest::new(name, key, message);
+    request.channel = opt_key(&map, "channel")?;
+    request.chat_id = opt_str(&map, "chatId")?;
+    request.thread_id = opt_str(&map, "threadId")?;
+    request.wait = match map.get("wait") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad_request("Invalid wait: expected a boolean")),
+    };
+    let mut stream = s.gateway.prompt(request).await?;
+
+    if wants_sse(&headers) {
+        // Dropping the body (client gone) drops the stream, which cancels the prompt.
+        let events = stream.map(|e| Ok::<Event, Infallible>(sse_event(&e)));
+        let mut r = Sse::new(events)
+            .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
+            .into_response();
+        r.headers_mut()
+            .insert("x-accel-buffering", HeaderValue::from_static("no"));
+        return Ok(r);
+    }
+
+    while let Some(event) = stream.next().await {
+        match event {
+            AgentEvent::Done {
+                response,
+                session_id,
+                usage,
+            } => {
+                return Ok(Json(json!({
+                    "response": response,
+                    "sessionId": session_id,
+                    "usage": usage,
+                }))
+                .into_response())
+            }
+            AgentEvent::Blocked { reason } => {
+                // The original answered a blocked prompt with the reason as the response.
+                return Ok(Json(json!({
+                    "response": reason,
+                    "blocked": true,
+                    "reason": reason,
+                }))
+                .into_response());
+            }
+            AgentEvent::Error {
+                message,
+                kind,
+                hint,
+            } => {
+                let status = if message == "cancelled"
+                    || message.starts_with("cancelled ")
+                    || message.ends_with("is busy with another prompt")
+                {
+                    StatusCode::CONFLICT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                let hint = hint.unwrap_or_else(|| {
+                    if status == StatusCode::CONFLICT {
+                        "The session's prompt was cancelled or is busy; send the message again."
+                    } else {
+                        "See the gateway log (`beige gateway logs`) for details."
+                    }
+                    .to_string()
+                });
+                let mut err = ApiError::new(status, message).with("hint", Value::String(hint));
+                if let Some(kind) = kind {
+                    err = err.with("kind", json!(kind));
+                }
+                return Err(err);
+            }
+            _ => {}
+        }
+    }
+    tracing::error!("a prompt ended without a final event");
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "The prompt ended without an answer; the details are in the gateway log (`beige gateway logs`)",
+    ))
+}
+
+async fn list_sessions(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
+    let sessions = s.gateway.sessions(&name).await?;
+    Ok(Json(json!({ "sessions": sessions })).into_response())
+}
+
+async fn new_session(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let session = s.gateway.new_session(&name, &key).await?;
+    Ok((StatusCode::CREATED, Json(session)).into_response())
+}
+
+async fn session_messages(
+    State(s): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult {
+    let messages = s.gateway.session_messages(&name, &id).await?;
+    Ok(Json(json!({ "messages": messages })).into_response())
+}
+
+async fn resume_session(
+    State(s): State<Shared>,
+    Path((name, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let id = req_str(&map, "sessionId", "Missing sessionId")?;
+    let session = s.gateway.resume_session(&name, &key, &id).await?;
+    Ok(Json(session).into_response())
+}
+
+async fn set_model(
+    State(s): State<Shared>,
+    Path((name, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let provider = opt_key(&map, "provider")?;
+    let model_id = opt_key(&map, "modelId")?;
+    let model = opt_key(&map, "model")?;
+    let value = match (provider, model_id.or(model)) {
+        (Some(p), Some(m)) => Some(format!("{p}/{m}")),
+        (None, Some(m)) if m.contains('/') => Some(m),
+        // `{"model": null}` clears the override.
+        (None, None) if matches!(map.get("model"), Some(Value::Null)) => None,
+        _ => {
+            return Err(ApiError::bad_request(
+                "Missing provider or modelId (send {provider, modelId} or {model: \"provider/model\"})",
+            ))
+        }
+    };
+    let patch = SettingsPatch {
+        model_override: Some(value),
+        ..SettingsPatch::default()
+    };
+    let settings = s.gateway.update_settings(&name, &key, patch).await?;
+    Ok(Json(json!({"ok": true, "settings": settings})).into_response())
+}
+
+async fn get_settings(
+    State(s): State<Shared>,
+    Path((name, key)): Path<(String, String)>,
+) -> ApiResult {
+    ensure_agent(&s, &name).await?;
+    Ok(Json(s.gateway.settings(&key).await?).into_response())
+}
+
+async fn update_settings(
+    State(s): State<Shared>,
+    Path((name, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    if let Some(unknown) = map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "verbose" | "streaming" | "modelOverride"))
+    {
+        return Err(ApiError::bad_request(format!(
+            "Unknown field '{unknown}': settings are verbose, streaming and modelOverride"
+        )));
+    }
+    let patch = SettingsPatch {
+        verbose: patch_field(&map, "verbose", "a boolean", Value::as_bool)?,
+        streaming: patch_field(&map, "streaming", "a boolean", Value::as_bool)?,
+        model_override: patch_field(&map, "modelOverride", "\"provider/model\"", |v| {
+            v.as_str().map(str::to_string)
+        })?,
+    };
+    Ok(Json(s.gateway.update_settings(&name, &key, patch).await?).into_response())
+}
+
+async fn cancel(
+    State(s): State<Shared>,
+    Path((name, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    // The body is optional and ignored, but still checked like every body.
+    json_body(&s, &headers, body).await?;
+    let cancelled = s.gateway.cancel(&name, &key).await?;
+    Ok(Json(json!({ "cancelled": cancelled })).into_response())
+}
+
+async fn run_hook(
+    s: Shared,
+    name: String,
+    headers: HeaderMap,
+    body: Body,
+    hook: HookName,
+) -> ApiResult {
+    let mut map = json_body(&s, &headers, body).await?;
+    match hook {
+        HookName::PrePrompt => {
+            req_str(&map, "message", "Missing message")?;
+        }
+        HookName::PostResponse => {
+            if !matches!(map.get("response"), Some(Value::String(_))) {
+                return Err(ApiError::bad_request("Missing response"));
+            }
+        }
+        _ => {}
+    }
+    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let channel = opt_key(&map, "channel")?
+        .unwrap_or_else(|| key.split(':').next().unwrap_or(CHANNEL_NAME).to_string());
+    map.insert("sessionKey".into(), Value::String(key));
+    map.insert("channel".into(), Value::String(channel));
+    // Identity comes from the route.
+    map.insert("agentName".into(), Value::String(name.clone()));
+    let result = s.gateway.run_hook(&name, hook, Value::Object(map)).await?;
+    Ok(match hook {
+        HookName::SessionCreated | HookName::SessionDisposed => Json(json!({"ok": true})),
+        _ => Json(result),
+    }
+    .into_response())
+}
+
+async fn hook_pre_prompt(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    run_hook(s, name, headers, body, HookName::PrePrompt).await
+}
+
+async fn hook_post_response(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    run_hook(s, name, headers, body, HookName::PostResponse).await
+}
+
+async fn hook_session_created(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    run_hook(s, name, headers, body, HookName::SessionCreated).await
+}
+
+async fn hook_session_disposed(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    run_hook(s, name, headers, body, HookName::SessionDisposed).await
+}
+
+async fn restart(State(s): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
+    json_body(&s, &headers, body).await?;
+    let Some(hook) = &s.restart else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "This gateway cannot restart itself over the API: it is embedded in another program, not run by `beige gateway start`; restart that program instead",
+        ));
+    };
+    hook();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "status": "restarting",
+            "message": "Graceful restart initiated. Follow progress with: beige gateway logs -f",
+        })),
+    )
+        .into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// The channel
+
+/// The HTTP API as a [`Channel`]: [`router`] served on a bound TCP listener.
+pub struct HttpApiChannel {
+    state: ApiState,
+    listener: Mutex<Option<std::net::TcpListener>>,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for HttpApiChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpApiChannel")
+            .field("addr", &self.addr)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpApiChannel {
+    /// Listen on `host:port` (port 0 picks a free one) and return the channel with the
+    /// address it listens on. Nothing is served until [`Channel::run`].
+    ///
+    /// Refuses a non-loopback address when `state.token` is `None` (no authentication).
+    /// The bound address is added to the names accepted in `Host`/`Origin`; on a
+    /// wildcard address (`0.0.0.0`, `::`) any IP literal is accepted, and other names
+    /// must be listed in `state.allowed_hosts`.
+    pub fn bind(host: &str, port: u16, state: ApiState) -> Result<(Self, SocketAddr), ChannelError> {
+        let failed = |message: String| ChannelError::Failed {
+            channel: CHANNEL_NAME.to_string(),
+            message,
+        };
+        let bare = host.trim().trim_start_matches('[').trim_end_matches(']');
+        let shown = if bare.contains(':') {
+            format!("[{bare}]:{port}")
+        } else {
+            format!("{bare}:{port}")
+        };
+        let candidates: Vec<SocketAddr> = (bare, port)
+            .to_socket_addrs()
+            .map_err(|e| failed(format!("cannot resolve gateway.host '{host}': {e}")))?
+            .collect();
+        if candidates.is_empty() {
+            return Err(failed(format!(
+                "gateway.host '{host}' resolves to no address"
+            )));
+        }
+        let loopback = candidates.iter().all(|a| a.ip().is_loopback());
+        if !loopback && state.token.is_none() {
+            return Err(failed(format!(
+                "refusing to listen on {shown} without authentication: anyone who can reach that address could prompt your agents and run commands in their sandboxes. Turn gateway.auth back on (the default), or set gateway.host to 127.0.0.1"
+            )));
+        }
+        let listener = std::net::TcpListener::bind(&candidates[..]).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                failed(format!(
+                    "cannot listen on {shown}: the address is already in use; another gateway is probably running (`beige gateway status`), or change gateway.port"
+                ))
+            } else {
+                failed(format!("cannot listen on {shown}: {e}"))
+            }
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| failed(format!("cannot configure the listener on {shown}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| failed(format!("cannot read the address of {shown}: {e}")))?;
+        let mut state = state;
+        state.port = Some(addr.port());
+        if addr.ip().is_unspecified() {
+            state.allow_ip_hosts = true;
+        } else if !addr.ip().is_loopback() {
+            state.allowed_hosts.push(bare.to_string());
+            state.allowed_hosts.push(addr.ip().to_string());
+        }
+        Ok((
+            Self {
+                state,
+                listener: Mutex::new(Some(listener)),
+                addr,
+            },
+            addr,
+        ))
+    }
+
+    /// The address the channel listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+#[async_trait]
+impl Channel for HttpApiChannel {
+    fn name(&self) -> &str {
+        CHANNEL_NAME
+    }
+
+    /// Serve the API with `gateway` until `shutdown` fires, then give open requests
+    /// (SSE streams included) a few seconds to finish. Runs once per `bind`.
+    async fn run(
+        &self,
+        gateway: Arc<dyn Gateway>,
+        shutdown: CancellationToken,
+    ) -> Result<(), ChannelError> {
+        let failed = |message: String| ChannelError::Failed {
+            channel: CHANNEL_NAME.to_string(),
+            message,
+        };
+        let std_listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| failed("the HTTP API is already running (bind again to serve twice)".into()))?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)
+            .map_err(|e| failed(format!("cannot use the listener on {}: {e}", self.addr)))?;
+        let mut state = self.state.clone();
+        state.gateway = gateway;
+        let app = router(state);
+        tracing::info!(addr = %self.addr, "HTTP API listening");
+        let stop = shutdown.clone();
+        let serve = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .into_future();
+        tokio::select! {
+            r = serve => r.map_err(|e| failed(format!("serving on {} failed: {e}", self.addr))),
+            _ = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } => {
+                tracing::warn!("HTTP API: requests still open {SHUTDOWN_GRACE:?} after shutdown; closing them");
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ports_split() {
+        assert_eq!(split_host_port("localhost:7433"), ("localhost".into(), Some(7433)));
+        assert_eq!(split_host_port("[::1]:80"), ("::1".into(), Some(80)));
+        assert_eq!(split_host_port("[::1]"), ("::1".into(), None));
+        assert_eq!(split_host_port("Example.COM."), ("example.com".into(), None));
+        assert_eq!(split_host_port("::1"), ("::1".into(), None));
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}
