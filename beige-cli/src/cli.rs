@@ -52,11 +52,15 @@ pub enum Command {
         command: Option<GatewayCommand>,
     },
     /// Send one message to an agent through the running gateway and stream the answer
-    #[command(after_help = "Exit codes:\n  0  the agent answered\n  1  the prompt failed (the message says why and what to do)\n  2  wrong usage\n  3  the gateway is not running\n  4  no such agent\n  130  cancelled with Ctrl+C")]
+    #[command(
+        after_help = "Exit codes:\n  0  the agent answered\n  1  the prompt failed (the message says why and what to do)\n  2  wrong usage\n  3  the gateway is not running\n  4  no such agent\n  130  cancelled with Ctrl+C"
+    )]
     Run(RunArgs),
     /// Run a command in an agent's sandbox through the gateway (a core `exec`, checked by
     /// policy and audited like the model's own calls)
-    #[command(after_help = "The exit code is the command's own exit code (1 when the call itself failed).\n\nExample:\n  beige exec assistant -- ls -la /workspace")]
+    #[command(
+        after_help = "The exit code is the command's own exit code (1 when the call itself failed).\n\nExample:\n  beige exec assistant -- ls -la /workspace"
+    )]
     Exec(ExecArgs),
     /// List an agent's sessions
     Sessions(SessionsArgs),
@@ -75,7 +79,9 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// The offline demonstration: one agent in a real Docker sandbox, driven by a scripted
     /// model (no API key, no network, no daemon)
-    #[command(after_help = "Needs a Docker engine, the test image (scripts/setup-docker) and the static shim\n(scripts/build-shim). With ANTHROPIC_API_KEY or OPENAI_API_KEY set, a real model answers the\nsame prompt instead of the scripted one.\n\nEnvironment:\n  BEIGE_TEST_IMAGE  sandbox image [default: beige-test-busybox:latest]\n  BEIGE_SHIM        the static shim [default: next to beige, else target/shim/beige-shim]")]
+    #[command(
+        after_help = "Needs a Docker engine, the test image (scripts/setup-docker) and the static shim\n(scripts/build-shim). With ANTHROPIC_API_KEY or OPENAI_API_KEY set, a real model answers the\nsame prompt instead of the scripted one.\n\nEnvironment:\n  BEIGE_TEST_IMAGE  sandbox image [default: beige-test-busybox:latest]\n  BEIGE_SHIM        the static shim [default: next to beige, else target/shim/beige-shim]"
+    )]
     Demo,
     /// Start the terminal UI against the running gateway
     Tui {
@@ -83,7 +89,9 @@ pub enum Command {
         agent: Option<String>,
     },
     /// Print a shell completion script
-    #[command(after_help = "Example:\n  beige completions bash > ~/.local/share/bash-completion/completions/beige")]
+    #[command(
+        after_help = "Example:\n  beige completions bash > ~/.local/share/bash-completion/completions/beige"
+    )]
     Completions {
         /// The shell to complete for
         shell: Shell,
@@ -93,7 +101,9 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum GatewayCommand {
     /// Start the gateway as a background daemon (or in this terminal with --foreground)
-    #[command(after_help = "Checks Docker and the config first, starts the daemon with its output in\n<BEIGE_HOME>/logs/gateway.log, waits until /api/health answers (showing the startup log)\nand prints the pid, the URL and the log path.")]
+    #[command(
+        after_help = "Checks Docker and the config first, starts the daemon with its output in\n<BEIGE_HOME>/logs/gateway.log, waits until /api/health answers (showing the startup log)\nand prints the pid, the URL and the log path."
+    )]
     Start {
         /// Run in this terminal instead of as a daemon (logs to stderr; Ctrl+C stops)
         #[arg(short = 'F', long)]
@@ -161,7 +171,9 @@ pub struct SessionsArgs {
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// Print the last records of <BEIGE_HOME>/logs/audit.jsonl, one line per finished call
-    #[command(after_help = "Line format:\n  <time> ✓|✗ <CORE|TOOL> <agent>/<tool> <args> → <outcome> (<duration>)\n\n`✗` marks a call that was denied or failed.")]
+    #[command(
+        after_help = "Line format:\n  <time> ✓|✗ <CORE|TOOL> <agent>/<tool> <args> → <outcome> (<duration>)\n\n`✗` marks a call that was denied or failed."
+    )]
     Tail {
         /// Keep printing new records as they are written (across rotation)
         #[arg(short, long)]

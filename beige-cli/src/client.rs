@@ -31,9 +31,7 @@ impl Target {
                     .map(Path::to_path_buf)
                     .unwrap_or_else(|| home.config_path());
                 match Config::load(&path, home) {
-                    Ok(loaded) => {
-                        url_for(&loaded.config.gateway.host, loaded.config.gateway.port)
-                    }
+                    Ok(loaded) => url_for(&loaded.config.gateway.host, loaded.config.gateway.port),
                     Err(_) => DEFAULT_GATEWAY_URL.to_string(),
                 }
             }

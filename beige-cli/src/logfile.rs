@@ -113,8 +113,7 @@ impl Follower {
             return;
         };
         let mut buf = Vec::new();
-        if file.seek(SeekFrom::Start(self.offset)).is_err() || file.read_to_end(&mut buf).is_err()
-        {
+        if file.seek(SeekFrom::Start(self.offset)).is_err() || file.read_to_end(&mut buf).is_err() {
             return;
         }
         self.offset += buf.len() as u64;

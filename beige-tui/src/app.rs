@@ -95,7 +95,10 @@ pub enum Cell {
 pub enum Connection {
     Connected,
     /// Requests fail as unreachable; the runtime retries with backoff.
-    Reconnecting { attempt: u32, error: String },
+    Reconnecting {
+        attempt: u32,
+        error: String,
+    },
 }
 
 /// The prompt currently streaming.
@@ -170,7 +173,12 @@ pub struct App {
 
 impl App {
     /// A fresh state for `agent` (one of `agents`) on a terminal of `size`.
-    pub fn new(url: impl Into<String>, agents: Vec<AgentInfo>, agent: &str, size: (u16, u16)) -> Self {
+    pub fn new(
+        url: impl Into<String>,
+        agents: Vec<AgentInfo>,
+        agent: &str,
+        size: (u16, u16),
+    ) -> Self {
         Self {
             url: url.into(),
             agents,
@@ -251,7 +259,12 @@ impl App {
         self.push(Cell::Info(text.into()));
     }
 
-    pub fn error(&mut self, title: impl Into<String>, message: impl Into<String>, hint: Option<String>) {
+    pub fn error(
+        &mut self,
+        title: impl Into<String>,
+        message: impl Into<String>,
+        hint: Option<String>,
+    ) {
         self.push(Cell::Error(ErrorCell {
             title: title.into(),
             message: message.into(),
@@ -308,11 +321,9 @@ pub fn transcript(messages: &[Message]) -> Vec<Cell> {
                         streaming: false,
                     })
                 }
-                (Role::Assistant, Block::Thinking { thinking, .. }) => {
-                    cells.push(Cell::Thinking {
-                        text: thinking.clone(),
-                    })
-                }
+                (Role::Assistant, Block::Thinking { thinking, .. }) => cells.push(Cell::Thinking {
+                    text: thinking.clone(),
+                }),
                 (_, Block::ToolUse { id, name, input }) => cells.push(Cell::Tool(ToolCell {
                     id: id.clone(),
                     name: name.clone(),
@@ -388,7 +399,9 @@ mod tests {
             Message {
                 role: Role::Assistant,
                 content: vec![
-                    Block::Text { text: "Sure.".into() },
+                    Block::Text {
+                        text: "Sure.".into(),
+                    },
                     Block::ToolUse {
                         id: "t1".into(),
                         name: "exec".into(),
@@ -423,7 +436,10 @@ mod tests {
     #[test]
     fn denials_are_recognised() {
         assert_eq!(
-            tool_status(true, "Permission denied: tool 'git' is not allowed for agent 'a'"),
+            tool_status(
+                true,
+                "Permission denied: tool 'git' is not allowed for agent 'a'"
+            ),
             ToolStatus::Denied
         );
         assert_eq!(tool_status(true, "Exit code: 2\nboom"), ToolStatus::Failed);

@@ -28,8 +28,14 @@ pub enum Command {
 pub const COMMANDS: &[(&str, &str)] = &[
     ("/new", "start a new session (the old one is kept)"),
     ("/sessions", "list this agent's sessions"),
-    ("/resume <n|id>", "continue session n of /sessions (or by id)"),
-    ("/agent [name]", "switch to another agent (no name: list them)"),
+    (
+        "/resume <n|id>",
+        "continue session n of /sessions (or by id)",
+    ),
+    (
+        "/agent [name]",
+        "switch to another agent (no name: list them)",
+    ),
     ("/model [p/model]", "set the session's model (no arg: list)"),
     ("/verbose on|off", "show the model's thinking (alias /v)"),
     ("/cancel", "stop the running answer"),
@@ -87,10 +93,7 @@ mod tests {
     #[test]
     fn parses_commands_and_arguments() {
         assert_eq!(parse("/help"), Some(Command::Help));
-        assert_eq!(
-            parse("/resume 2"),
-            Some(Command::Resume(Some("2".into())))
-        );
+        assert_eq!(parse("/resume 2"), Some(Command::Resume(Some("2".into()))));
         assert_eq!(parse("/agent   "), Some(Command::Agent(None)));
         assert_eq!(parse("/v on"), Some(Command::Verbose(Some("on".into()))));
         assert_eq!(

@@ -25,7 +25,9 @@ enum Parsed {
 
 fn parse(args: impl Iterator<Item = String>) -> Parsed {
     let mut agent = None;
-    let mut url = std::env::var("BEIGE_GATEWAY").ok().filter(|u| !u.is_empty());
+    let mut url = std::env::var("BEIGE_GATEWAY")
+        .ok()
+        .filter(|u| !u.is_empty());
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -68,7 +70,10 @@ fn main() -> ExitCode {
         Parsed::Run { agent, url } => (agent, url),
         Parsed::Exit(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("beige-tui: cannot start the async runtime: {e}");

@@ -27,18 +27,26 @@ pub fn render(text: &str, width: usize, indent: &[Span<'static>]) -> Vec<Line<'s
     for raw in text.split('\n') {
         let trimmed = raw.trim_start();
         if let Some(f) = &fence {
-            if trimmed.starts_with(f.as_str()) && trimmed.trim_end().chars().all(|c| c == '`' || c == '~') {
+            if trimmed.starts_with(f.as_str())
+                && trimmed.trim_end().chars().all(|c| c == '`' || c == '~')
+            {
                 fence = None;
                 continue;
             }
             let mut first = indent.to_vec();
-            first.push(Span::styled("│ ", Style::default().add_modifier(Modifier::DIM)));
+            first.push(Span::styled(
+                "│ ",
+                Style::default().add_modifier(Modifier::DIM),
+            ));
             out.extend(hard_wrap(raw, code_style(), width, &first, &first));
             last_blank = false;
             continue;
         }
         if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
-            let marker: String = trimmed.chars().take_while(|c| *c == '`' || *c == '~').collect();
+            let marker: String = trimmed
+                .chars()
+                .take_while(|c| *c == '`' || *c == '~')
+                .collect();
             let lang = trimmed[marker.len()..].trim();
             fence = Some(marker);
             if !lang.is_empty() {
@@ -80,9 +88,17 @@ pub fn render(text: &str, width: usize, indent: &[Span<'static>]) -> Vec<Line<'s
         }
         if let Some(rest) = trimmed.strip_prefix('>') {
             let mut first = indent.to_vec();
-            first.push(Span::styled("▎ ", Style::default().add_modifier(Modifier::DIM)));
+            first.push(Span::styled(
+                "▎ ",
+                Style::default().add_modifier(Modifier::DIM),
+            ));
             let style = Style::default().add_modifier(Modifier::ITALIC);
-            out.extend(wrap_spans(&inline(rest.trim_start(), style), width, &first, &first));
+            out.extend(wrap_spans(
+                &inline(rest.trim_start(), style),
+                width,
+                &first,
+                &first,
+            ));
             continue;
         }
         if let Some((marker, rest)) = list_item(trimmed) {
@@ -90,16 +106,29 @@ pub fn render(text: &str, width: usize, indent: &[Span<'static>]) -> Vec<Line<'s
             let pad = "  ".repeat(depth.min(8));
             let mut first = indent.to_vec();
             first.push(Span::raw(pad.clone()));
-            first.push(Span::styled(marker.clone(), Style::default().add_modifier(Modifier::BOLD)));
+            first.push(Span::styled(
+                marker.clone(),
+                Style::default().add_modifier(Modifier::BOLD),
+            ));
             let mut rest_prefix = indent.to_vec();
             rest_prefix.push(Span::raw(format!(
                 "{pad}{}",
                 " ".repeat(crate::wrap::width(&marker))
             )));
-            out.extend(wrap_spans(&inline(rest, Style::default()), width, &first, &rest_prefix));
+            out.extend(wrap_spans(
+                &inline(rest, Style::default()),
+                width,
+                &first,
+                &rest_prefix,
+            ));
             continue;
         }
-        out.extend(wrap_spans(&inline(trimmed, Style::default()), width, indent, indent));
+        out.extend(wrap_spans(
+            &inline(trimmed, Style::default()),
+            width,
+            indent,
+            indent,
+        ));
     }
     while out.len() > 1 && out.last().is_some_and(|l| is_blank(l, indent)) {
         out.pop();
@@ -128,9 +157,7 @@ fn heading(line: &str) -> Option<(usize, &str)> {
 /// `---`, `***`, `___` (three or more, spaces allowed).
 fn is_rule(line: &str) -> bool {
     let chars: Vec<char> = line.chars().filter(|c| !c.is_whitespace()).collect();
-    chars.len() >= 3
-        && matches!(chars[0], '-' | '*' | '_')
-        && chars.iter().all(|c| *c == chars[0])
+    chars.len() >= 3 && matches!(chars[0], '-' | '*' | '_') && chars.iter().all(|c| *c == chars[0])
 }
 
 /// `- x`, `* x`, `+ x` → ("• ", "x"); `12. x` / `12) x` → ("12. ", "x").

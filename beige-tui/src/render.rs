@@ -73,7 +73,11 @@ fn areas(app: &App, area: Rect) -> Areas {
 
 /// Rows the transcript gets on a terminal of `size`.
 pub fn transcript_height(app: &App, size: (u16, u16)) -> usize {
-    usize::from(areas(app, Rect::new(0, 0, size.0, size.1)).transcript.height)
+    usize::from(
+        areas(app, Rect::new(0, 0, size.0, size.1))
+            .transcript
+            .height,
+    )
 }
 
 /// Draw the whole screen.
@@ -100,10 +104,7 @@ pub fn transcript_lines(app: &App, width: u16) -> Vec<Line<'static>> {
     if app.cells.is_empty() {
         return welcome(app, width);
     }
-    let last_tool = app
-        .cells
-        .iter()
-        .rposition(|c| matches!(c, Cell::Tool(_)));
+    let last_tool = app.cells.iter().rposition(|c| matches!(c, Cell::Tool(_)));
     let mut out: Vec<Line<'static>> = Vec::new();
     for (i, cell) in app.cells.iter().enumerate() {
         let lines = cell_lines(app, cell, width, Some(i) == last_tool);
@@ -142,7 +143,12 @@ fn welcome(app: &App, width: usize) -> Vec<Line<'static>> {
         "Type a message and press Enter. Shift+Enter (or Alt+Enter) starts a new line.",
         "/help lists commands and keys · Ctrl+C cancels an answer · twice quits.",
     ] {
-        out.extend(wrap_spans(&[Span::styled(text, dim())], width, &indent, &indent));
+        out.extend(wrap_spans(
+            &[Span::styled(text, dim())],
+            width,
+            &indent,
+            &indent,
+        ));
     }
     out
 }
@@ -155,7 +161,12 @@ fn cell_lines(app: &App, cell: &Cell, width: usize, last_tool: bool) -> Vec<Line
             let mut out = Vec::new();
             for (i, line) in sanitize(text).split('\n').enumerate() {
                 let p: &[Span<'static>] = if i == 0 { &first } else { &rest };
-                out.extend(wrap_spans(&[Span::styled(line.to_string(), bold())], width, p, &rest));
+                out.extend(wrap_spans(
+                    &[Span::styled(line.to_string(), bold())],
+                    width,
+                    p,
+                    &rest,
+                ));
             }
             out
         }
@@ -178,7 +189,12 @@ fn cell_lines(app: &App, cell: &Cell, width: usize, last_tool: bool) -> Vec<Line
             let style = dim().add_modifier(Modifier::ITALIC);
             let mut out = Vec::new();
             for line in sanitize(text.trim()).split('\n') {
-                out.extend(wrap_spans(&[Span::styled(line.to_string(), style)], width, &prefix, &prefix));
+                out.extend(wrap_spans(
+                    &[Span::styled(line.to_string(), style)],
+                    width,
+                    &prefix,
+                    &prefix,
+                ));
             }
             out
         }
@@ -249,7 +265,7 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
     };
     let summary = tool_summary(t);
     let head_w = 4 + width_of(&t.name) + 1;
-    let room = width.saturating_sub(head_w + width(&right) + 2);
+    let room = width.saturating_sub(head_w + width_of(&right) + 2);
     let mut head = vec![
         Span::raw("  "),
         Span::styled(icon.to_string(), icon_style),
@@ -258,21 +274,31 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
         Span::raw(" "),
         Span::raw(truncate(&summary, room)),
     ];
-    let used: usize = head.iter().map(|s| width(&s.content)).sum();
+    let used: usize = head.iter().map(|s| width_of(&s.content)).sum();
     if !right.is_empty() {
-        head.push(Span::raw(" ".repeat(width.saturating_sub(used + width(&right)).max(1))));
+        head.push(Span::raw(
+            " ".repeat(width.saturating_sub(used + width_of(&right)).max(1)),
+        ));
         head.push(Span::styled(right, right_style));
     }
     let mut out = vec![Line::from(head)];
     let bar = [Span::styled("    │ ", dim())];
     if t.status == ToolStatus::Denied {
         for line in sanitize(t.output.trim()).split('\n') {
-            out.extend(wrap_spans(&[Span::raw(line.to_string())], width, &bar, &bar));
+            out.extend(wrap_spans(
+                &[Span::raw(line.to_string())],
+                width,
+                &bar,
+                &bar,
+            ));
         }
         out.extend(wrap_spans(
             &[
                 Span::styled("hint: ", bold()),
-                Span::styled(denial_hint(app, t), Style::default().add_modifier(Modifier::ITALIC)),
+                Span::styled(
+                    denial_hint(app, t),
+                    Style::default().add_modifier(Modifier::ITALIC),
+                ),
             ],
             width,
             &[Span::raw("    ")],
@@ -281,9 +307,13 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
         return out;
     }
     let body = sanitize(t.body().trim_end());
-    let mut lines: Vec<&str> = if body.is_empty() { Vec::new() } else { body.split('\n').collect() };
+    let mut lines: Vec<&str> = if body.is_empty() {
+        Vec::new()
+    } else {
+        body.split('\n').collect()
+    };
     if t.expanded {
-        if t.name == "exec" && width(&summary) > room {
+        if t.name == "exec" && width_of(&summary) > room {
             let cmd = format!("$ {summary}");
             out.extend(hard_wrap(&cmd, dim(), width, &bar, &bar));
         }
@@ -306,7 +336,11 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
             out.push(Line::from(spans));
         }
         if more > 0 {
-            let how = if last_tool { "Tab expands" } else { "Shift+Tab expands all" };
+            let how = if last_tool {
+                "Tab expands"
+            } else {
+                "Shift+Tab expands all"
+            };
             out.push(Line::from(vec![
                 Span::raw("    "),
                 Span::styled(format!("… {more} more lines · {how}"), dim()),
@@ -344,13 +378,21 @@ fn error_lines(e: &ErrorCell, width: usize) -> Vec<Line<'static>> {
         Span::styled(e.title.clone(), red_bold()),
     ])];
     for line in sanitize(e.message.trim()).split('\n') {
-        out.extend(wrap_spans(&[Span::raw(line.to_string())], width, &indent, &indent));
+        out.extend(wrap_spans(
+            &[Span::raw(line.to_string())],
+            width,
+            &indent,
+            &indent,
+        ));
     }
     if let Some(hint) = &e.hint {
         out.extend(wrap_spans(
             &[
                 Span::styled("hint: ", bold()),
-                Span::styled(sanitize(hint), Style::default().add_modifier(Modifier::ITALIC)),
+                Span::styled(
+                    sanitize(hint),
+                    Style::default().add_modifier(Modifier::ITALIC),
+                ),
             ],
             width,
             &indent,
@@ -387,10 +429,7 @@ fn composer_layout(app: &App, width: u16) -> ComposerLayout {
     let avail = usize::from(width).saturating_sub(3).max(4);
     let prompt = || Span::styled("› ", bold().fg(Color::Cyan));
     if app.composer.is_empty() {
-        let placeholder = format!(
-            "Message {} — Enter sends, /help for commands",
-            app.agent
-        );
+        let placeholder = format!("Message {} — Enter sends, /help for commands", app.agent);
         return ComposerLayout {
             lines: vec![Line::from(vec![
                 prompt(),
@@ -420,10 +459,17 @@ fn composer_layout(app: &App, width: u16) -> ComposerLayout {
         for (k, (s, e)) in chunks.into_iter().enumerate() {
             let text: String = chars[s..e].iter().collect();
             if i == crow && ccol >= s && (ccol < e || k + 1 == n) {
-                let x: usize = chars[s..ccol].iter().map(|c| crate::wrap::char_width(*c)).sum();
+                let x: usize = chars[s..ccol]
+                    .iter()
+                    .map(|c| crate::wrap::char_width(*c))
+                    .sum();
                 cursor = (lines.len(), x);
             }
-            let lead = if i == 0 && k == 0 { prompt() } else { Span::raw("  ") };
+            let lead = if i == 0 && k == 0 {
+                prompt()
+            } else {
+                Span::raw("  ")
+            };
             lines.push(Line::from(vec![lead, Span::raw(text)]));
         }
     }
@@ -535,7 +581,11 @@ fn render_status(app: &App, frame: &mut Frame<'_>, area: Rect) {
         1,
         vec![Span::raw(format!(
             "↑{} ↓{}",
-            tokens(app.tokens.input_tokens + app.tokens.cache_read_tokens + app.tokens.cache_write_tokens),
+            tokens(
+                app.tokens.input_tokens
+                    + app.tokens.cache_read_tokens
+                    + app.tokens.cache_write_tokens
+            ),
             tokens(app.tokens.output_tokens)
         ))],
     ));
@@ -573,10 +623,6 @@ fn render_status(app: &App, frame: &mut Frame<'_>, area: Rect) {
     for (i, (_, s)) in segs.into_iter().enumerate() {
         if i > 0 {
             spans.push(Span::styled(" · ", dim()));
-        } else {
-            spans.extend(s);
-            spans.push(Span::raw(" "));
-            continue;
         }
         spans.extend(s);
     }
@@ -616,7 +662,12 @@ fn render_help(frame: &mut Frame<'_>, area: Rect, notice: Option<&str>) {
     };
     section(&mut lines, "Commands", COMMANDS);
     section(&mut lines, "Keys", KEYS);
-    let w = lines.iter().map(crate::wrap::line_width).max().unwrap_or(40) as u16 + 4;
+    let w = lines
+        .iter()
+        .map(crate::wrap::line_width)
+        .max()
+        .unwrap_or(40) as u16
+        + 4;
     let rect = centered(area, w, lines.len() as u16 + 2);
     let block = Block::default()
         .borders(Borders::ALL)
@@ -631,8 +682,8 @@ fn render_help(frame: &mut Frame<'_>, area: Rect, notice: Option<&str>) {
 
 /// `YYYY-MM-DD HH:MM` of a Unix-ms time at a fixed offset from UTC.
 pub fn date(ms: i64, offset_secs: i32) -> String {
-    let offset = chrono::FixedOffset::east_opt(offset_secs)
-        .or_else(|| chrono::FixedOffset::east_opt(0));
+    let offset =
+        chrono::FixedOffset::east_opt(offset_secs).or_else(|| chrono::FixedOffset::east_opt(0));
     match (chrono::DateTime::from_timestamp_millis(ms), offset) {
         (Some(t), Some(o)) => t.with_timezone(&o).format("%Y-%m-%d %H:%M").to_string(),
         _ => "?".to_string(),
@@ -647,7 +698,9 @@ fn render_sessions(
     selected: usize,
 ) {
     let w = area.width.saturating_sub(4).min(100);
-    let h = (list.len() as u16 + 2).min(area.height.saturating_sub(2)).max(3);
+    let h = (list.len() as u16 + 2)
+        .min(area.height.saturating_sub(2))
+        .max(3);
     let rect = centered(area, w, h);
     let inner_w = usize::from(w.saturating_sub(4));
     let rows = usize::from(h.saturating_sub(2));
@@ -659,11 +712,22 @@ fn render_sessions(
         .skip(offset)
         .take(rows)
         .map(|(i, r)| {
-            let mark = if Some(r.id.as_str()) == current { "●" } else { " " };
-            let left = format!("{mark} {:>2}. {}  ", i + 1, date(r.created, app.utc_offset_secs));
+            let mark = if Some(r.id.as_str()) == current {
+                "●"
+            } else {
+                " "
+            };
+            let left = format!(
+                "{mark} {:>2}. {}  ",
+                i + 1,
+                date(r.created, app.utc_offset_secs)
+            );
             let right = format!("  {} msgs  {}", r.message_count, short_id(&r.id));
             let room = inner_w.saturating_sub(width(&left) + width(&right));
-            let title = r.title.clone().unwrap_or_else(|| "(no messages yet)".into());
+            let title = r
+                .title
+                .clone()
+                .unwrap_or_else(|| "(no messages yet)".into());
             let title = truncate(&sanitize(&title).replace('\n', " "), room);
             let pad = " ".repeat(room.saturating_sub(width(&title)));
             let line = Line::from(vec![

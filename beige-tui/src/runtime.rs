@@ -31,9 +31,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
 use crate::app::{session_key, App};
-use crate::update::{
-    update, AgentLoad, Effect, Failure, Msg, ResumeTarget, SettingChange,
-};
+use crate::update::{update, AgentLoad, Effect, Failure, Msg, ResumeTarget, SettingChange};
 
 /// Interval of [`Msg::Tick`] (spinner, periodic connection checks).
 pub const TICK: Duration = Duration::from_millis(100);
@@ -169,7 +167,10 @@ impl Controller {
                     .map_err(f)
             }),
             Effect::LoadSessions { agent } => self.spawn("list the sessions", async move {
-                gw.sessions(&agent).await.map(Msg::SessionsLoaded).map_err(f)
+                gw.sessions(&agent)
+                    .await
+                    .map(Msg::SessionsLoaded)
+                    .map_err(f)
             }),
             Effect::Resume {
                 agent,
@@ -246,7 +247,8 @@ impl Controller {
     /// Wait until every running request (not a reconnect loop) has finished. A prompt
     /// that never ends keeps this waiting.
     pub async fn join_tasks(&mut self) -> bool {
-        let tasks: Vec<JoinHandle<()>> = self.tasks.drain(..).chain(self.cancels.drain(..)).collect();
+        let tasks: Vec<JoinHandle<()>> =
+            self.tasks.drain(..).chain(self.cancels.drain(..)).collect();
         let any = !tasks.is_empty();
         for t in tasks {
             let _ = t.await;
@@ -401,6 +403,11 @@ impl Driver {
         }
     }
 
+    /// Start an effect directly (what the runtime does first: load the agent).
+    pub fn execute(&mut self, effect: Effect) {
+        self.ctl.execute(effect);
+    }
+
     /// `update` with `msg`, then start its effects.
     pub fn dispatch(&mut self, msg: Msg) {
         for effect in update(&mut self.app, msg) {
@@ -490,7 +497,10 @@ impl TerminalGuard {
                 EnableBracketedPaste,
                 EnableMouseCapture
             )?;
-            if matches!(crossterm::terminal::supports_keyboard_enhancement(), Ok(true)) {
+            if matches!(
+                crossterm::terminal::supports_keyboard_enhancement(),
+                Ok(true)
+            ) {
                 crossterm::execute!(
                     out,
                     PushKeyboardEnhancementFlags(

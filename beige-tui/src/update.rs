@@ -15,7 +15,9 @@ use beige_core::llm::{ErrorKind, Message};
 use beige_core::store::{SessionRecord, SessionSettings};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseEventKind};
 
-use crate::app::{session_key, tool_status, App, Cell, Connection, Modal, Running, ToolCell, ToolStatus};
+use crate::app::{
+    session_key, tool_status, App, Cell, Connection, Modal, Running, ToolCell, ToolStatus,
+};
 use crate::commands::{self, Command};
 
 /// A second Ctrl+C within this time quits.
@@ -82,11 +84,19 @@ pub enum Msg {
     Resize(u16, u16),
     Tick,
     /// An event of prompt `id`.
-    Event { id: u64, event: AgentEvent },
+    Event {
+        id: u64,
+        event: AgentEvent,
+    },
     /// The event stream of prompt `id` ended.
-    PromptClosed { id: u64 },
+    PromptClosed {
+        id: u64,
+    },
     /// Prompt `id` could not be sent.
-    PromptFailed { id: u64, failure: Failure },
+    PromptFailed {
+        id: u64,
+        failure: Failure,
+    },
     AgentLoaded(Box<AgentLoad>),
     SessionsLoaded(Vec<SessionRecord>),
     Resumed {
@@ -99,13 +109,23 @@ pub enum Msg {
         change: SettingChange,
     },
     /// The answer to `Effect::Cancel`: whether a prompt was running.
-    Cancelled { was_running: bool },
+    Cancelled {
+        was_running: bool,
+    },
     /// The gateway answered (a connection check or a reconnect attempt succeeded).
-    Connected { agents: Vec<AgentInfo> },
+    Connected {
+        agents: Vec<AgentInfo>,
+    },
     /// A reconnect attempt failed; the runtime keeps trying.
-    ReconnectFailed { attempt: u32, error: String },
+    ReconnectFailed {
+        attempt: u32,
+        error: String,
+    },
     /// A request failed; `action` says what was tried ("load the sessions").
-    Failed { action: String, failure: Failure },
+    Failed {
+        action: String,
+        failure: Failure,
+    },
 }
 
 /// Something the runtime must do.
@@ -122,14 +142,21 @@ pub enum Effect {
         session_key: String,
     },
     /// Load an agent's settings, models and current session → `AgentLoaded`.
-    LoadAgent { agent: String },
-    LoadSessions { agent: String },
+    LoadAgent {
+        agent: String,
+    },
+    LoadSessions {
+        agent: String,
+    },
     Resume {
         agent: String,
         session_key: String,
         target: ResumeTarget,
     },
-    NewSession { agent: String, session_key: String },
+    NewSession {
+        agent: String,
+        session_key: String,
+    },
     /// `None` clears the override.
     SetModel {
         agent: String,
@@ -759,7 +786,8 @@ fn submit(app: &mut App) -> Vec<Effect> {
         None => trimmed.to_string(),
     };
     if !app.is_connected() {
-        app.notice = Some("the gateway is unreachable — reconnecting; your message stays here".into());
+        app.notice =
+            Some("the gateway is unreachable — reconnecting; your message stays here".into());
         return Vec::new();
     }
     if app.is_running() {

@@ -132,23 +132,21 @@ pub fn wrap_spans(
         *is_first = false;
         *avail = avail_rest;
     };
+    // Spaces wait here until a word follows them on the same line (no trailing spaces).
+    let mut pending: Vec<(char, Style)> = Vec::new();
     for (space, chars) in tokens {
-        let w: usize = chars.iter().map(|(c, _)| char_width(*c)).sum();
         if space {
-            if line.width + w <= avail {
-                // Leading spaces of the very first line are kept (indentation).
-                if !line.is_empty() || is_first {
-                    for (c, st) in chars {
-                        line.push(c, st);
-                    }
-                }
-            } else if !line.is_empty() {
-                break_line(&mut line, &mut avail, &mut is_first);
+            // Leading spaces of the very first line are kept (indentation).
+            if !line.is_empty() || is_first {
+                pending.extend(chars);
             }
             continue;
         }
-        if line.width + w <= avail {
-            for (c, st) in chars {
+        let w: usize = chars.iter().map(|(c, _)| char_width(*c)).sum();
+        let pw: usize = pending.iter().map(|(c, _)| char_width(*c)).sum();
+        let spaces = std::mem::take(&mut pending);
+        if line.width + pw + w <= avail {
+            for (c, st) in spaces.into_iter().chain(chars) {
                 line.push(c, st);
             }
             continue;
@@ -161,6 +159,11 @@ pub fn wrap_spans(
             continue;
         }
         // A word longer than a line: split it.
+        if line.width + pw < avail {
+            for (c, st) in spaces {
+                line.push(c, st);
+            }
+        }
         for (c, st) in chars {
             let cw = char_width(c);
             if line.width + cw > avail && !line.is_empty() {
@@ -218,7 +221,13 @@ mod tests {
         let lines = wrap_spans(&spans, 12, &[Span::raw("> ")], &[Span::raw("  ")]);
         assert_eq!(
             text(&lines),
-            ["> the quick", "  brown fox", "  jumps over", "  the lazy", "  dog"]
+            [
+                "> the quick",
+                "  brown fox",
+                "  jumps over",
+                "  the lazy",
+                "  dog"
+            ]
         );
         assert!(lines.iter().all(|l| line_width(l) <= 12));
     }

@@ -16,9 +16,8 @@ use crate::Exit;
 
 /// One record as a line.
 pub fn render(r: &AuditRecord) -> String {
-    let ok = r.decision == AuditDecision::Allowed
-        && r.error.is_none()
-        && r.exit_code.unwrap_or(0) == 0;
+    let ok =
+        r.decision == AuditDecision::Allowed && r.error.is_none() && r.exit_code.unwrap_or(0) == 0;
     let kind = match r.kind {
         AuditType::CoreTool => "CORE",
         AuditType::Tool => "TOOL",

@@ -22,7 +22,7 @@ use beige_core::home::BeigeHome;
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::{Block, LlmProvider, Message, Role, ToolResultPart};
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::sandbox::{shim, Sandbox};
+use beige_core::sandbox::Sandbox;
 use beige_core::{Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -177,7 +177,11 @@ fn last_tool_result(messages: &[Message]) -> String {
 
 fn config(model: &Model, image: &str) -> Result<Config> {
     let (provider, model_name, providers) = match model {
-        Model::Scripted => ("scripted", "scripted-demo", json!({"scripted": {}})),
+        Model::Scripted => (
+            "scripted",
+            "scripted-demo",
+            json!({"scripted": {"models": {"scripted-demo": {"contextWindow": 200000, "maxOutputTokens": 8192}}}}),
+        ),
         Model::Real {
             provider,
             model,
@@ -206,7 +210,10 @@ fn block(text: &str, max_lines: usize) -> String {
         out.push_str(&format!("      │ {l}\n"));
     }
     if lines.len() > max_lines {
-        out.push_str(&format!("      │ … ({} more lines)\n", lines.len() - max_lines));
+        out.push_str(&format!(
+            "      │ … ({} more lines)\n",
+            lines.len() - max_lines
+        ));
     }
     out
 }
@@ -230,16 +237,24 @@ pub async fn run() -> Result<()> {
     println!();
 
     // What the demo needs, with how to get it.
-    let shim = shim::locate(None).map_err(|e| {
+    let shim = crate::daemon::find_shim(None).map_err(|e| {
         Exit::new(
             1,
             format!("error: {e}\nThe demo needs the static shim: run `scripts/build-shim` (or `scripts/quickstart`)."),
         )
     })?;
-    let probe = tokio::time::timeout(Duration::from_secs(10), DockerSandbox::connect("demo-probe"))
-        .await
-        .map_err(|_| Exit::new(1, "error: the Docker engine did not answer within 10 s; check it with `docker info`."))?
-        .map_err(|e| Exit::new(1, format!("error: {e}")))?;
+    let probe = tokio::time::timeout(
+        Duration::from_secs(10),
+        DockerSandbox::connect("demo-probe"),
+    )
+    .await
+    .map_err(|_| {
+        Exit::new(
+            1,
+            "error: the Docker engine did not answer within 10 s; check it with `docker info`.",
+        )
+    })?
+    .map_err(|e| Exit::new(1, format!("error: {e}")))?;
     let image = std::env::var("BEIGE_TEST_IMAGE")
         .ok()
         .filter(|i| !i.is_empty())
@@ -307,7 +322,10 @@ async fn play(
     print!("▸ starting the sandbox of agent \"{AGENT}\" (image {image})… ");
     flush();
     let started = Instant::now();
-    let gw = builder.build().await.map_err(|e| Exit::new(1, format!("\nerror: {e}")))?;
+    let gw = builder
+        .build()
+        .await
+        .map_err(|e| Exit::new(1, format!("\nerror: {e}")))?;
     let sandbox = started.elapsed();
     println!("ready in {}", secs(sandbox));
     println!();
@@ -336,7 +354,12 @@ async fn play(
                     println!();
                     speaking = false;
                 }
-                match (name.as_str(), args.get("path"), args.get("content"), args.get("command")) {
+                match (
+                    name.as_str(),
+                    args.get("path"),
+                    args.get("content"),
+                    args.get("command"),
+                ) {
                     ("write", Some(path), Some(content), _) => {
                         let content = content.as_str().unwrap_or_default();
                         println!(
@@ -459,7 +482,7 @@ fn summary(home: &BeigeHome, t: &Timings) -> Result<()> {
     }
     println!("  {}", parts.join(" · "));
     println!(
-        "  {} audit records ({} calls × started/finished), every call checked by policy and recorded; {} denied",
+        "  {} audit records: each of the {} calls checked by policy and recorded when it started and when it finished; {} denied",
         c.records, c.calls, c.denied
     );
     println!();
@@ -493,7 +516,10 @@ mod tests {
                 }],
             },
         ];
-        assert_eq!(last_tool_result(&messages), "Exit code: 0\nstored\nsum=5525");
+        assert_eq!(
+            last_tool_result(&messages),
+            "Exit code: 0\nstored\nsum=5525"
+        );
     }
 
     #[test]

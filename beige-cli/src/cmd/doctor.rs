@@ -18,7 +18,6 @@ use beige_core::config::{Config, DEFAULT_IMAGE};
 use beige_core::home::BeigeHome;
 use beige_core::plugin::{kv::KvPlugin, Plugin, PluginRegistry};
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::sandbox::shim;
 use beige_core::skills::SkillSet;
 use beige_core::store::SqliteStore;
 
@@ -59,9 +58,17 @@ fn mode_of(path: &Path) -> Option<u32> {
         .map(|m| m.permissions().mode() & 0o777)
 }
 
-pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option<&str>) -> Result<()> {
+pub async fn run(
+    home: &BeigeHome,
+    explicit_config: Option<&Path>,
+    agent: Option<&str>,
+) -> Result<()> {
     let mut r = Report::default();
-    println!("beige doctor {} — BEIGE_HOME {}", env!("CARGO_PKG_VERSION"), home.root().display());
+    println!(
+        "beige doctor {} — BEIGE_HOME {}",
+        env!("CARGO_PKG_VERSION"),
+        home.root().display()
+    );
     println!();
 
     // BEIGE_HOME and the token.
@@ -73,8 +80,14 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
         ),
         Some(0o700) => r.ok(format!("BEIGE_HOME {} exists, mode 0700", root.display())),
         Some(m) => r.fail(
-            format!("BEIGE_HOME {} has mode {m:04o}: other users can read secrets and sessions", root.display()),
-            format!("chmod 700 {}   (or run `beige setup`, which tightens it)", root.display()),
+            format!(
+                "BEIGE_HOME {} has mode {m:04o}: other users can read secrets and sessions",
+                root.display()
+            ),
+            format!(
+                "chmod 700 {}   (or run `beige setup`, which tightens it)",
+                root.display()
+            ),
         ),
     }
     let token = home.token_path();
@@ -85,8 +98,14 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
         ),
         Some(0o600) => r.ok(format!("API token {} has mode 0600", token.display())),
         Some(m) => r.fail(
-            format!("API token {} has mode {m:04o}: other users can read it", token.display()),
-            format!("chmod 600 {}   (or run `beige setup`, which tightens it)", token.display()),
+            format!(
+                "API token {} has mode {m:04o}: other users can read it",
+                token.display()
+            ),
+            format!(
+                "chmod 600 {}   (or run `beige setup`, which tightens it)",
+                token.display()
+            ),
         ),
     }
 
@@ -129,34 +148,40 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
     };
 
     // Docker.
-    let docker = match tokio::time::timeout(Duration::from_secs(10), DockerSandbox::connect(home.hash())).await {
-        Ok(Ok(d)) => {
-            let version = d
-                .client()
-                .version()
-                .await
-                .ok()
-                .and_then(|v| v.version)
-                .unwrap_or_else(|| "unknown version".into());
-            r.ok(format!("Docker engine reachable (version {version})"));
-            Some(d)
-        }
-        Ok(Err(e)) => {
-            r.fail(
-                format!("Docker engine not reachable: {}", docker_reason(&e.to_string())),
-                docker_fix(),
-            );
-            None
-        }
-        Err(_) => {
-            r.fail("Docker engine did not answer within 10 s", docker_fix());
-            None
-        }
-    };
+    let docker =
+        match tokio::time::timeout(Duration::from_secs(10), DockerSandbox::connect(home.hash()))
+            .await
+        {
+            Ok(Ok(d)) => {
+                let version = d
+                    .client()
+                    .version()
+                    .await
+                    .ok()
+                    .and_then(|v| v.version)
+                    .unwrap_or_else(|| "unknown version".into());
+                r.ok(format!("Docker engine reachable (version {version})"));
+                Some(d)
+            }
+            Ok(Err(e)) => {
+                r.fail(
+                    format!(
+                        "Docker engine not reachable: {}",
+                        docker_reason(&e.to_string())
+                    ),
+                    docker_fix(),
+                );
+                None
+            }
+            Err(_) => {
+                r.fail("Docker engine did not answer within 10 s", docker_fix());
+                None
+            }
+        };
 
     // The shim.
     let configured = config.as_ref().and_then(|c| c.sandbox.shim.clone());
-    match shim::locate(configured.as_deref()) {
+    match crate::daemon::find_shim(configured.as_deref()) {
         Ok(p) => r.ok(format!("shim {} is a static executable", p.display())),
         Err(e) => r.fail(
             format!("shim: {e}"),
@@ -181,7 +206,10 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
                 .collect();
             let present = docker.client().inspect_image(image).await.is_ok();
             if present {
-                r.ok(format!("image {image} is present (agents: {})", users.join(", ")));
+                r.ok(format!(
+                    "image {image} is present (agents: {})",
+                    users.join(", ")
+                ));
             } else if image == DEFAULT_IMAGE || image.starts_with("beige-sandbox:") {
                 r.ok(format!(
                     "image {image} is not built yet — the gateway builds it on start (agents: {})",
@@ -201,7 +229,10 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
         let gw = &config.gateway;
         let url = client::url_for(&gw.host, gw.port);
         if let Some(h) = client::health(&url).await {
-            r.ok(format!("port {} is used by a running beige gateway (version {}) at {url}", gw.port, h.version));
+            r.ok(format!(
+                "port {} is used by a running beige gateway (version {}) at {url}",
+                gw.port, h.version
+            ));
         } else {
             match std::net::TcpListener::bind((gw.host.as_str(), gw.port)) {
                 Ok(_) => r.ok(format!("port {}:{} is free", gw.host, gw.port)),
@@ -231,12 +262,19 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
                     format!("no agent '{name}' in the config"),
                     format!(
                         "use one of: {}",
-                        c.agents.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                        c.agents
+                            .keys()
+                            .map(String::as_str)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ),
                 Some(_) => match preview(home, c, name).await {
                     Ok(text) => {
-                        r.ok(format!("system prompt of agent '{name}' ({} lines):", text.lines().count()));
+                        r.ok(format!(
+                            "system prompt of agent '{name}' ({} lines):",
+                            text.lines().count()
+                        ));
                         for line in text.lines() {
                             println!("    │ {line}");
                         }
@@ -257,10 +295,7 @@ pub async fn run(home: &BeigeHome, explicit_config: Option<&Path>, agent: Option
     } else {
         Err(Exit::new(
             1,
-            format!(
-                "{} check(s) failed — see the fixes above.",
-                r.failed
-            ),
+            format!("{} check(s) failed — see the fixes above.", r.failed),
         )
         .into())
     }

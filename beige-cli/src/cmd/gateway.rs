@@ -85,7 +85,9 @@ pub async fn start(
     if !timeout.is_finite() || timeout < 0.0 {
         return Err(Exit::new(
             2,
-            format!("error: invalid --timeout {timeout}: use a number of seconds ≥ 0 (0 = no limit)"),
+            format!(
+                "error: invalid --timeout {timeout}: use a number of seconds ≥ 0 (0 = no limit)"
+            ),
         )
         .into());
     }
@@ -270,8 +272,12 @@ pub async fn stop(home: &BeigeHome, timeout: f64) -> Result<()> {
         }
         PidState::Running(pid) => pid,
     };
-    sys::kill(pid, sys::SIGTERM)
-        .map_err(|e| Exit::new(1, format!("error: cannot signal the gateway (PID {pid}): {e}")))?;
+    sys::kill(pid, sys::SIGTERM).map_err(|e| {
+        Exit::new(
+            1,
+            format!("error: cannot signal the gateway (PID {pid}): {e}"),
+        )
+    })?;
     println!("Stopping the gateway (PID {pid})…");
     let limit = Duration::from_secs_f64(if timeout.is_finite() && timeout > 0.0 {
         timeout
@@ -297,11 +303,7 @@ pub async fn stop(home: &BeigeHome, timeout: f64) -> Result<()> {
 /// outcome it records (a config error is reported; the gateway keeps its old config).
 pub async fn restart(home: &BeigeHome, target: &Target) -> Result<()> {
     if client::health(&target.url).await.is_none() {
-        return Err(Exit::new(
-            code::NOT_RUNNING,
-            client::not_running_message(&target.url),
-        )
-        .into());
+        return Err(Exit::new(code::NOT_RUNNING, client::not_running_message(&target.url)).into());
     }
     let before = RestartRecord::read(home);
     println!("Reloading the gateway's config and plugins in place…");
@@ -315,7 +317,11 @@ pub async fn restart(home: &BeigeHome, target: &Target) -> Result<()> {
     match result {
         Ok(_) => {}
         Err(client::CallError::Status(_, message)) => {
-            return Err(Exit::new(1, format!("error: the gateway refused to restart: {message}")).into())
+            return Err(Exit::new(
+                1,
+                format!("error: the gateway refused to restart: {message}"),
+            )
+            .into())
         }
         Err(client::CallError::Unreachable(e)) => {
             return Err(Exit::new(
@@ -409,40 +415,32 @@ pub async fn status(home: &BeigeHome, target: &Target) -> Result<()> {
         println!("  Uptime:   {}", human_duration(uptime));
     }
     println!("  Logs:     {}", home.gateway_log_path().display());
-    match client::get_json(target, "/api/agents").await {
-        Ok(Value::Array(agents)) => {
+    let agents = match target.remote() {
+        Ok(gw) => beige_core::Gateway::agents(&gw).await,
+        Err(e) => {
+            println!("  Agents:   ({e})");
+            return Ok(());
+        }
+    };
+    match agents {
+        Ok(agents) => {
             println!("  Agents:   {}", agents.len());
             for a in agents {
-                let name = a.get("name").and_then(Value::as_str).unwrap_or("?");
-                let model = a.get("model").and_then(Value::as_str).unwrap_or("?");
-                let tools: Vec<&str> = a
-                    .get("tools")
-                    .and_then(Value::as_array)
-                    .map(|t| t.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
-                let sandbox = a
-                    .get("sandbox")
-                    .and_then(|s| s.get("state").or(Some(s)))
-                    .and_then(Value::as_str)
-                    .map(|s| format!(", sandbox {s}"))
-                    .unwrap_or_default();
-                println!(
-                    "    {name}: {model}, tools: {}{sandbox}",
-                    if tools.is_empty() {
-                        "core only".to_string()
-                    } else {
-                        tools.join(", ")
-                    }
-                );
+                let tools = if a.tools.is_empty() {
+                    "core tools only".to_string()
+                } else {
+                    format!("tools: {}", a.tools.join(", "))
+                };
+                println!("    {}: {}, {tools}", a.name, a.model);
             }
         }
-        Ok(_) => {}
-        Err(client::CallError::Status(401, _)) => {
-            println!("  Agents:   (the token in {} was refused)", home.token_path().display());
+        Err(beige_core::GatewayError::Remote { status: 401, .. }) => {
+            println!(
+                "  Agents:   (the token in {} was refused)",
+                home.token_path().display()
+            );
         }
-        Err(client::CallError::Status(_, e) | client::CallError::Unreachable(e)) => {
-            println!("  Agents:   (could not list them: {e})");
-        }
+        Err(e) => println!("  Agents:   (could not list them: {e})"),
     }
     Ok(())
 }

@@ -282,7 +282,9 @@ pub fn table(sessions: &[SessionRecord]) -> String {
     let mut widths = header.clone().map(|h| h.chars().count());
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count()).min(if i == 3 { 48 } else { 80 });
+            widths[i] = widths[i]
+                .max(c.chars().count())
+                .min(if i == 3 { 48 } else { 80 });
         }
     }
     let line = |r: &[String; 5]| {
@@ -353,7 +355,10 @@ mod tests {
             split_exit_code("Exit code: 137 (killed by signal 9)\nx"),
             (Some(137), "x")
         );
-        assert_eq!(split_exit_code("Error: timed out"), (None, "Error: timed out"));
+        assert_eq!(
+            split_exit_code("Error: timed out"),
+            (None, "Error: timed out")
+        );
     }
 
     #[test]
@@ -363,7 +368,10 @@ mod tests {
             "exec ls ⏎ -la"
         );
         assert_eq!(
-            describe("write", &serde_json::json!({"path": "a.txt", "content": "x"})),
+            describe(
+                "write",
+                &serde_json::json!({"path": "a.txt", "content": "x"})
+            ),
             "write a.txt"
         );
     }

@@ -44,8 +44,10 @@ async fn build(
     path: &std::path::Path,
     config: Config,
 ) -> Result<LocalGateway, GatewayError> {
+    let shim = super::find_shim(config.sandbox.shim.as_deref())?;
     GatewayBuilder::new(config, home.clone())
         .config_file(path)
+        .shim(shim)
         .build()
         .await
 }

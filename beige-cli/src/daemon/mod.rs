@@ -14,6 +14,8 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use beige_core::sandbox::{shim, SandboxError};
+
 use crate::sys;
 
 /// What the pid file says.
@@ -88,4 +90,32 @@ pub fn is_gateway_process(pid: i32) -> bool {
         return true;
     }
     args.iter().any(|a| a == "gateway") && args.iter().any(|a| a == "--foreground" || a == "-F")
+}
+
+/// Find the static shim like [`shim::locate`], but when neither `BEIGE_SHIM` nor the
+/// config names one, skip a dynamically linked `beige-shim` next to the executable (the
+/// one `cargo build` leaves in `target/debug/`) in favour of a static one further up
+/// (`target/shim/beige-shim` from `scripts/build-shim`).
+pub fn find_shim(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    let explicit = std::env::var_os(shim::BEIGE_SHIM_ENV).is_some_and(|v| !v.is_empty())
+        || configured.is_some();
+    if !explicit {
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf))
+        {
+            let mut candidates = vec![dir.join("beige-shim")];
+            for anc in dir.ancestors().take(4) {
+                candidates.push(anc.join("shim").join("beige-shim"));
+                candidates.push(anc.join("target").join("shim").join("beige-shim"));
+            }
+            if let Some(found) = candidates
+                .into_iter()
+                .find(|p| p.is_file() && shim::check_static(p).is_ok())
+            {
+                return Ok(found);
+            }
+        }
+    }
+    shim::locate(configured)
 }

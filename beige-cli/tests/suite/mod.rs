@@ -3,6 +3,10 @@
 //! binary there with a clean environment.
 
 mod config;
+mod daemon;
+mod demo;
+mod doctor;
+mod help;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -66,6 +70,13 @@ impl TestEnv {
         for (k, v) in &self.vars {
             cmd.env(k, v);
         }
+        for name in ["DOCKER_HOST", "BEIGE_SHIM", "BEIGE_TEST_IMAGE"] {
+            if let Some(v) = std::env::var_os(name) {
+                if !self.vars.iter().any(|(k, _)| k == name) {
+                    cmd.env(name, v);
+                }
+            }
+        }
         let out = cmd.output().unwrap();
         Run {
             code: out.status.code(),
@@ -111,4 +122,93 @@ pub fn original_config(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../beige-core/tests/fixtures/original-configs")
         .join(name)
+}
+
+/// Whether a missing Docker piece must fail the test (CI) instead of skipping it.
+pub fn docker_required() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("BEIGE_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
+}
+
+/// What a Docker test needs: an engine, the test image and a static shim.
+pub struct DockerEnv {
+    pub image: String,
+}
+
+/// The Docker pieces, or `None` (after printing why) when the test must be skipped.
+/// In CI a missing piece fails the test instead.
+pub async fn docker_env() -> Option<DockerEnv> {
+    let skip = |why: String| -> Option<DockerEnv> {
+        if docker_required() {
+            panic!("Docker test cannot run in CI: {why}");
+        }
+        eprintln!("SKIPPED (not in CI): {why}");
+        None
+    };
+    let shim = match std::env::var_os("BEIGE_SHIM") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim"),
+    };
+    if let Err(e) = beige_core::sandbox::shim::check_static(&shim) {
+        return skip(format!(
+            "no static shim ({e}): run scripts/build-shim or set BEIGE_SHIM"
+        ));
+    }
+    let docker = match beige_core::sandbox::docker::DockerSandbox::connect("probe").await {
+        Ok(d) => d,
+        Err(e) => return skip(format!("no Docker engine: {e}")),
+    };
+    let image = std::env::var("BEIGE_TEST_IMAGE")
+        .ok()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| "beige-test-busybox:latest".into());
+    if docker.client().inspect_image(&image).await.is_err() {
+        return skip(format!(
+            "test image {image} missing: run scripts/setup-docker"
+        ));
+    }
+    Some(DockerEnv { image })
+}
+
+/// Skip the calling async test when Docker pieces are missing outside CI.
+#[macro_export]
+macro_rules! docker_or_skip {
+    () => {
+        match $crate::suite::docker_env().await {
+            Some(env) => env,
+            None => return,
+        }
+    };
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Container ids carrying `io.beige.home=<hash>`.
+pub async fn containers_of(hash: &str) -> Vec<String> {
+    let docker = beige_core::sandbox::docker::DockerSandbox::connect("probe")
+        .await
+        .unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![format!("io.beige.home={hash}")],
+    )]);
+    docker
+        .client()
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
 }

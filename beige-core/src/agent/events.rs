@@ -32,6 +32,7 @@ pub enum AgentEvent {
         id: String,
         name: String,
         output: String,
+        #[serde(rename = "isError")]
         is_error: bool,
         #[serde(rename = "durationMs")]
         duration_ms: u64,

@@ -163,8 +163,6 @@ pub enum RouteError {
     /// Content already reached the user when the stream failed: not retried.
     #[error("{error}")]
     Interrupted { error: LlmError },
-    #[error("model {model} is not configured: provider '{provider}' has no client")]
-    NoProvider { model: String, provider: String },
     #[error("cancelled")]
     Cancelled,
 }
@@ -253,10 +251,16 @@ impl Router {
                     continue;
                 }
                 let Some(provider) = self.providers.get(&cand.provider) else {
-                    return Err(RouteError::NoProvider {
+                    // A provider whose client could not be built: try the others.
+                    failures.insert(key.clone(), MAX_FAILURES);
+                    attempts.push(Attempt {
                         model: key,
-                        provider: cand.provider.clone(),
+                        error: format!(
+                            "provider '{}' is not available (see the gateway log for why its client could not be built)",
+                            cand.provider
+                        ),
                     });
+                    continue;
                 };
                 tried_any = true;
                 let permit = match self.limits.get(&cand.provider) {
@@ -300,7 +304,12 @@ impl Router {
                             return Err(RouteError::Interrupted { error: err });
                         }
                         tracing::warn!(model = %key, error = %err, "model call failed; trying the next candidate");
-                        *failures.entry(key.clone()).or_default() += 1;
+                        let count = failures.entry(key.clone()).or_default();
+                        *count += 1;
+                        if matches!(kind, ErrorKind::Auth | ErrorKind::InvalidRequest) {
+                            // The same request would fail the same way: do not repeat it.
+                            *count = MAX_FAILURES;
+                        }
                         if first_failure.is_none() {
                             first_failure = Some(kind);
                         }

@@ -200,7 +200,10 @@ impl ApiState {
 /// hashed, and the digests are compared in constant time.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let (x, y) = (Sha256::digest(a), Sha256::digest(b));
-    x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
+    x.iter()
+        .zip(y.iter())
+        .fold(0u8, |acc, (p, q)| acc | (p ^ q))
+        == 0
 }
 
 fn parse_ip(host: &str) -> Option<IpAddr> {
@@ -339,9 +342,11 @@ const TABLE: &[(&str, &str, Handler)] = &[
     ("GET", "/api/agents/{name}/sessions/{key}/settings", || {
         get(get_settings)
     }),
-    ("PATCH", "/api/agents/{name}/sessions/{key}/settings", || {
-        patch(update_settings)
-    }),
+    (
+        "PATCH",
+        "/api/agents/{name}/sessions/{key}/settings",
+        || patch(update_settings),
+    ),
     ("POST", "/api/agents/{name}/sessions/{key}/cancel", || {
         post(cancel)
     }),
@@ -509,13 +514,18 @@ async fn rewrap_error(response: Response) -> Response {
 
 /// Read a JSON object body. An absent (empty) body is `None`; a body needs
 /// `Content-Type: application/json` (415), must fit the limit (413) and parse (400).
-async fn json_body(s: &ApiState, headers: &HeaderMap, body: Body) -> Result<Map<String, Value>, ApiError> {
+async fn json_body(
+    s: &ApiState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Map<String, Value>, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .map(|v| v.to_str().unwrap_or_default().to_ascii_lowercase());
     let is_json = content_type.as_deref().is_some_and(|ct| {
         let essence = ct.split(';').next().unwrap_or_default().trim();
-        essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+        essence == "application/json"
+            || (essence.starts_with("application/") && essence.ends_with("+json"))
     });
     let unsupported = || {
         ApiError::new(
@@ -526,16 +536,18 @@ async fn json_body(s: &ApiState, headers: &HeaderMap, body: Body) -> Result<Map<
     if content_type.is_some() && !is_json {
         return Err(unsupported());
     }
-    let bytes = axum::body::to_bytes(body, s.body_limit).await.map_err(|e| {
-        let mut source: Option<&dyn std::error::Error> = Some(&e);
-        while let Some(err) = source {
-            if err.to_string().contains("length limit") {
-                return too_large(s.body_limit);
+    let bytes = axum::body::to_bytes(body, s.body_limit)
+        .await
+        .map_err(|e| {
+            let mut source: Option<&dyn std::error::Error> = Some(&e);
+            while let Some(err) = source {
+                if err.to_string().contains("length limit") {
+                    return too_large(s.body_limit);
+                }
+                source = err.source();
             }
-            source = err.source();
-        }
-        ApiError::bad_request(format!("Could not read the request body: {e}"))
-    })?;
+            ApiError::bad_request(format!("Could not read the request body: {e}"))
+        })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -544,7 +556,9 @@ async fn json_body(s: &ApiState, headers: &HeaderMap, body: Body) -> Result<Map<
     }
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad_request("The request body must be a JSON object")),
+        Ok(_) => Err(ApiError::bad_request(
+            "The request body must be a JSON object",
+        )),
         Err(e) => Err(ApiError::bad_request(format!("Invalid JSON: {e}"))),
     }
 }
@@ -630,7 +644,10 @@ async fn models_health(State(s): State<Shared>) -> ApiResult {
 
 async fn openapi() -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         OPENAPI_JSON,
     )
         .into_response()
@@ -726,9 +743,9 @@ fn wants_sse(headers: &HeaderMap) -> bool {
 
 /// One `AgentEvent` as an SSE event: `event: <type>`, `data: <the event as JSON>`.
 fn sse_event(e: &AgentEvent) -> Event {
-    let value = serde_json::to_value(e).unwrap_or_else(|err| {
-        json!({"type": "error", "message": format!("could not encode an event: {err}")})
-    });
+    let value = serde_json::to_value(e).unwrap_or_else(
+        |err| json!({"type": "error", "message": format!("could not encode an event: {err}")}),
+    );
     let kind = value
         .get("type")
         .and_then(Value::as_str)
@@ -880,11 +897,9 @@ async fn set_model(
         (None, Some(m)) if m.contains('/') => Some(m),
         // `{"model": null}` clears the override.
         (None, None) if matches!(map.get("model"), Some(Value::Null)) => None,
-        _ => {
-            return Err(ApiError::bad_request(
-                "Missing provider or modelId (send {provider, modelId} or {model: \"provider/model\"})",
-            ))
-        }
+        _ => return Err(ApiError::bad_request(
+            "Missing provider or modelId (send {provider, modelId} or {model: \"provider/model\"})",
+        )),
     };
     let patch = SettingsPatch {
         model_override: Some(value),
@@ -951,10 +966,8 @@ async fn run_hook(
         HookName::PrePrompt => {
             req_str(&map, "message", "Missing message")?;
         }
-        HookName::PostResponse => {
-            if !matches!(map.get("response"), Some(Value::String(_))) {
-                return Err(ApiError::bad_request("Missing response"));
-            }
+        HookName::PostResponse if !matches!(map.get("response"), Some(Value::String(_))) => {
+            return Err(ApiError::bad_request("Missing response"));
         }
         _ => {}
     }
@@ -1055,7 +1068,11 @@ impl HttpApiChannel {
     /// The bound address is added to the names accepted in `Host`/`Origin`; on a
     /// wildcard address (`0.0.0.0`, `::`) any IP literal is accepted, and other names
     /// must be listed in `state.allowed_hosts`.
-    pub fn bind(host: &str, port: u16, state: ApiState) -> Result<(Self, SocketAddr), ChannelError> {
+    pub fn bind(
+        host: &str,
+        port: u16,
+        state: ApiState,
+    ) -> Result<(Self, SocketAddr), ChannelError> {
         let failed = |message: String| ChannelError::Failed {
             channel: CHANNEL_NAME.to_string(),
             message,
@@ -1142,7 +1159,9 @@ impl Channel for HttpApiChannel {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
-            .ok_or_else(|| failed("the HTTP API is already running (bind again to serve twice)".into()))?;
+            .ok_or_else(|| {
+                failed("the HTTP API is already running (bind again to serve twice)".into())
+            })?;
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .map_err(|e| failed(format!("cannot use the listener on {}: {e}", self.addr)))?;
         let mut state = self.state.clone();
@@ -1172,10 +1191,16 @@ mod tests {
 
     #[test]
     fn host_ports_split() {
-        assert_eq!(split_host_port("localhost:7433"), ("localhost".into(), Some(7433)));
+        assert_eq!(
+            split_host_port("localhost:7433"),
+            ("localhost".into(), Some(7433))
+        );
         assert_eq!(split_host_port("[::1]:80"), ("::1".into(), Some(80)));
         assert_eq!(split_host_port("[::1]"), ("::1".into(), None));
-        assert_eq!(split_host_port("Example.COM."), ("example.com".into(), None));
+        assert_eq!(
+            split_host_port("Example.COM."),
+            ("example.com".into(), None)
+        );
         assert_eq!(split_host_port("::1"), ("::1".into(), None));
     }
 

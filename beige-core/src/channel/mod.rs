@@ -6,6 +6,7 @@
 //! from; it never reaches into the gateway's internals.
 
 pub mod http;
+pub mod telegram;
 
 use std::sync::Arc;
 

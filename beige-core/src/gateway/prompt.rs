@@ -188,6 +188,17 @@ impl Inner {
         };
         a.tools
             .iter()
+            .filter(|t| {
+                // A tool the policy takes away is not described to the model either.
+                self.policy
+                    .check(&crate::policy::PolicyRequest {
+                        agent,
+                        tool: t,
+                        kind: crate::policy::ToolKind::Plugin,
+                        args: &[],
+                    })
+                    .allowed
+            })
             .filter_map(|t| self.registry.tool(t))
             .map(|r| PromptTool {
                 name: r.tool.name().to_string(),
@@ -448,6 +459,7 @@ impl Run<'_> {
         let mut failures = HashMap::new();
         let mut total = Usage::default();
         let mut switched_once = false;
+        let mut last_model: Option<String>;
         let mut compacted = false;
         let tool_specs = crate::tools::definitions();
         let final_text: String;
@@ -558,14 +570,9 @@ impl Run<'_> {
                         RouteError::Interrupted { error } => Some(error.kind()),
                         _ => None,
                     };
-                    if exchange.len() > 1 {
-                        self.persist(
-                            &session,
-                            exchange,
-                            Some("[the answer was interrupted by an error]"),
-                        )
-                        .await?;
-                    }
+                    // Keep the user's message, closed with a note, so history stays whole.
+                    let note = format!("[no answer: {e}]");
+                    self.persist(&session, exchange, Some(&note)).await?;
                     self.send(AgentEvent::Error {
                         message: e.to_string(),
                         kind,
@@ -575,9 +582,18 @@ impl Run<'_> {
                 }
             };
             let used = model_key(&routed.model);
-            if let (Some(reason), false) = (&routed.switched, switched_once) {
+            let primary = model_key(&agent.model);
+            // A session override answering instead of the primary is a switch too.
+            let switch = match &routed.switched {
+                Some(reason) => Some((
+                    candidates.first().map(model_key).unwrap_or_default(),
+                    reason.clone(),
+                )),
+                None if used != primary => Some((primary, "user_override".to_string())),
+                None => None,
+            };
+            if let (Some((from, reason)), false) = (switch, switched_once) {
                 switched_once = true;
-                let from = candidates.first().map(model_key).unwrap_or_default();
                 self.send(AgentEvent::ModelSwitched {
                     from: from.clone(),
                     to: used.clone(),
@@ -591,10 +607,11 @@ impl Run<'_> {
                         channel: channel.clone(),
                         previous_model: from,
                         new_model: used.clone(),
-                        reason: reason.clone(),
+                        reason,
                     })
                     .await;
             }
+            last_model = Some(used.clone());
             let info = catalog::lookup(&routed.model.model, inner.model_overrides(&routed.model));
             let usage = routed.response.usage;
             total.add(&usage);
@@ -696,6 +713,11 @@ impl Run<'_> {
             ResponseDecision::Blocked => String::new(),
         };
         self.persist(&session, exchange, None).await?;
+        if let Some(last) = last_model.as_deref() {
+            if session.model.as_deref() != Some(last) {
+                inner.store.set_session_model(&session.id, last).await?;
+            }
+        }
         self.send(AgentEvent::Done {
             response,
             session_id: session.id.clone(),

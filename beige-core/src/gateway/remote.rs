@@ -169,7 +169,8 @@ impl RemoteGateway {
         let loopback = base.host_str().is_some_and(|h| {
             let h = h.trim_start_matches('[').trim_end_matches(']');
             h.eq_ignore_ascii_case("localhost")
-                || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
         });
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
@@ -181,7 +182,9 @@ impl RemoteGateway {
         let client = builder
             .build()
             .map_err(|e| setup(format!("cannot build the HTTP client: {e}")))?;
-        let token = token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty());
+        let token = token
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
         Ok(Self {
             base,
             token,
@@ -333,11 +336,9 @@ impl RemoteGateway {
                         known,
                     };
                 }
-                if let (Some(agent), Some(session), true) = (
-                    ctx.agent,
-                    ctx.session,
-                    message.starts_with("no session "),
-                ) {
+                if let (Some(agent), Some(session), true) =
+                    (ctx.agent, ctx.session, message.starts_with("no session "))
+                {
                     return GatewayError::UnknownSession {
                         agent: agent.to_string(),
                         session: session.to_string(),
@@ -500,13 +501,15 @@ async fn pump(
     let mut events =
         Box::pin(with_idle_timeout(response.bytes_stream(), STREAM_IDLE_TIMEOUT).eventsource());
     let mut finished = false;
-    let lost = |why: String| AgentEvent::Error {
+    let lost = |why: String| {
+        AgentEvent::Error {
         message: format!("lost the connection to the gateway: {why}"),
         kind: None,
         hint: Some(
             "Check that the gateway is still running (`beige gateway status`) and send the message again."
                 .into(),
         ),
+    }
     };
     loop {
         tokio::select! {

@@ -178,12 +178,31 @@ pub(crate) fn error_from_body(
             shorten(t)
         }
     });
+    let error_type = match overflow(status, &message) {
+        true => Some("context_overflow".to_string()),
+        false => error_type,
+    };
     LlmError::Api {
         provider: provider.to_string(),
         status,
         retry_after,
         error_type,
         message,
+    }
+}
+
+/// Anthropic and Gemini report an over-long prompt only as a generic 400 with a
+/// documented sentence; this is the one place where such a sentence is turned into the
+/// typed `context_overflow` error type, so nothing downstream looks at message text.
+fn overflow(status: u16, message: &str) -> bool {
+    const SENTENCES: [&str; 3] = [
+        "prompt is too long",                    // Anthropic
+        "exceeds the maximum number of tokens",  // Gemini
+        "input token count exceeds the maximum", // Gemini
+    ];
+    status == 400 && {
+        let m = message.to_ascii_lowercase();
+        SENTENCES.iter().any(|s| m.contains(s))
     }
 }
 
@@ -205,8 +224,16 @@ pub(crate) fn parse_error_value(v: &serde_json::Value) -> (Option<String>, Optio
             .filter(|s| !s.is_empty())
             .map(str::to_string)
     };
-    let error_type = text("type")
-        .filter(|t| t != "error")
+    // A specific code (OpenAI's `context_length_exceeded`) says more than the generic
+    // type it comes with (`invalid_request_error`).
+    let code = text("code").filter(|c| {
+        matches!(
+            c.as_str(),
+            "context_length_exceeded" | "rate_limit_exceeded" | "insufficient_quota"
+        )
+    });
+    let error_type = code
+        .or_else(|| text("type").filter(|t| t != "error"))
         .or_else(|| text("code"))
         .or_else(|| text("status"));
     let message = text("message").map(|m| shorten(&m));

@@ -579,3 +579,66 @@ async fn long_sessions_are_compacted_and_nothing_is_deleted() {
         .iter()
         .any(|m| m.message.text().contains("question number 0")));
 }
+
+#[tokio::test]
+async fn a_session_model_override_must_be_allowed_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let primary = FakeLlmServer::start().await;
+    let spare = FakeLlmServer::start().await;
+    spare.push(text_response("the spare speaking"));
+    let Some(gw) = fake_gateway(&home, config(&primary, Some(&spare), json!({}))).await else {
+        return;
+    };
+    let patch = |m: &str| beige_core::store::SettingsPatch {
+        model_override: Some(Some(m.to_string())),
+        ..Default::default()
+    };
+    let err = gw
+        .update_settings("a", "api:a:default", patch("openai/gpt-4o"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("allowed models: anthropic/claude-sonnet-4-6, spare/claude-haiku-4-5"),
+        "{err}"
+    );
+    gw.update_settings("a", "api:a:default", patch("spare/claude-haiku-4-5"))
+        .await
+        .unwrap();
+    let events = ask(&gw, "api:a:default", "hi").await;
+    assert_eq!(done_text(&events).as_deref(), Some("the spare speaking"));
+    assert!(events.iter().any(
+        |e| matches!(e, AgentEvent::ModelSwitched { reason, .. } if reason == "user_override")
+    ));
+    assert_eq!(primary.request_count(), 0);
+    let s = &gw.sessions("a").await.unwrap()[0];
+    assert_eq!(s.model.as_deref(), Some("spare/claude-haiku-4-5"));
+
+    // A prompt no model can answer keeps the user's message, closed with a note.
+    spare.push(error_reply(
+        401,
+        "authentication_error",
+        "invalid x-api-key",
+    ));
+    primary.push(error_reply(
+        401,
+        "authentication_error",
+        "invalid x-api-key",
+    ));
+    let events = ask(&gw, "api:a:default", "second question").await;
+    let (message, hint) = events
+        .iter()
+        .find_map(|e| match e {
+            AgentEvent::Error { message, hint, .. } => Some((message.clone(), hint.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert!(message.contains("HTTP 401"), "{message}");
+    assert!(hint.unwrap().contains("API key"));
+    assert_eq!(spare.request_count(), 2, "auth errors are not repeated");
+    let messages = gw.session_messages("a", &s.id).await.unwrap();
+    assert_eq!(messages.len(), 4);
+    assert_eq!(messages[2].text(), "second question");
+    assert!(messages[3].text().starts_with("[no answer:"));
+}

@@ -1,6 +1,7 @@
 mod agent;
 mod core_tools;
 mod hooks;
+mod http_api;
 mod sandbox_docker;
 mod support;
 mod tools_socket;

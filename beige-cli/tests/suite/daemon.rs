@@ -1,0 +1,353 @@
+//! The gateway daemon end to end, through the built binary: `setup` → `gateway start` →
+//! `status` → `run` against a fake provider → `exec` → `gateway restart` (the session
+//! survives) → failures of `run` → `gateway stop` → nothing left behind. Plus a restart
+//! with a broken config, and the commands' answers when no gateway runs.
+//!
+//! Docker tests skip outside CI with a printed reason when the engine, the test image
+//! or the static shim is missing.
+
+use std::path::Path;
+
+use beige_core::home::BeigeHome;
+use beige_testkit::anthropic::{error_reply, text_response};
+use beige_testkit::llm::FakeLlmServer;
+use serde_json::Value;
+
+use super::{containers_of, free_port, Run, TestEnv};
+use crate::docker_or_skip;
+
+/// Run the binary from an async test.
+fn beige(env: &TestEnv, args: &[&str]) -> Run {
+    tokio::task::block_in_place(|| env.run(args))
+}
+
+/// Stops the daemon of a test home when dropped (also when the test panicked) and
+/// removes its containers.
+struct DaemonGuard<'a>(&'a TestEnv);
+
+impl Drop for DaemonGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.home().join("gateway.pid").exists() {
+            let _ = self.0.run(&["gateway", "stop"]);
+        }
+        let hash = BeigeHome::new(self.0.home()).hash();
+        if let Ok(out) = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=io.beige.home={hash}"),
+            ])
+            .output()
+        {
+            let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            if !ids.is_empty() {
+                let _ = std::process::Command::new("docker")
+                    .arg("rm")
+                    .arg("-f")
+                    .args(&ids)
+                    .output();
+            }
+        }
+    }
+}
+
+fn write_config(home: &Path, provider_url: &str, port: u16, image: &str) {
+    let config = format!(
+        r#"// written by the daemon test
+{{
+  llm: {{ providers: {{ anthropic: {{ apiKey: "sk-test-daemon", baseUrl: "{provider_url}" }} }} }},
+  plugins: {{ kv: {{}} }},
+  agents: {{
+    a1: {{
+      model: {{ provider: "anthropic", model: "claude-sonnet-4-6" }},
+      tools: ["kv"],
+      sandbox: {{ image: "{image}", memoryLimit: "256m", pidsLimit: 128 }},
+    }},
+  }},
+  gateway: {{ host: "127.0.0.1", port: {port} }},
+}}
+"#
+    );
+    std::fs::write(home.join("config.json5"), config).unwrap();
+}
+
+/// Every text of a Messages request body, in order.
+fn texts(body: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        match &m["content"] {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(blocks) => {
+                for b in blocks {
+                    if let Some(t) = b["text"].as_str() {
+                        out.push(t.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_round_trip() {
+    let docker = docker_or_skip!();
+    let fake = FakeLlmServer::start().await;
+    fake.push(text_response("Hello from the fake model."));
+    fake.push(text_response("Yes: you said hi."));
+    let env = TestEnv::new();
+    let _guard = DaemonGuard(&env);
+    let run = beige(&env, &["setup"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let port = free_port();
+    write_config(&env.home(), &fake.url(), port, &docker.image);
+
+    let run = beige(&env, &["gateway", "start", "--timeout", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("Gateway running (PID"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&format!("http://127.0.0.1:{port}")),
+        "{}",
+        run.stdout
+    );
+    assert!(env.home().join("gateway.pid").is_file());
+
+    // A second start sees the running daemon.
+    let run = beige(&env, &["gateway", "start"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("already running"), "{}", run.stdout);
+
+    let run = beige(&env, &["gateway", "status"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.starts_with("Gateway: running"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("a1: anthropic/claude-sonnet-4-6"),
+        "{}",
+        run.stdout
+    );
+
+    let run = beige(&env, &["run", "a1", "hi", "--session", "cli:a1:test"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "Hello from the fake model.\n");
+    let first = fake.last_request().unwrap();
+    assert_eq!(first.header("x-api-key"), Some("sk-test-daemon"));
+
+    let run = beige(&env, &["exec", "a1", "--", "ls", "/workspace"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("AGENTS.md"), "{}", run.stdout);
+    let run = beige(
+        &env,
+        &["exec", "a1", "--", "kv set k v && kv get k && exit 7"],
+    );
+    assert_eq!(run.code, Some(7), "{}", run.stderr);
+    assert_eq!(run.stdout, "v\n");
+
+    let run = beige(&env, &["gateway", "restart"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("restarted"), "{}", run.stdout);
+    assert!(run.stdout.contains("reattached"), "{}", run.stdout);
+
+    // The same session key continues the same conversation after the restart.
+    let run = beige(
+        &env,
+        &["run", "a1", "do you remember?", "--session", "cli:a1:test"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "Yes: you said hi.\n");
+    let seen = texts(&fake.last_request().unwrap().body);
+    assert_eq!(
+        seen,
+        vec!["hi", "Hello from the fake model.", "do you remember?"],
+        "{seen:?}"
+    );
+
+    let run = beige(&env, &["sessions", "a1"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("cli:a1:test"), "{}", run.stdout);
+
+    let run = beige(&env, &["run", "nobody", "hi"]);
+    assert_eq!(run.code, Some(4), "{}", run.stderr);
+    assert!(run.stderr.contains("no agent 'nobody'"), "{}", run.stderr);
+    assert!(run.stderr.contains("Known agents: a1"), "{}", run.stderr);
+
+    fake.push(error_reply(
+        401,
+        "authentication_error",
+        "invalid x-api-key",
+    ));
+    let run = beige(&env, &["run", "a1", "hi"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("hint: The provider rejected the API key"),
+        "{}",
+        run.stderr
+    );
+
+    fake.push(error_reply(429, "rate_limit_error", "slow down").header("retry-after", "30"));
+    let run = beige(&env, &["run", "a1", "hi"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("hint: The model's provider is rate-limiting"),
+        "{}",
+        run.stderr
+    );
+
+    let run = beige(&env, &["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("Gateway stopped."), "{}", run.stdout);
+
+    let run = beige(&env, &["gateway", "status"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("not running — start it with `beige gateway start`"),
+        "{}",
+        run.stdout
+    );
+    assert!(!env.home().join("gateway.pid").exists());
+    assert_eq!(
+        containers_of(&BeigeHome::new(env.home()).hash()).await,
+        Vec::<String>::new()
+    );
+
+    let run = beige(&env, &["run", "a1", "hi"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("start it with `beige gateway start`"),
+        "{}",
+        run.stderr
+    );
+
+    let log = std::fs::read_to_string(env.home().join("logs/gateway.log")).unwrap();
+    assert!(
+        !log.contains("sk-test-daemon"),
+        "the API key leaked into the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_with_a_broken_config_keeps_serving() {
+    let docker = docker_or_skip!();
+    let env = TestEnv::new();
+    let _guard = DaemonGuard(&env);
+    assert_eq!(beige(&env, &["setup"]).code, Some(0));
+    write_config(
+        &env.home(),
+        "http://127.0.0.1:9",
+        free_port(),
+        &docker.image,
+    );
+    let run = beige(&env, &["gateway", "start", "--timeout", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+
+    let config = env.home().join("config.json5");
+    let good = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        good.replace("memoryLimit: \"256m\"", "memoryLimit: \"lots\""),
+    )
+    .unwrap();
+    let run = beige(&env, &["gateway", "restart"]);
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("the gateway keeps running with its previous config"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("agents.a1.sandbox.memoryLimit"),
+        "{}",
+        run.stderr
+    );
+
+    // Still serving, with the old config.
+    let run = beige(&env, &["exec", "a1", "--", "echo", "still here"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "still here\n");
+    assert_eq!(beige(&env, &["gateway", "status"]).code, Some(0));
+
+    // A tool the build cannot resolve fails after the load: the old config comes back.
+    std::fs::write(&config, good.replace("tools: [\"kv\"]", "tools: [\"kvv\"]")).unwrap();
+    let run = beige(&env, &["gateway", "restart"]);
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("unknown tool 'kvv'"), "{}", run.stderr);
+    let run = beige(&env, &["exec", "a1", "--", "kv set a 1 && kv get a"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, "1\n");
+
+    let run = beige(&env, &["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(!env.home().join("gateway.pid").exists());
+}
+
+#[test]
+fn commands_say_when_no_gateway_runs() {
+    let env = TestEnv::new();
+    assert_eq!(env.run(&["setup"]).code, Some(0));
+    let url = format!("http://127.0.0.1:{}", free_port());
+
+    let run = env.run(&["-g", &url, "run", "assistant", "hello"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.stderr,
+        format!("the gateway is not running (nothing answers at {url}) — start it with `beige gateway start`\n")
+    );
+    let run = env.run(&["-g", &url, "exec", "assistant", "--", "ls"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    let run = env.run(&["-g", &url, "gateway", "restart"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+
+    let run = env.run(&["-g", &url, "gateway", "status"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        "Gateway: stopped\nnot running — start it with `beige gateway start`\n"
+    );
+
+    let run = env.run(&["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("not running"), "{}", run.stdout);
+
+    // A pid file of a process that is gone is stale: stop and status say so and clean up.
+    std::fs::write(env.home().join("gateway.pid"), "999999999\n").unwrap();
+    let run = env.run(&["-g", &url, "gateway", "status"]);
+    assert_eq!(run.code, Some(3), "{}", run.stderr);
+    assert!(run.stdout.contains("stale pid file"), "{}", run.stdout);
+    let run = env.run(&["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("removed the stale pid file"),
+        "{}",
+        run.stdout
+    );
+    assert!(!env.home().join("gateway.pid").exists());
+
+    let run = env.run(&["gateway", "logs"]);
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.contains("no gateway log"), "{}", run.stderr);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let env = TestEnv::new();
+    let run = env.run(&["run", "assistant"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    let run = env.run(&["exec", "assistant"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    let run = env.run(&["gateway", "start", "--timeout", "-3"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+}

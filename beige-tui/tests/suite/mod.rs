@@ -1,0 +1,3 @@
+mod fake;
+mod snapshots;
+mod update;
