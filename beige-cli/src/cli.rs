@@ -53,7 +53,7 @@ pub enum Command {
     },
     /// Send one message to an agent through the running gateway and stream the answer
     #[command(
-        after_help = "Exit codes:\n  0  the agent answered\n  1  the prompt failed (the message says why and what to do)\n  2  wrong usage\n  3  the gateway is not running\n  4  no such agent\n  130  cancelled with Ctrl+C"
+        after_help = "Exit codes:\n  0    the agent answered\n  1    the prompt failed (the message says why and what to do)\n  2    wrong usage\n  3    the gateway is not running\n  4    no such agent\n  130  cancelled with Ctrl+C"
     )]
     Run(RunArgs),
     /// Run a command in an agent's sandbox through the gateway (a core `exec`, checked by

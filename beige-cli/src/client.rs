@@ -21,10 +21,12 @@ pub struct Target {
 }
 
 impl Target {
-    /// `explicit` (from `--gateway`), else the config's bind address, else the default.
-    /// The token is read from `<BEIGE_HOME>/gateway.token` when it exists.
+    /// `explicit` (from `--gateway`), else the URL of the daemon in the pid file, else
+    /// the config's bind address, else the default. The token is read from
+    /// `<BEIGE_HOME>/gateway.token` when it exists.
     pub fn resolve(home: &BeigeHome, config: Option<&Path>, explicit: Option<&str>) -> Self {
-        let url = match explicit {
+        let from_pid = || crate::daemon::PidFile::new(home.pid_path()).url();
+        let url = match explicit.map(str::to_string).or_else(from_pid) {
             Some(u) => u.trim_end_matches('/').to_string(),
             None => {
                 let path = config
@@ -113,11 +115,6 @@ pub enum CallError {
     Unreachable(String),
     /// The gateway answered with an error status and this message.
     Status(u16, String),
-}
-
-/// `GET <path>` with the token; the JSON body of a 2xx answer.
-pub async fn get_json(target: &Target, path: &str) -> Result<Value, CallError> {
-    send(target, http().get(format!("{}{path}", target.url))).await
 }
 
 /// `POST <path>` with the token and a JSON body; the JSON body of a 2xx answer.

@@ -9,3 +9,4 @@ pub mod google;
 pub mod llm;
 pub mod openai_completions;
 pub mod openai_responses;
+pub mod telegram;

@@ -9,7 +9,6 @@
 //! `echo hello-from-the-sandbox`), then — once the tool result comes back — a short
 //! markdown answer. Point a provider at it with `baseUrl: "<the URL>"` and any `apiKey`.
 //! Stops on Ctrl+C or SIGTERM.
-#![allow(clippy::print_stdout)]
 
 use beige_testkit::anthropic::MessageStream;
 use beige_testkit::llm::FakeLlmServer;
@@ -35,8 +34,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         server.push(
             MessageStream::new()
-                .text("The sandbox answered **hello-from-the-sandbox**.\n\n- exit code 0\n- reply number ")
-                .text(&format!("{i}"))
+                .text(&format!(
+                    "The sandbox answered **hello-from-the-sandbox**.\n\n- exit code 0\n- reply number {i}"
+                ))
                 .usage(510, 24)
                 .piece_size(3)
                 .reply(),

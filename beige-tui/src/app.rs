@@ -343,9 +343,9 @@ pub fn transcript(messages: &[Message]) -> Vec<Cell> {
                 ) => {
                     let output = content
                         .iter()
-                        .filter_map(|p| match p {
-                            ToolResultPart::Text { text } => Some(text.as_str()),
-                            ToolResultPart::Image { .. } => Some("[image]"),
+                        .map(|p| match p {
+                            ToolResultPart::Text { text } => text.as_str(),
+                            ToolResultPart::Image { .. } => "[image]",
                         })
                         .collect::<Vec<_>>()
                         .join("\n");

@@ -216,7 +216,7 @@ impl History {
     }
 
     /// The previous entry (Up); `current` is saved as the draft when browsing starts.
-    pub fn prev(&mut self, current: &str) -> Option<&str> {
+    pub fn older(&mut self, current: &str) -> Option<&str> {
         let next = match self.pos {
             None => {
                 if self.entries.is_empty() {
@@ -233,7 +233,7 @@ impl History {
     }
 
     /// The next entry (Down), or the saved draft after the newest.
-    pub fn next(&mut self) -> Option<String> {
+    pub fn newer(&mut self) -> Option<String> {
         let p = self.pos?;
         if p + 1 < self.entries.len() {
             self.pos = Some(p + 1);
@@ -287,11 +287,11 @@ mod tests {
         h.push("one");
         h.push("two");
         h.push("two");
-        assert_eq!(h.prev("draft"), Some("two"));
-        assert_eq!(h.prev("ignored"), Some("one"));
-        assert_eq!(h.prev("ignored"), None);
-        assert_eq!(h.next().as_deref(), Some("two"));
-        assert_eq!(h.next().as_deref(), Some("draft"));
-        assert_eq!(h.next(), None);
+        assert_eq!(h.older("draft"), Some("two"));
+        assert_eq!(h.older("ignored"), Some("one"));
+        assert_eq!(h.older("ignored"), None);
+        assert_eq!(h.newer().as_deref(), Some("two"));
+        assert_eq!(h.newer().as_deref(), Some("draft"));
+        assert_eq!(h.newer(), None);
     }
 }

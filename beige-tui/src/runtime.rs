@@ -42,6 +42,10 @@ pub const RECONNECT_FIRST_DELAY: Duration = Duration::from_millis(500);
 /// Longest delay between reconnect attempts.
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 
+/// Set this environment variable to make the TUI panic right after its first frame —
+/// for tests that check the terminal is restored after a panic (`scripts/tui-e2e`).
+pub const TEST_PANIC_ENV: &str = "BEIGE_TUI_TEST_PANIC";
+
 /// How long quitting waits for pending cancel requests to reach the gateway.
 const QUIT_CANCEL_WAIT: Duration = Duration::from_secs(2);
 
@@ -583,12 +587,19 @@ async fn event_loop(guard: &mut TerminalGuard, driver: &mut Driver) -> io::Resul
             signal(SignalKind::hangup()).ok(),
         )
     };
+    let test_panic = std::env::var_os(TEST_PANIC_ENV).is_some();
+    let mut dirty = true;
     loop {
-        guard
-            .terminal
-            .draw(|f| crate::render::render(&driver.app, f))?;
+        if dirty {
+            guard
+                .terminal
+                .draw(|f| crate::render::render(&driver.app, f))?;
+        }
         if driver.app.should_quit {
             return Ok(());
+        }
+        if test_panic {
+            panic!("{TEST_PANIC_ENV} is set: panicking on purpose to test that the terminal is restored");
         }
         #[cfg(unix)]
         let stop = terminated(&mut term, &mut hup);
@@ -608,8 +619,10 @@ async fn event_loop(guard: &mut TerminalGuard, driver: &mut Driver) -> io::Resul
             _ = tick.tick() => Msg::Tick,
             _ = stop => return Ok(()),
         };
+        // Idle ticks change nothing visible (the spinner only runs with a prompt).
+        dirty = !matches!(msg, Msg::Tick) || driver.app.is_running();
         driver.dispatch(msg);
         // Apply whatever else arrived (streamed text) before drawing again.
-        driver.drain();
+        dirty |= driver.drain();
     }
 }

@@ -653,7 +653,7 @@ fn on_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
                 app.composer.up();
             } else {
                 let current = app.composer.text();
-                if let Some(prev) = app.history.prev(&current).map(str::to_string) {
+                if let Some(prev) = app.history.older(&current).map(str::to_string) {
                     app.composer.set_text(&prev);
                 }
             }
@@ -661,7 +661,7 @@ fn on_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
         KeyCode::Down => {
             if app.composer.is_multiline() {
                 app.composer.down();
-            } else if let Some(next) = app.history.next() {
+            } else if let Some(next) = app.history.newer() {
                 app.composer.set_text(&next);
             }
         }

@@ -228,6 +228,8 @@ struct Timings {
     sandbox: Duration,
     exec: Option<Duration>,
     total: Duration,
+    /// Model calls that asked for tools.
+    tool_turns: u32,
 }
 
 pub async fn run() -> Result<()> {
@@ -339,6 +341,8 @@ async fn play(
     let mut exec = None;
     let mut ok = false;
     let mut speaking = false;
+    let mut tool_turns = 0;
+    let mut turn_had_tools = false;
     while let Some(event) = stream.next().await {
         match event {
             AgentEvent::TextDelta { text } => {
@@ -349,7 +353,12 @@ async fn play(
                 print!("{text}");
                 flush();
             }
+            AgentEvent::TurnStarted { .. } => turn_had_tools = false,
             AgentEvent::ToolCallStarted { name, args, .. } => {
+                if !turn_had_tools {
+                    turn_had_tools = true;
+                    tool_turns += 1;
+                }
                 if speaking {
                     println!();
                     speaking = false;
@@ -418,6 +427,7 @@ async fn play(
             sandbox,
             exec,
             total: total.elapsed(),
+            tool_turns,
         },
         ok,
     ))
@@ -442,9 +452,17 @@ pub struct AuditCounts {
 
 /// Count the records of an `audit.jsonl`.
 pub fn count_audit(path: &Path) -> Result<AuditCounts> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the demo's audit log {}", path.display()))?;
     let mut c = AuditCounts::default();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        // No tool was called, so nothing was recorded.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(c),
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!("cannot read the demo's audit log {}", path.display())
+            })
+        }
+    };
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let r: AuditRecord = serde_json::from_str(line)
             .with_context(|| format!("unreadable audit record: {line}"))?;
@@ -471,7 +489,11 @@ fn summary(home: &BeigeHome, t: &Timings) -> Result<()> {
     let c = count_audit(&path)?;
     println!();
     println!("Audit log (every tool call, whoever made it):");
-    let mut parts = vec!["1 model round trip with tools".to_string()];
+    let mut parts = vec![format!(
+        "{} model round trip{} with tools",
+        t.tool_turns,
+        if t.tool_turns == 1 { "" } else { "s" }
+    )];
     if c.writes > 0 {
         parts.push(format!("{} write", c.writes));
     }

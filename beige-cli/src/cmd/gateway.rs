@@ -169,7 +169,7 @@ pub async fn start(
     let mut child = cmd.spawn().context("cannot start the gateway process")?;
     let pid = child.id();
     pid_file
-        .write(pid)
+        .write(pid, &url)
         .with_context(|| format!("cannot write {}", pid_file.path().display()))?;
     println!("Starting the gateway (PID {pid}); log: {}", log.display());
 
@@ -316,10 +316,10 @@ pub async fn restart(home: &BeigeHome, target: &Target) -> Result<()> {
     .await;
     match result {
         Ok(_) => {}
-        Err(client::CallError::Status(_, message)) => {
+        Err(client::CallError::Status(status, message)) => {
             return Err(Exit::new(
                 1,
-                format!("error: the gateway refused to restart: {message}"),
+                format!("error: the gateway refused to restart (HTTP {status}): {message}"),
             )
             .into())
         }

@@ -49,7 +49,13 @@ impl PidFile {
         let Ok(text) = std::fs::read_to_string(&self.path) else {
             return PidState::Absent;
         };
-        let Ok(pid) = text.trim().parse::<i32>() else {
+        let Ok(pid) = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .parse::<i32>()
+        else {
             return PidState::Stale(0);
         };
         if is_gateway_process(pid) {
@@ -59,14 +65,29 @@ impl PidFile {
         }
     }
 
-    pub fn write(&self, pid: u32) -> std::io::Result<()> {
+    /// Write the pid and, on the second line, the URL the daemon serves.
+    pub fn write(&self, pid: u32, url: &str) -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
             .open(&self.path)?;
-        writeln!(f, "{pid}")
+        writeln!(f, "{pid}\n{url}")
+    }
+
+    /// The URL of a running daemon, from the pid file (so commands find the gateway
+    /// even when the config on disk no longer loads).
+    pub fn url(&self) -> Option<String> {
+        let PidState::Running(_) = self.state() else {
+            return None;
+        };
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        text.lines()
+            .nth(1)
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
     }
 
     /// Remove the file; a missing file is fine.

@@ -1083,7 +1083,7 @@ impl HttpApiChannel {
         } else {
             format!("{bare}:{port}")
         };
-        let candidates: Vec<SocketAddr> = (bare, port)
+        let mut candidates: Vec<SocketAddr> = (bare, port)
             .to_socket_addrs()
             .map_err(|e| failed(format!("cannot resolve gateway.host '{host}': {e}")))?
             .collect();
@@ -1092,6 +1092,8 @@ impl HttpApiChannel {
                 "gateway.host '{host}' resolves to no address"
             )));
         }
+        // `localhost` resolves to both families; clients mostly try IPv4 first.
+        candidates.sort_by_key(|a| a.is_ipv6());
         let loopback = candidates.iter().all(|a| a.ip().is_loopback());
         if !loopback && state.token.is_none() {
             return Err(failed(format!(

@@ -244,11 +244,15 @@ impl RemoteGateway {
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> GatewayError {
+        // The root cause ("Connection refused (os error 111)") says it best.
         let mut message = e.to_string();
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
-            message = format!("{message}: {s}");
+            message = s.to_string();
             source = s.source();
+        }
+        if e.is_timeout() {
+            message = "it did not answer in time".to_string();
         }
         GatewayError::Unreachable {
             url: self.base.as_str().trim_end_matches('/').to_string(),

@@ -8,7 +8,10 @@
 //! (audit). Plugins never see LLM keys or other plugins' configuration: a plugin gets
 //! only its own config.
 
+pub mod command;
+pub mod external;
 pub mod kv;
+pub mod load;
 pub mod registry;
 
 use std::path::PathBuf;

@@ -4,4 +4,5 @@ mod hooks;
 mod http_api;
 mod sandbox_docker;
 mod support;
+mod telegram;
 mod tools_socket;

@@ -145,7 +145,7 @@ impl FakeGateway {
         let mut s = self.sessions.lock().unwrap();
         let list = s.entry(record.agent.clone()).or_default();
         list.push(record);
-        list.sort_by(|a, b| b.created.cmp(&a.created));
+        list.sort_by_key(|s| std::cmp::Reverse(s.created));
     }
 
     pub fn set_down(&self, down: bool) {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::TelegramError;
-use crate::config::Config;
+use crate::config::{Config, PluginEntry};
 
 /// The default Bot API server.
 pub const DEFAULT_API_BASE_URL: &str = "https://api.telegram.org";
@@ -205,6 +205,17 @@ fn boolean(v: &Value, path: &str) -> Result<bool, TelegramError> {
     }
 }
 
+/// Whether a `plugins.telegram` entry means the built-in channel and plugin: no `path`,
+/// or the original's toolkit (`_source: "npm:@matthias-hausberger/beige-toolkit…"`),
+/// whose TypeScript cannot run here.
+pub fn is_builtin(entry: &PluginEntry) -> bool {
+    entry.path.is_none()
+        || entry
+            .source
+            .as_deref()
+            .is_some_and(|s| s.starts_with("npm:@matthias-hausberger/beige-toolkit"))
+}
+
 impl TelegramConfig {
     /// Parse `plugins.telegram.config`. Unknown keys are logged, not refused.
     pub fn from_value(value: &Value) -> Result<Self, TelegramError> {
@@ -383,12 +394,12 @@ impl TelegramConfig {
     }
 
     /// The channel's config from the gateway config: `Ok(None)` when `plugins.telegram`
-    /// is not configured, or names an external plugin folder (`path`).
+    /// is not configured, or is an external plugin (see [`is_builtin`]).
     pub fn from_config(config: &Config) -> Result<Option<Self>, TelegramError> {
         let Some(entry) = config.plugins.get("telegram") else {
             return Ok(None);
         };
-        if entry.path.is_some() {
+        if !is_builtin(entry) {
             return Ok(None);
         }
         let value = entry.config.clone().unwrap_or(Value::Null);
@@ -464,6 +475,27 @@ mod tests {
         assert_eq!(c.api_base_url, DEFAULT_API_BASE_URL);
         assert_eq!(c.poll_timeout, DEFAULT_POLL_TIMEOUT);
         assert!(c.defaults.streaming && !c.defaults.verbose);
+    }
+
+    #[test]
+    fn the_original_toolkit_entry_gets_the_builtin() {
+        let config = |plugin: Value| -> Config {
+            serde_json::from_value(json!({
+                "llm": {"providers": {"anthropic": {"apiKey": "k"}}},
+                "agents": {"a": {"model": {"provider": "anthropic", "model": "m"}, "tools": []}},
+                "plugins": {"telegram": plugin},
+            }))
+            .unwrap()
+        };
+        let cfg = json!({"token": "1:x", "allowedUsers": [1], "agentMapping": {"default": "a"}});
+        let c = config(json!({"_source": "npm:@matthias-hausberger/beige-toolkit", "config": cfg}));
+        assert!(TelegramConfig::from_config(&c).unwrap().is_some());
+        let c = config(json!({"config": cfg}));
+        assert!(TelegramConfig::from_config(&c).unwrap().is_some());
+        let c = config(json!({"path": "/opt/my-telegram", "config": cfg}));
+        assert!(TelegramConfig::from_config(&c).unwrap().is_none());
+        let c = config(json!({"config": {"token": "1:x"}}));
+        assert!(TelegramConfig::from_config(&c).is_err());
     }
 
     #[test]

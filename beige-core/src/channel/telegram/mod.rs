@@ -13,7 +13,7 @@
 //! |---|---|
 //! | [`config`] | `plugins.telegram.config` and its errors |
 //! | [`api`] | the Bot API client (token redaction) |
-//! | [`format`] | Markdown → Telegram HTML, 4096-character splitting |
+//! | [`format`](mod@format) | Markdown → Telegram HTML, 4096-character splitting |
 //! | `poll` | long polling, the durable inbox, the watchdog |
 //! | `outbox` | queued replies: retry, backoff, `retry_after` |
 //! | `commands` | `/start /new /status /verbose /streaming /model /stop /help` |
@@ -58,7 +58,7 @@ mod poll;
 pub mod tool;
 mod worker;
 
-pub use config::{AgentMapping, ChannelDefaults, TelegramConfig};
+pub use config::{is_builtin, AgentMapping, ChannelDefaults, TelegramConfig};
 pub use outbox::CHANNEL;
 pub use poll::INBOX;
 pub use tool::TelegramPlugin;
@@ -472,10 +472,12 @@ impl Channel for TelegramChannel {
         for r in recovered {
             let _ = tx.send(r);
         }
+        outbox::clear_failures(&*self.store).await;
         let sender = outbox::Sender {
             store: self.store.clone(),
             api: self.api.clone(),
             finishing,
+            sent: Arc::default(),
         };
         spawn_until(&token, sender.run(token.clone()));
         let poller = Poller {

@@ -178,6 +178,8 @@ pub(crate) struct Sender {
     pub api: BotApi,
     /// Updates whose inbox entry is being removed; their replies wait.
     pub finishing: Arc<Mutex<HashSet<i64>>>,
+    /// Items Telegram accepted but the store could not remove yet: never sent again.
+    pub sent: Arc<Mutex<HashSet<i64>>>,
 }
 
 /// Why one delivery attempt failed.
@@ -230,6 +232,19 @@ impl Sender {
                 if !chats.insert(out.chat_id()) {
                     continue;
                 }
+                if self.was_sent(item.id) {
+                    // Delivered before; only its removal failed. Try that again.
+                    if self.store.outbox_done(item.id).await.is_ok() {
+                        self.sent
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&item.id);
+                        settled();
+                    } else {
+                        next = Some(next.map_or(now + 5000, |n| n.min(now + 5000)));
+                    }
+                    continue;
+                }
                 if let Some(u) = out.update_id() {
                     if self
                         .finishing
@@ -256,11 +271,23 @@ impl Sender {
         }
     }
 
+    fn was_sent(&self, id: i64) -> bool {
+        self.sent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
+    }
+
     async fn attempt(&self, item: OutboxItem, out: OutItem) {
         match self.deliver(item.id, &out).await {
             Ok(()) => {
                 if let Err(e) = self.store.outbox_done(item.id).await {
                     tracing::warn!(id = item.id, error = %e, "sent, but could not remove it from the outbox");
+                    self.sent
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(item.id);
+                    return;
                 }
                 let _ = self
                     .store
@@ -311,7 +338,10 @@ impl Sender {
 
     async fn give_up(&self, item: &OutboxItem, why: &str) {
         let key = item.id.to_string();
-        let _ = self.store.kv_set(KV, KV_FAILED, &key, why).await;
+        // Only messages nobody else tracks (tool, proactive) are reported back.
+        if item.payload.get("updateId").is_none() {
+            let _ = self.store.kv_set(KV, KV_FAILED, &key, why).await;
+        }
         let _ = self.store.kv_del(KV, KV_PROGRESS, &key).await;
         if let Err(e) = self.store.outbox_done(item.id).await {
             tracing::warn!(id = item.id, error = %e, "cannot remove a failed item from the outbox");
@@ -470,6 +500,15 @@ impl Sender {
                 self.send(chat_id, thread_id, chunk, None).await
             }
             Err(e) => Err(Failure::Api(e)),
+        }
+    }
+}
+
+/// Forget the failure records of an earlier run (nobody waits for them any more).
+pub(crate) async fn clear_failures(store: &dyn Store) {
+    if let Ok(keys) = store.kv_list(KV, KV_FAILED, "").await {
+        for k in keys {
+            let _ = store.kv_del(KV, KV_FAILED, &k).await;
         }
     }
 }

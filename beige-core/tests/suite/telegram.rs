@@ -1,0 +1,897 @@
+//! The Telegram channel against a fake Bot API server on loopback (beige-testkit's
+//! `FakeTelegram`: real HTTP, the documented JSON shapes, HTML validated like Telegram
+//! does), a gateway with the labelled `FakeSandbox`, and either the labelled
+//! `ScriptedProvider` or a fake Anthropic server. Every test awaits what it checks;
+//! timeouts only bound a failure.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use beige_core::channel::telegram::{TelegramChannel, TelegramConfig, TelegramPlugin};
+use beige_core::channel::{Channel, ChannelError};
+use beige_core::config::Config;
+use beige_core::llm::scripted::ScriptedProvider;
+use beige_core::llm::LlmProvider;
+use beige_core::plugin::{SessionInfo, ToolCall};
+use beige_core::store::{SqliteStore, Store};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_testkit::anthropic::{text_response, MessageStream};
+use beige_testkit::llm::{FakeLlmServer, Part, Reply};
+use beige_testkit::telegram::{FakeTelegram, SentMessage};
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::support::{shim_or_skip, FakeSandbox};
+
+const TOKEN: &str = "123456:TEST-secret-token";
+const USER: i64 = 4242;
+const STRANGER: i64 = 666;
+
+/// Bound a wait that should succeed; a hang fails the test instead of blocking it.
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(30), fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// Where the model answers come from.
+enum Models {
+    Scripted(Vec<ScriptedProvider>),
+    Server(String),
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    tg: FakeTelegram,
+    gw: Arc<LocalGateway>,
+    store: Arc<dyn Store>,
+    config: TelegramConfig,
+    channel: Arc<TelegramChannel>,
+    run: Option<JoinHandle<Result<(), ChannelError>>>,
+}
+
+impl Harness {
+    async fn new(models: Models, channel: Value) -> Option<Self> {
+        Self::build(models, channel, false).await
+    }
+
+    async fn build(models: Models, channel: Value, with_plugin: bool) -> Option<Self> {
+        let shim = shim_or_skip()?;
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        std::fs::create_dir_all(home.root()).unwrap();
+        let tg = FakeTelegram::start(TOKEN).await;
+        let mut tg_config = json!({
+            "token": TOKEN,
+            "allowedUsers": [USER],
+            "agentMapping": {"default": "a"},
+            "apiBaseUrl": tg.url(),
+            "pollTimeout": 1,
+            "watchdogGrace": 1,
+        });
+        if let (Some(o), Value::Object(extra)) = (tg_config.as_object_mut(), channel) {
+            o.extend(extra);
+        }
+        let base_url = match &models {
+            Models::Server(url) => url.clone(),
+            Models::Scripted(_) => "http://127.0.0.1:9".into(),
+        };
+        let agent = |tools: Value| {
+            json!({
+                "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                "fallbackModels": [{"provider": "spare", "model": "claude-haiku-4-5"}],
+                "tools": tools,
+                "sandbox": {"image": super::support::test_image(), "memoryLimit": "256m"},
+            })
+        };
+        let tools = if with_plugin {
+            json!(["telegram"])
+        } else {
+            json!([])
+        };
+        let mut cfg = json!({
+            "llm": {"providers": {
+                "anthropic": {"apiKey": "sk-ant-test-0123456789", "baseUrl": base_url},
+                "spare": {"api": "anthropic-messages", "apiKey": "sk-spare-0123456789", "baseUrl": "http://127.0.0.1:9"},
+            }},
+            "agents": {"a": agent(tools), "b": agent(json!([]))},
+        });
+        if with_plugin {
+            cfg["plugins"] = json!({"telegram": {"config": tg_config.clone()}});
+        }
+        let config: Config = serde_json::from_value(cfg).unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(home.db_path()).unwrap());
+        let mut builder = GatewayBuilder::new(config, home)
+            .shim(shim)
+            .sandbox(Arc::new(FakeSandbox))
+            .store(store.clone());
+        if let Models::Scripted(list) = models {
+            for p in list {
+                builder = builder.provider(Arc::new(p) as Arc<dyn LlmProvider>);
+            }
+        }
+        if with_plugin {
+            builder = builder.plugin(Arc::new(TelegramPlugin::new()));
+        }
+        let gw = Arc::new(builder.build().await.unwrap());
+        let config = TelegramConfig::from_value(&tg_config).unwrap();
+        let channel = Arc::new(TelegramChannel::new(config.clone(), store.clone()).unwrap());
+        let mut h = Self {
+            _dir: dir,
+            tg,
+            gw,
+            store,
+            config,
+            channel,
+            run: None,
+        };
+        h.start();
+        Some(h)
+    }
+
+    fn start(&mut self) {
+        let ch = self.channel.clone();
+        let gw: Arc<dyn Gateway> = self.gw.clone();
+        self.run = Some(tokio::spawn(async move {
+            ch.run(gw, CancellationToken::new()).await
+        }));
+    }
+
+    /// Simulate a kill: the run is aborted wherever it is; a new channel starts on the
+    /// same store.
+    async fn crash_and_restart(&mut self) {
+        if let Some(run) = self.run.take() {
+            run.abort();
+            let _ = run.await;
+        }
+        self.channel =
+            Arc::new(TelegramChannel::new(self.config.clone(), self.store.clone()).unwrap());
+        self.start();
+    }
+
+    /// Wait for a final message in `chat` whose visible text contains `needle`: sent
+    /// as HTML, or a streamed preview the final HTML edit was sent for (Telegram answers
+    /// "not modified" when the HTML renders to the same text).
+    async fn reply_containing(&self, chat: i64, needle: &str) -> SentMessage {
+        let is_final = |t: &FakeTelegram, m: &SentMessage| {
+            m.chat_id == chat
+                && m.visible.contains(needle)
+                && (m.parse_mode.as_deref() == Some("HTML")
+                    || t.calls_to("editMessageText").iter().any(|c| {
+                        c.status != 0
+                            && c.params["message_id"] == m.message_id
+                            && c.params["chat_id"] == chat
+                            && c.params["parse_mode"] == "HTML"
+                    }))
+        };
+        within(&format!("a message containing {needle:?}"), async {
+            self.tg
+                .wait_until(|t| t.messages().iter().any(|m| is_final(t, m)))
+                .await
+        })
+        .await;
+        let found = self
+            .tg
+            .messages()
+            .into_iter()
+            .find(|m| is_final(&self.tg, m));
+        found.unwrap()
+    }
+
+    fn texts(&self, chat: i64) -> Vec<String> {
+        self.tg
+            .messages_in(chat)
+            .into_iter()
+            .map(|m| m.visible)
+            .collect()
+    }
+}
+
+fn scripted() -> ScriptedProvider {
+    ScriptedProvider::new("anthropic")
+}
+
+#[tokio::test]
+async fn an_allowed_user_reaches_the_mapped_agent_and_the_reply_is_edited_into_place() {
+    let model = scripted().then_text("Hello from **agent b**: 1 < 2 & done.");
+    let Some(h) = Harness::new(
+        Models::Scripted(vec![model.clone()]),
+        json!({"agentMapping": {"default": "a", "4242": "b"}}),
+    )
+    .await
+    else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "hi there");
+    let m = h.reply_containing(USER, "Hello from agent b").await;
+
+    // The mapped agent answered.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(
+        requests[0].system.contains("You are b,"),
+        "{}",
+        requests[0].system
+    );
+    assert_eq!(requests[0].messages[0].text(), "hi there");
+    // sendMessage (plain preview) first, then editMessageText with the rendered answer.
+    assert_eq!(m.parse_mode.as_deref(), Some("HTML"));
+    assert_eq!(m.text, "Hello from <b>agent b</b>: 1 &lt; 2 &amp; done.");
+    assert_eq!(m.visible, "Hello from agent b: 1 < 2 & done.");
+    assert_eq!(
+        m.history.first().map(String::as_str),
+        Some("Hello from **agent b**: 1 < 2 & done.")
+    );
+    assert!(m.edits >= 1);
+    let methods: Vec<String> =
+        h.tg.calls()
+            .into_iter()
+            .map(|c| c.method)
+            .filter(|m| m == "sendMessage" || m == "editMessageText")
+            .collect();
+    assert_eq!(methods, ["sendMessage", "editMessageText"]);
+    assert_eq!(h.texts(USER).len(), 1, "one message, edited");
+    // typing… was shown and the commands were registered.
+    let typing = h.tg.calls_to("sendChatAction");
+    assert!(typing.iter().any(|c| c.params["action"] == "typing"));
+    let commands: Vec<String> =
+        h.tg.commands()
+            .iter()
+            .map(|c| c["command"].as_str().unwrap().to_string())
+            .collect();
+    for c in ["start", "new", "status", "verbose", "model", "stop", "help"] {
+        assert!(commands.contains(&c.to_string()), "{commands:?}");
+    }
+    // The session key is the chat's; the token never leaves the URL path.
+    assert!(h
+        .store
+        .current_session(&format!("telegram:{USER}"))
+        .await
+        .unwrap()
+        .is_some());
+    assert!(h.tg.violations().is_empty(), "{:?}", h.tg.violations());
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_edited_at_most_about_once_a_second() {
+    let server = FakeLlmServer::start().await;
+    let body = MessageStream::new()
+        .text("Streaming answer: alpha beta gamma delta epsilon zeta eta theta")
+        .piece_size(8)
+        .body();
+    // Pauses between the deltas, so the preview is updated several times.
+    let marks: Vec<usize> = body
+        .match_indices("event: content_block_delta")
+        .map(|(i, _)| i)
+        .collect();
+    let (a, b) = (marks[2], marks[5]);
+    server.push(Reply::sse_parts(vec![
+        Part::Bytes(body[..a].to_string().into()),
+        Part::Pause(Duration::from_millis(1300)),
+        Part::Bytes(body[a..b].to_string().into()),
+        Part::Pause(Duration::from_millis(1300)),
+        Part::Bytes(body[b..].to_string().into()),
+    ]));
+    let Some(h) = Harness::new(Models::Server(server.url()), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "stream please");
+    let m = h.reply_containing(USER, "theta").await;
+    assert!(m.history.len() >= 3, "{:?}", m.history);
+    assert!(m.history[0].starts_with("Stream"), "{:?}", m.history);
+    assert_eq!(
+        m.visible,
+        "Streaming answer: alpha beta gamma delta epsilon zeta eta theta"
+    );
+    // Preview updates (the first send and every edit but the final one) are spaced.
+    let updates: Vec<_> =
+        h.tg.calls()
+            .into_iter()
+            .filter(|c| c.method == "sendMessage" || c.method == "editMessageText")
+            .collect();
+    let previews = &updates[..updates.len() - 1];
+    for pair in previews.windows(2) {
+        let gap = pair[1].at.duration_since(pair[0].at);
+        assert!(gap >= Duration::from_millis(900), "{gap:?}");
+    }
+    assert_eq!(h.texts(USER).len(), 1);
+}
+
+#[tokio::test]
+async fn a_ten_thousand_character_answer_arrives_in_valid_pieces() {
+    let mut answer = String::new();
+    let mut code_lines = Vec::new();
+    let mut i = 0;
+    while answer.len() < 10_000 {
+        answer.push_str(&format!(
+            "Paragraph {i}: some **bold** words, a `x<y>` and an & sign to escape.\n\n"
+        ));
+        if i % 6 == 0 {
+            answer.push_str("```python\n");
+            for j in 0..25 {
+                let line = format!("print({i} * {j} < 100 and 'a&b')  # line {i}.{j}");
+                answer.push_str(&line);
+                answer.push('\n');
+                code_lines.push(line);
+            }
+            answer.push_str("```\n\n");
+        }
+        i += 1;
+    }
+    assert!(answer.chars().count() >= 10_000);
+    let model = scripted().then_text(answer.clone());
+    let Some(h) = Harness::new(Models::Scripted(vec![model]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "write a lot");
+    let last_line = code_lines.last().unwrap().clone();
+    h.reply_containing(USER, &last_line).await;
+    let messages = h.tg.messages_in(USER);
+    assert!(messages.len() >= 3, "{}", messages.len());
+    let mut visible_code = String::new();
+    for m in &messages {
+        assert!(m.text.chars().count() <= 4096, "{}", m.text.chars().count());
+        assert_eq!(m.parse_mode.as_deref(), Some("HTML"));
+        assert_eq!(
+            m.text.matches("<pre>").count(),
+            m.text.matches("</pre>").count(),
+            "a code block is closed in the message that opened it"
+        );
+        visible_code.push_str(&m.visible);
+        visible_code.push('\n');
+    }
+    for line in &code_lines {
+        assert_eq!(visible_code.matches(line.as_str()).count(), 1, "{line}");
+    }
+    assert!(h.tg.violations().is_empty(), "{:?}", h.tg.violations());
+}
+
+#[tokio::test]
+async fn a_stranger_is_refused_and_never_reaches_an_agent() {
+    let model = scripted().then_text("should never be said");
+    let Some(h) = Harness::new(Models::Scripted(vec![model.clone()]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(STRANGER, STRANGER, "let me in");
+    h.tg.send_text(-100200, STRANGER, "/status");
+    let m = h.reply_containing(STRANGER, "Unauthorized").await;
+    assert!(m.visible.contains(&STRANGER.to_string()), "{}", m.visible);
+    h.reply_containing(-100200, "Unauthorized").await;
+    // An allowed user afterwards is served: the refusals did not block anything.
+    h.tg.send_text(USER, USER, "hello");
+    h.reply_containing(USER, "should never be said").await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(model.requests()[0].messages[0].text(), "hello");
+    assert!(h
+        .store
+        .current_session(&format!("telegram:{STRANGER}"))
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test]
+async fn a_crash_before_the_reply_was_sent_handles_the_update_once_and_replies_once() {
+    let model = scripted()
+        .then_text("the one and only answer")
+        .then_text("the second answer");
+    let Some(mut h) = Harness::new(
+        Models::Scripted(vec![model.clone()]),
+        json!({"defaults": {"streaming": false}}),
+    )
+    .await
+    else {
+        return;
+    };
+    // The reply's sendMessage never gets an answer: the process "dies" while waiting.
+    h.tg.hang_sends(1);
+    h.tg.send_text(USER, USER, "hello");
+    within("the reply to be on its way", async {
+        h.tg.wait_until(|t| !t.calls_to("sendMessage").is_empty())
+            .await
+    })
+    .await;
+    // What the store committed: the update finished, its reply queued.
+    assert!(h
+        .store
+        .due_outbox(beige_core::channel::telegram::INBOX, i64::MAX, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        h.store
+            .due_outbox(beige_core::channel::telegram::CHANNEL, i64::MAX, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    h.crash_and_restart().await;
+    h.reply_containing(USER, "the one and only answer").await;
+    // Handled once (one model call), delivered once (one message).
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(h.texts(USER), ["the one and only answer"]);
+    // The restarted channel carries on normally, and the history has one exchange.
+    h.tg.send_text(USER, USER, "again");
+    h.reply_containing(USER, "the second answer").await;
+    assert_eq!(model.requests().len(), 2);
+    assert_eq!(
+        model.requests()[1].messages.len(),
+        3,
+        "hello, answer, again"
+    );
+    assert_eq!(
+        h.texts(USER),
+        ["the one and only answer", "the second answer"]
+    );
+    assert_eq!(h.tg.pending_updates(), 0);
+}
+
+#[tokio::test]
+async fn a_crash_during_the_model_call_answers_once_after_the_restart() {
+    let server = FakeLlmServer::start().await;
+    server.push(Reply::hang());
+    server.push(text_response("the recovered answer"));
+    let Some(mut h) = Harness::new(Models::Server(server.url()), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "a question");
+    within("the model call", server.wait_for_requests(1)).await;
+    h.crash_and_restart().await;
+    h.reply_containing(USER, "the recovered answer").await;
+    assert_eq!(server.request_count(), 2);
+    assert_eq!(
+        h.texts(USER),
+        ["the recovered answer"],
+        "no error, no duplicate"
+    );
+    // The second call saw the question (once more after the interrupted one).
+    let last = server.last_request().unwrap();
+    assert!(last.body["messages"].to_string().contains("a question"));
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_honoured_and_the_reply_sent_once() {
+    let model = scripted().then_text("worth the wait");
+    let Some(h) = Harness::new(
+        Models::Scripted(vec![model]),
+        json!({"defaults": {"streaming": false}}),
+    )
+    .await
+    else {
+        return;
+    };
+    h.tg.rate_limit_sends(1, 2);
+    h.tg.send_text(USER, USER, "hello");
+    h.reply_containing(USER, "worth the wait").await;
+    let sends = h.tg.calls_to("sendMessage");
+    assert_eq!(sends.len(), 2, "{sends:?}");
+    assert_eq!(sends[0].status, 429);
+    assert_eq!(sends[0].response["parameters"]["retry_after"], 2);
+    assert_eq!(sends[1].status, 200);
+    let waited = sends[1].at.duration_since(sends[0].at);
+    assert!(waited >= Duration::from_millis(1900), "{waited:?}");
+    assert_eq!(h.texts(USER), ["worth the wait"]);
+}
+
+#[tokio::test]
+async fn the_watchdog_restarts_a_hanging_poll_and_later_messages_are_handled() {
+    let model = scripted().then_text("still here");
+    let Some(h) = Harness::new(Models::Scripted(vec![model]), json!({})).await else {
+        return;
+    };
+    h.tg.hang_polls(1);
+    // The channel may already be in its first (normal) poll: wait for the hung one.
+    within("a hanging getUpdates", async {
+        h.tg.wait_until(|t| t.calls_to("getUpdates").iter().any(|c| c.status == 0))
+            .await
+    })
+    .await;
+    h.tg.send_text(USER, USER, "are you alive?");
+    h.reply_containing(USER, "still here").await;
+    assert!(h.channel.polling_restarts() >= 1);
+}
+
+#[tokio::test]
+async fn new_starts_a_session_without_earlier_history() {
+    let model = scripted()
+        .then_text("first answer")
+        .then_text("second answer")
+        .then_text("third answer");
+    let Some(h) = Harness::new(Models::Scripted(vec![model.clone()]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "one");
+    h.reply_containing(USER, "first answer").await;
+    h.tg.send_text(USER, USER, "two");
+    h.reply_containing(USER, "second answer").await;
+    let key = format!("telegram:{USER}");
+    let before = h.store.current_session(&key).await.unwrap().unwrap();
+    h.tg.send_text(USER, USER, "/new");
+    h.reply_containing(USER, "New session started").await;
+    h.tg.send_text(USER, USER, "three");
+    h.reply_containing(USER, "third answer").await;
+    let requests = model.requests();
+    assert_eq!(requests[1].messages.len(), 3);
+    assert_eq!(requests[2].messages.len(), 1, "no earlier history");
+    assert_eq!(requests[2].messages[0].text(), "three");
+    let after = h.store.current_session(&key).await.unwrap().unwrap();
+    assert_ne!(before.id, after.id);
+    assert_eq!(
+        h.gw.sessions("a").await.unwrap().len(),
+        2,
+        "the old one is kept"
+    );
+}
+
+#[tokio::test]
+async fn verbose_on_shows_tool_lines() {
+    let model = scripted()
+        .then_tool("t1", "exec", json!({"command": "ls -la"}))
+        .then_text("quietly done")
+        .then_tool("t2", "exec", json!({"command": "ls -la /tmp"}))
+        .then_text("loudly done");
+    let Some(h) = Harness::new(Models::Scripted(vec![model]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "list files");
+    h.reply_containing(USER, "quietly done").await;
+    assert!(!h.texts(USER).iter().any(|t| t.starts_with("🔧")));
+    h.tg.send_text(USER, USER, "/verbose on");
+    h.reply_containing(USER, "Verbose on").await;
+    h.tg.send_text(USER, USER, "list again");
+    h.reply_containing(USER, "loudly done").await;
+    let texts = h.texts(USER);
+    let tool = texts.iter().position(|t| t == "🔧 exec: ls -la /tmp");
+    let answer = texts.iter().position(|t| t == "loudly done");
+    assert!(tool.is_some() && tool < answer, "{texts:?}");
+    let settings = h.gw.settings(&format!("telegram:{USER}")).await.unwrap();
+    assert_eq!(settings.verbose, Some(true));
+}
+
+#[tokio::test]
+async fn stop_cancels_the_running_prompt() {
+    let server = FakeLlmServer::start().await;
+    server.push(Reply::hang());
+    server.push(text_response("after the stop"));
+    let Some(h) = Harness::new(Models::Server(server.url()), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "a very long task");
+    within("the model call", server.wait_for_requests(1)).await;
+    h.tg.send_text(USER, USER, "/stop");
+    h.reply_containing(USER, "Stopped").await;
+    // The session is free again: the next message is answered.
+    h.tg.send_text(USER, USER, "next");
+    h.reply_containing(USER, "after the stop").await;
+    assert_eq!(
+        h.texts(USER),
+        ["⛔ Stopped.", "after the stop"],
+        "no error for the cancelled prompt"
+    );
+    h.tg.send_text(USER, USER, "/stop");
+    h.reply_containing(USER, "No active operation").await;
+}
+
+#[tokio::test]
+async fn status_shows_agent_model_session_and_usage() {
+    let model = scripted().then_text("counted");
+    let Some(h) = Harness::new(Models::Scripted(vec![model]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "hello");
+    h.reply_containing(USER, "counted").await;
+    h.tg.send_text(USER, USER, "/status");
+    let m = h.reply_containing(USER, "Status").await;
+    let session = h
+        .store
+        .current_session(&format!("telegram:{USER}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(m.visible.contains("Agent: a"), "{}", m.visible);
+    assert!(
+        m.visible.contains("Model: anthropic/claude-sonnet-4-6"),
+        "{}",
+        m.visible
+    );
+    assert!(
+        m.visible.contains(&format!("telegram:{USER}")),
+        "{}",
+        m.visible
+    );
+    assert!(m.visible.contains(&session.id), "{}", m.visible);
+    assert!(session.usage.input_tokens > 0);
+    assert!(
+        m.visible.contains(&format!(
+            "Usage: {} tokens in · {} out",
+            session.usage.input_tokens, session.usage.output_tokens
+        )),
+        "{}",
+        m.visible
+    );
+    assert!(
+        m.visible.contains("Verbose: off · Streaming: on"),
+        "{}",
+        m.visible
+    );
+}
+
+#[tokio::test]
+async fn model_switches_only_to_allowed_models() {
+    let primary = scripted().then_text("from the primary");
+    let spare = ScriptedProvider::new("spare").then_text("from the spare");
+    let Some(h) = Harness::new(
+        Models::Scripted(vec![primary.clone(), spare.clone()]),
+        json!({}),
+    )
+    .await
+    else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "/model");
+    let list = h.reply_containing(USER, "Models of a").await;
+    assert!(
+        list.visible
+            .contains("anthropic/claude-sonnet-4-6 (primary"),
+        "{}",
+        list.visible
+    );
+    assert!(
+        list.visible.contains("spare/claude-haiku-4-5 (fallback"),
+        "{}",
+        list.visible
+    );
+    h.tg.send_text(USER, USER, "/model openai/gpt-5");
+    let refused = h.reply_containing(USER, "not allowed").await;
+    assert!(
+        refused
+            .visible
+            .contains("anthropic/claude-sonnet-4-6, spare/claude-haiku-4-5"),
+        "{}",
+        refused.visible
+    );
+    let key = format!("telegram:{USER}");
+    assert_eq!(h.gw.settings(&key).await.unwrap().model_override, None);
+    h.tg.send_text(USER, USER, "/model spare/claude-haiku-4-5");
+    h.reply_containing(USER, "Switched to spare/claude-haiku-4-5")
+        .await;
+    assert_eq!(
+        h.gw.settings(&key).await.unwrap().model_override.as_deref(),
+        Some("spare/claude-haiku-4-5")
+    );
+    h.tg.send_text(USER, USER, "who answers?");
+    h.reply_containing(USER, "from the spare").await;
+    assert_eq!(spare.requests().len(), 1);
+    assert!(primary.requests().is_empty());
+}
+
+#[tokio::test]
+async fn two_forum_topics_are_two_sessions_and_replies_stay_in_their_topic() {
+    let model = scripted()
+        .then_text("answer in a topic")
+        .then_text("answer in another topic");
+    let Some(h) = Harness::new(Models::Scripted(vec![model.clone()]), json!({})).await else {
+        return;
+    };
+    let group = -1001234;
+    h.tg.send_topic_text(group, 7, USER, "in topic seven");
+    h.reply_containing(group, "answer in a topic").await;
+    h.tg.send_topic_text(group, 9, USER, "in topic nine");
+    h.reply_containing(group, "answer in another topic").await;
+    let seven = h
+        .store
+        .current_session(&format!("telegram:{group}:7"))
+        .await
+        .unwrap()
+        .unwrap();
+    let nine = h
+        .store
+        .current_session(&format!("telegram:{group}:9"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(seven.id, nine.id);
+    assert_eq!(model.requests()[1].messages.len(), 1, "no shared history");
+    let messages = h.tg.messages_in(group);
+    let thread_of = |needle: &str| {
+        messages
+            .iter()
+            .find(|m| m.visible.contains(needle))
+            .and_then(|m| m.thread_id)
+    };
+    assert_eq!(thread_of("answer in a topic"), Some(7));
+    assert_eq!(thread_of("answer in another topic"), Some(9));
+    // In a group the answer replies to the user's message.
+    assert!(
+        messages.iter().all(|m| m.reply_to.is_some()),
+        "{messages:?}"
+    );
+}
+
+#[tokio::test]
+async fn markdown_with_special_characters_is_valid_telegram_html() {
+    let text = "Use `a<b>` & **bold**, _it_, *star*, snake_case_name, 2 < 3 > 1 and [docs](https://example.com/?a=1&b=2).\n\n```rust\nfn x() -> bool { 1 < 2 && \"s\" != \"t\" }\n```\nDone_now *unclosed";
+    let model = scripted().then_text(text);
+    let Some(h) = Harness::new(Models::Scripted(vec![model]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "format something");
+    let m = h.reply_containing(USER, "Done_now").await;
+    assert!(h.tg.violations().is_empty(), "{:?}", h.tg.violations());
+    assert_eq!(m.parse_mode.as_deref(), Some("HTML"));
+    for part in [
+        "<code>a&lt;b&gt;</code>",
+        "&amp; <b>bold</b>",
+        "<i>it</i>",
+        "<i>star</i>",
+        "snake_case_name",
+        "2 &lt; 3 &gt; 1",
+        "<a href=\"https://example.com/?a=1&amp;b=2\">docs</a>",
+        "<pre><code class=\"language-rust\">fn x() -&gt; bool { 1 &lt; 2 &amp;&amp; \"s\" != \"t\" }</code></pre>",
+        "Done_now *unclosed",
+    ] {
+        assert!(m.text.contains(part), "{part} in {}", m.text);
+    }
+    assert!(m
+        .visible
+        .contains("fn x() -> bool { 1 < 2 && \"s\" != \"t\" }"));
+}
+
+#[tokio::test]
+async fn the_telegram_tool_and_proactive_messages_use_the_outbox() {
+    let Some(h) = Harness::build(
+        Models::Scripted(vec![scripted()]),
+        json!({"allowedChats": [-100777]}),
+        true,
+    )
+    .await
+    else {
+        return;
+    };
+    let tool = h.gw.registry().tool("telegram").unwrap().tool.clone();
+    let workspace = h.gw.config().agent_workspace(h.gw.home(), "a");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let call = |args: &[&str], session: SessionInfo| ToolCall {
+        tool: "telegram".into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        cwd: None,
+        workspace: workspace.clone(),
+        session,
+        config: json!({"allowedChats": [-100777], "agentMapping": {"default": "a"}}),
+    };
+    let in_chat = SessionInfo {
+        agent: "a".into(),
+        key: format!("telegram:{USER}"),
+        channel: "telegram".into(),
+        chat_id: Some(USER.to_string()),
+        thread_id: None,
+    };
+    let r = within(
+        "the tool",
+        tool.call(call(
+            &["send", "hello", "**from**", "the", "tool"],
+            in_chat.clone(),
+        )),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.output);
+    assert_eq!(r.output, format!("Message sent to chat {USER}\n"));
+    assert_eq!(h.texts(USER), ["hello from the tool"]);
+
+    let r = tool
+        .call(call(
+            &["send", "--chat", "-100777", "to the team"],
+            in_chat.clone(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.output);
+    assert_eq!(h.texts(-100777), ["to the team"]);
+
+    let r = tool
+        .call(call(&["send", "--chat", "-999", "nope"], in_chat.clone()))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 1);
+    assert!(
+        r.output.contains("may not send to chat -999"),
+        "{}",
+        r.output
+    );
+    assert!(h.texts(-999).is_empty());
+
+    let api_session = SessionInfo {
+        agent: "a".into(),
+        key: "api:a:default".into(),
+        channel: "api".into(),
+        chat_id: None,
+        thread_id: None,
+    };
+    let r = tool
+        .call(call(&["send", "where to?"], api_session))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 1);
+    assert!(r.output.contains("not a Telegram chat"), "{}", r.output);
+
+    let png = b"\x89PNG\r\n\x1a\nfake image bytes".to_vec();
+    std::fs::write(workspace.join("chart.png"), &png).unwrap();
+    let r = tool
+        .call(call(
+            &["photo", "chart.png", "the", "chart"],
+            in_chat.clone(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.output);
+    let photo =
+        h.tg.messages_in(USER)
+            .into_iter()
+            .find_map(|m| m.photo)
+            .unwrap();
+    assert_eq!(photo.bytes, png);
+    assert_eq!(photo.file_name, "chart.png");
+    assert_eq!(photo.caption.as_deref(), Some("the chart"));
+    let r = tool
+        .call(call(&["photo", "../../etc/passwd.png"], in_chat))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 1, "{}", r.output);
+
+    // Channel::send: a proactive message, rendered and delivered.
+    h.channel
+        .send(&USER.to_string(), None, "reminder: **stand-up** at 10")
+        .await
+        .unwrap();
+    let m = h.reply_containing(USER, "reminder: stand-up at 10").await;
+    assert_eq!(m.text, "reminder: <b>stand-up</b> at 10");
+    assert!(h.tg.violations().is_empty(), "{:?}", h.tg.violations());
+}
+
+#[tokio::test]
+async fn a_wrong_config_or_token_fails_with_a_clear_error() {
+    let e = TelegramConfig::from_value(
+        &json!({"token": TOKEN, "allowedUsers": ["me"], "agentMapping": {"default": "a"}}),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("allowedUsers[0]"), "{e}");
+    let Some(h) = Harness::new(
+        Models::Scripted(vec![scripted()]),
+        json!({"agentMapping": {"default": "nobody"}}),
+    )
+    .await
+    else {
+        return;
+    };
+    let run = h.channel.run(h.gw.clone(), CancellationToken::new());
+    let e = within("the start error", run)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("agentMapping.default") && e.contains("'nobody'"),
+        "{e}"
+    );
+
+    // A token Telegram rejects: the error says so and never shows the token.
+    let mut config = h.config.clone();
+    config.agent_mapping.default = "a".into();
+    config.token = "999:WRONG-token".into();
+    let ch = TelegramChannel::new(config, h.store.clone()).unwrap();
+    let e = within(
+        "the token error",
+        ch.run(h.gw.clone(), CancellationToken::new()),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("token was rejected"), "{e}");
+    assert!(!e.contains("WRONG"), "{e}");
+}
