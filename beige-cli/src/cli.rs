@@ -64,6 +64,11 @@ pub enum Command {
     Exec(ExecArgs),
     /// List an agent's sessions
     Sessions(SessionsArgs),
+    /// Install, list, remove and update plugins (external plugins and command tools)
+    Plugins {
+        #[command(subcommand)]
+        command: Option<crate::cmd::plugins::PluginsCommand>,
+    },
     /// Read the audit log (every tool call, who allowed it and how it ended)
     Audit {
         #[command(subcommand)]
@@ -139,7 +144,7 @@ pub struct RunArgs {
     #[arg(required = true, num_args = 1.., value_name = "MESSAGE")]
     pub message: Vec<String>,
     /// Session key: the same key continues the same conversation
-    /// [default: cli:<agent>:default]
+    /// [default: cli:AGENT:default]
     #[arg(short, long, value_name = "KEY")]
     pub session: Option<String>,
     /// Print every event as one JSON object per line instead of text

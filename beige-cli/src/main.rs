@@ -55,6 +55,7 @@ pub mod code {
 }
 
 fn main() -> ExitCode {
+    quiet_broken_pipe();
     let cli = cli::Cli::parse();
     let foreground = matches!(
         cli.command,
@@ -85,6 +86,25 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// `beige … | head` closes stdout early; printing then fails, which Rust reports as a
+/// panic. End quietly instead, with the exit status a shell gives a process killed by
+/// SIGPIPE (141); any other panic keeps the default report.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.contains("Broken pipe") || message.contains("BrokenPipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 /// Logs go to stderr: `--log-level` wins over `RUST_LOG`, else `default`. The gateway

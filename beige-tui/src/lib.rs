@@ -8,20 +8,23 @@
 //! # }
 //! ```
 //!
-//! It talks to the gateway only through the [`Gateway`](beige_core::gateway::Gateway)
-//! trait — [`RemoteGateway`](beige_core::gateway::RemoteGateway) in production, any
+//! It talks to the gateway only through the [`Gateway`]
+//! trait — [`RemoteGateway`] in production, any
 //! implementation in tests ([`run_with`]). Elm-like split:
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`app`] | the state: agents, session, transcript cells, composer, scroll, status, modals |
-//! | [`update`] | `update(&mut App, Msg) -> Vec<Effect>`: all behaviour, no terminal, no I/O |
+//! | [`update`](mod@update) | `update(&mut App, Msg) -> Vec<Effect>`: all behaviour, no terminal, no I/O |
 //! | [`render`] | `render(&App, &mut Frame)`: the pure view |
 //! | [`runtime`] | runs effects against the gateway, the terminal guard, the event loop, reconnecting |
 //! | [`markdown`], [`wrap`] | rendering answers and laying text out in columns |
 //! | [`commands`], [`composer`] | slash commands and help; the input editor and history |
 //!
 //! The user guide is `docs/tui.md`.
+//!
+//! [`Gateway`]: beige_core::gateway::Gateway
+//! [`RemoteGateway`]: beige_core::gateway::RemoteGateway
 
 pub mod app;
 pub mod commands;

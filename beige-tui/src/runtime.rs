@@ -452,11 +452,17 @@ impl Driver {
 }
 
 static KEYBOARD_ENHANCED: AtomicBool = AtomicBool::new(false);
+static TERMINAL_ACTIVE: AtomicBool = AtomicBool::new(false);
 static PANIC_HOOK: Once = Once::new();
 
-/// Put the terminal back as it was (idempotent; errors are ignored — there is nothing
-/// better to do with them while exiting).
+/// Put the terminal back as it was. Does something only while the TUI owns the terminal,
+/// so the panic hook and the guard's drop do not both leave the alternate screen (a second
+/// "leave" would move the cursor back over the panic message). Errors are ignored: there
+/// is nothing better to do with them while exiting.
 pub fn restore_terminal() {
+    if !TERMINAL_ACTIVE.swap(false, Ordering::SeqCst) {
+        return;
+    }
     let _ = disable_raw_mode();
     let mut out = io::stdout();
     if KEYBOARD_ENHANCED.swap(false, Ordering::SeqCst) {
@@ -493,6 +499,7 @@ impl TerminalGuard {
             }));
         });
         let setup = || -> io::Result<Terminal<CrosstermBackend<Stdout>>> {
+            TERMINAL_ACTIVE.store(true, Ordering::SeqCst);
             enable_raw_mode()?;
             let mut out = io::stdout();
             crossterm::execute!(

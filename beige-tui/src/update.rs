@@ -208,8 +208,9 @@ pub fn update(app: &mut App, msg: Msg) -> Vec<Effect> {
             }
         }
         Msg::Event { id, event } => {
-            if app.running.as_ref().is_some_and(|r| r.id == id) {
-                on_event(app, event);
+            if app.running.as_ref().is_some_and(|r| r.id == id) && on_event(app, event) {
+                // The prompt failed: maybe because the gateway went away.
+                return vec![Effect::Probe];
             }
             Vec::new()
         }
@@ -439,9 +440,11 @@ pub fn error_title(kind: Option<ErrorKind>) -> &'static str {
     }
 }
 
-fn on_event(app: &mut App, event: AgentEvent) {
+/// Apply one event of the running prompt; `true` when it failed (check the connection).
+fn on_event(app: &mut App, event: AgentEvent) -> bool {
     // New output follows the bottom unless the user scrolled up.
     let follow = app.scroll == 0;
+    let mut failed = false;
     match event {
         AgentEvent::TurnStarted { model, .. } => {
             app.fallback = (!model.is_empty() && model != app.model()).then_some(model);
@@ -581,9 +584,15 @@ fn on_event(app: &mut App, event: AgentEvent) {
             if message == "cancelled" || (cancelling && message.contains("cancel")) {
                 app.cells.push(Cell::Info("Cancelled.".into()));
             } else {
+                failed = true;
                 let hint = hint.or_else(|| kind.and_then(hint_for).map(str::to_string));
+                let title = if message.starts_with("lost the connection") {
+                    "Connection lost"
+                } else {
+                    error_title(kind)
+                };
                 app.cells.push(Cell::Error(crate::app::ErrorCell {
-                    title: error_title(kind).into(),
+                    title: title.into(),
                     message,
                     hint,
                 }));
@@ -594,6 +603,7 @@ fn on_event(app: &mut App, event: AgentEvent) {
     if follow {
         app.scroll = 0;
     }
+    failed
 }
 
 fn is_press(key: &KeyEvent) -> bool {

@@ -458,9 +458,8 @@ pub fn count_audit(path: &Path) -> Result<AuditCounts> {
         // No tool was called, so nothing was recorded.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(c),
         Err(e) => {
-            return Err(e).with_context(|| {
-                format!("cannot read the demo's audit log {}", path.display())
-            })
+            return Err(e)
+                .with_context(|| format!("cannot read the demo's audit log {}", path.display()))
         }
     };
     for line in text.lines().filter(|l| !l.trim().is_empty()) {

@@ -1,4 +1,4 @@
-//! What each command does. One module per command group; [`run`] dispatches and starts
+//! What each command does. One module per command group; [`run()`] dispatches and starts
 //! the async runtime for the commands that need one.
 
 mod audit;
@@ -6,6 +6,7 @@ pub mod config;
 mod demo;
 mod doctor;
 pub mod gateway;
+pub mod plugins;
 mod run;
 mod setup;
 
@@ -18,9 +19,6 @@ use clap::CommandFactory;
 use crate::cli::{AuditCommand, Cli, Command, ConfigCommand, GatewayCommand};
 use crate::client::Target;
 use crate::Exit;
-
-/// What `beige tui` says until the terminal UI ships with the CLI.
-pub const TUI_NOT_YET: &str = "The terminal UI is not part of this build yet. Meanwhile:\n  beige run <agent> \"<message>\"     one prompt, streamed (same session with --session KEY)\n  beige exec <agent> -- <command>   a command in the agent's sandbox\n  beige sessions <agent>            the agent's sessions";
 
 fn block_on<F: Future<Output = Result<()>>>(f: F) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -88,6 +86,10 @@ pub fn run(cli: Cli) -> Result<()> {
             let t = target();
             block_on(run::sessions(&t, args))
         }
+        Some(Command::Plugins { command: None }) => print_help(&["plugins"]),
+        Some(Command::Plugins {
+            command: Some(command),
+        }) => plugins::run(&home, config, command),
         Some(Command::Audit { command: None }) => print_help(&["audit"]),
         Some(Command::Audit {
             command:
@@ -100,11 +102,26 @@ pub fn run(cli: Cli) -> Result<()> {
         }) => audit::tail(&home, follow, agent.as_deref(), lines, json),
         Some(Command::Doctor(args)) => block_on(doctor::run(&home, config, args.agent.as_deref())),
         Some(Command::Demo) => block_on(demo::run()),
-        Some(Command::Tui { .. }) => Err(Exit::new(2, TUI_NOT_YET).into()),
+        Some(Command::Tui { agent }) => {
+            let t = target();
+            block_on(async move {
+                let code = beige_tui::run(agent, Some(t.url.clone())).await?;
+                match u8::try_from(code) {
+                    Ok(0) => Ok(()),
+                    Ok(c) => Err(Exit::new(c, "").into()),
+                    Err(_) => Err(Exit::new(1, "").into()),
+                }
+            })
+        }
         Some(Command::Completions { shell }) => {
             let mut command = Cli::command();
-            clap_complete::generate(shell, &mut command, "beige", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "beige", &mut script);
+            use std::io::Write;
+            match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                r => Ok(r?),
+            }
         }
     }
 }

@@ -157,6 +157,41 @@ async fn drain(gateway: &LocalGateway) {
     }
 }
 
+/// Start the Telegram channel when `plugins.telegram` is configured (the built-in). It
+/// serves the reloadable gateway, so it survives in-place restarts; a channel that cannot
+/// start is logged and the HTTP API keeps serving.
+fn start_telegram(
+    home: &BeigeHome,
+    config: &Config,
+    gateway: Arc<ReloadableGateway>,
+    token: CancellationToken,
+) {
+    use beige_core::channel::telegram::TelegramChannel;
+    use beige_core::channel::Channel;
+    let store: Arc<dyn beige_core::store::Store> =
+        match beige_core::store::SqliteStore::open(home.db_path()) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                tracing::error!("Telegram channel not started: {e}");
+                return;
+            }
+        };
+    let channel = match TelegramChannel::from_config(config, store) {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::error!("Telegram channel not started: {e}");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        let gateway: Arc<dyn beige_core::Gateway> = gateway;
+        if let Err(e) = channel.run(gateway, token).await {
+            tracing::error!("Telegram channel stopped: {e}");
+        }
+    });
+}
+
 /// Run the gateway in this process until SIGTERM or SIGINT.
 pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
     tracing::info!(
@@ -215,6 +250,12 @@ pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
         }
     };
     tracing::info!(url = %format!("http://{}", http.addr), "beige gateway ready");
+    start_telegram(
+        &home,
+        &loaded.config,
+        daemon.gateway(),
+        shutdown.child_token(),
+    );
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -225,10 +266,8 @@ pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
             _ = int.recv() => { tracing::info!("SIGINT: stopping"); break; }
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: restarting in place");
-                match daemon.restart().await {
-                    Ok(m) => tracing::info!("{m}"),
-                    Err(e) => tracing::error!("restart failed: {e}"),
-                }
+                // `restart` logs its outcome.
+                let _ = daemon.restart().await;
             }
             r = http.done() => {
                 if let Err(e) = r {

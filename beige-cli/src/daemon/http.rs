@@ -86,9 +86,8 @@ pub fn serve(
     let restart = Arc::new(move || {
         let daemon = daemon.clone();
         handle.spawn(async move {
-            if let Err(e) = daemon.restart().await {
-                tracing::error!("restart failed: {e}");
-            }
+            // `restart` logs its outcome.
+            let _ = daemon.restart().await;
         });
     });
     let state = ApiState::new(gateway.clone(), token).with_restart(restart);

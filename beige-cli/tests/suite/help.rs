@@ -47,9 +47,11 @@ fn completions_for_each_shell() {
 }
 
 #[test]
-fn tui_is_not_there_yet_and_says_what_to_use() {
+fn tui_without_a_gateway_says_how_to_start_it() {
     let env = TestEnv::new();
-    let run = env.run(&["tui"]);
-    assert_eq!(run.code, Some(2));
-    assert!(run.stderr.contains("beige run <agent>"), "{}", run.stderr);
+    // Nothing listens on this port.
+    let run = env.run(&["tui", "-g", "http://127.0.0.1:9"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let all = format!("{}{}", run.stdout, run.stderr);
+    assert!(all.contains("beige gateway start"), "{all}");
 }

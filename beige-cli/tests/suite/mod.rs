@@ -7,6 +7,7 @@ mod daemon;
 mod demo;
 mod doctor;
 mod help;
+mod plugins;
 mod setup;
 
 use std::path::{Path, PathBuf};

@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Built-in plugins, enabled by listing their name under `plugins` without a `path`.
-pub const BUILTIN_PLUGINS: [&str; 1] = ["kv"];
+pub const BUILTIN_PLUGINS: [&str; 2] = ["kv", "telegram"];
 
 /// Errors at the gateway boundary.
 #[derive(Debug, thiserror::Error)]
@@ -384,6 +384,8 @@ impl GatewayBuilder {
                 })?;
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
+            } else if name == "telegram" && crate::channel::telegram::is_builtin(entry) {
+                ordered.push(Arc::new(crate::channel::telegram::TelegramPlugin::new()));
             } else {
                 tracing::warn!(
                     plugin = %name,

@@ -69,8 +69,10 @@ pub struct CommandToolSpec {
 /// One allow or deny pattern: words matched against the caller's arguments one by one.
 /// `*` inside a word matches any characters of that argument; a word that is just `*`
 /// matches one argument, except as the last word, where it matches any rest (also
-/// none). `"push *"` matches `push`, `push origin main`; `"log --format=*"` matches
-/// `log --format=oneline` only.
+/// none); `**` matches any number of arguments (also none) wherever it stands. `"push
+/// *"` matches `push` and `push origin main`; `"log --format=* *"` matches `log
+/// --format=oneline -3`; `"** --output* **"` matches any command line with an argument
+/// starting with `--output`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern {
     text: String,
@@ -90,16 +92,19 @@ impl Pattern {
     }
 
     pub fn matches(&self, args: &[String]) -> bool {
-        for (i, word) in self.words.iter().enumerate() {
-            if word == "*" && i + 1 == self.words.len() {
-                return true;
-            }
-            match args.get(i) {
-                Some(arg) if wildcard(word, arg) => {}
-                _ => return false,
-            }
-        }
-        args.len() == self.words.len()
+        match_words(&self.words, args)
+    }
+}
+
+fn match_words(words: &[String], args: &[String]) -> bool {
+    match words.split_first() {
+        None => args.is_empty(),
+        Some((w, rest)) if w == "**" => (0..=args.len()).any(|k| match_words(rest, &args[k..])),
+        Some((w, rest)) if w == "*" && rest.is_empty() => true,
+        Some((w, rest)) => match args.split_first() {
+            Some((arg, more)) => wildcard(w, arg) && match_words(rest, more),
+            None => false,
+        },
     }
 }
 
@@ -130,8 +135,12 @@ fn wildcard(pattern: &str, text: &str) -> bool {
 /// Whether a call may run, and the rule that decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleDecision {
-    Allowed { rule: String },
-    Denied { rule: String },
+    Allowed {
+        rule: String,
+    },
+    Denied {
+        rule: String,
+    },
     /// No allow rule matched.
     NotAllowed,
 }
@@ -226,9 +235,7 @@ impl CommandToolPlugin {
             }
             let timeout = match spec.timeout {
                 None => DEFAULT_COMMAND_TIMEOUT,
-                Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
-                    Duration::from_secs_f64(s)
-                }
+                Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Duration::from_secs_f64(s),
                 Some(s) => {
                     return Err(fail(format!(
                         "{at}.timeout must be a positive number of seconds, not {s}"
@@ -244,8 +251,7 @@ impl CommandToolPlugin {
                 None => Vec::new(),
                 Some(decl) => decl.resolve(env).map_err(|e| fail(format!("{at}.{e}")))?,
             };
-            let program = if spec.command.contains('/') && !Path::new(&spec.command).is_absolute()
-            {
+            let program = if spec.command.contains('/') && !Path::new(&spec.command).is_absolute() {
                 dir.join(&spec.command)
             } else {
                 PathBuf::from(&spec.command)
@@ -282,14 +288,13 @@ impl CommandToolPlugin {
 
     /// Read `<dir>/plugin.json` and make the plugin, with the gateway's environment.
     pub fn from_dir(dir: &Path) -> Result<Self, PluginError> {
-        let manifest =
-            super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
-                plugin: dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                message: e.to_string(),
-            })?;
+        let manifest = super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
+            plugin: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            message: e.to_string(),
+        })?;
         Self::new(dir, manifest, &process_env)
     }
 }
@@ -302,12 +307,15 @@ impl Plugin for CommandToolPlugin {
 
     async fn register(&self, ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
         if let Some(schema) = &self.config_schema {
-            check_schema(schema, &ctx.config, &format!("plugins.{}.config", self.name)).map_err(
-                |e| PluginError::Failed {
-                    plugin: self.name.clone(),
-                    message: format!("invalid config: {e}"),
-                },
-            )?;
+            check_schema(
+                schema,
+                &ctx.config,
+                &format!("plugins.{}.config", self.name),
+            )
+            .map_err(|e| PluginError::Failed {
+                plugin: self.name.clone(),
+                message: format!("invalid config: {e}"),
+            })?;
         }
         for tool in &self.tools {
             reg.tool(tool.clone())?;
@@ -420,8 +428,14 @@ async fn run(tool: &CommandTool, call: &ToolCall, cwd: &Path) -> Result<ToolResu
         });
     }
     let budget = tool.max_output;
-    let out = child.stdout.take().map(|s| tokio::spawn(read_capped(s, budget)));
-    let err = child.stderr.take().map(|s| tokio::spawn(read_capped(s, budget)));
+    let out = child
+        .stdout
+        .take()
+        .map(|s| tokio::spawn(read_capped(s, budget)));
+    let err = child
+        .stderr
+        .take()
+        .map(|s| tokio::spawn(read_capped(s, budget)));
     let (status, timed_out) = match tokio::time::timeout(tool.timeout, child.wait()).await {
         Ok(status) => (status?, false),
         Err(_) => {
@@ -435,7 +449,7 @@ async fn run(tool: &CommandTool, call: &ToolCall, cwd: &Path) -> Result<ToolResu
     if let Some(pgid) = guard.0.take() {
         kill_group(pgid, libc::SIGKILL);
     }
-    let collect = |h: Option<tokio::task::JoinHandle<std::io::Result<(Vec<u8>, usize)>>>| async {
+    let collect = |h: Option<Capture>| async {
         match h {
             None => (Vec::new(), 0),
             Some(h) => match tokio::time::timeout(Duration::from_secs(2), h).await {
@@ -484,6 +498,9 @@ async fn run(tool: &CommandTool, call: &ToolCall, cwd: &Path) -> Result<ToolResu
         exit_code: code,
     })
 }
+
+/// A stream being read by [`read_capped`].
+type Capture = tokio::task::JoinHandle<std::io::Result<(Vec<u8>, usize)>>;
 
 /// Read everything, keeping at most `max` bytes; returns the kept bytes and the total.
 async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
@@ -552,6 +569,16 @@ mod tests {
         let one = Pattern::new("remote * show");
         assert!(one.matches(&args("remote -v show")));
         assert!(!one.matches(&args("remote show")));
+        let anywhere = Pattern::new("** --output* **");
+        assert!(anywhere.matches(&args("diff --output=/etc/x")));
+        assert!(anywhere.matches(&args("log -p --stat --output /x")));
+        assert!(anywhere.matches(&args("--output")));
+        assert!(!anywhere.matches(&args("diff --stat")));
+        assert!(!Pattern::new("** --output*").matches(&args("log --output /x")));
+        let middle = Pattern::new("diff ** HEAD");
+        assert!(middle.matches(&args("diff HEAD")));
+        assert!(middle.matches(&args("diff --stat -w HEAD")));
+        assert!(!middle.matches(&args("diff HEAD --stat")));
         assert!(Pattern::new("*").matches(&[]));
         assert!(Pattern::new("").matches(&[]));
         assert!(!Pattern::new("").matches(&args("x")));
@@ -626,10 +653,18 @@ mod tests {
         assert_eq!(lines[lines.len() - 1], "piped");
         let r = tool.call(call(&["exit 3"], None)).await.unwrap();
         assert!(r.output.contains("refused by rule deny \"exit*\""));
-        let r = tool.call(call(&["echo x >&2; exit 3"], None)).await.unwrap();
+        let r = tool
+            .call(call(&["echo x >&2; exit 3"], None))
+            .await
+            .unwrap();
         assert_eq!((r.output.as_str(), r.exit_code), ("x\n", 3));
-        let r = tool.call(call(&["yes | head -c 1000"], None)).await.unwrap();
-        assert!(r.output.contains("output truncated: 1000 bytes, the first 100 shown"));
+        let r = tool
+            .call(call(&["yes | head -c 1000"], None))
+            .await
+            .unwrap();
+        assert!(r
+            .output
+            .contains("output truncated: 1000 bytes, the first 100 shown"));
         let started = std::time::Instant::now();
         let r = tool
             .call(call(&["(sleep 30; echo late) & sleep 30"], None))

@@ -38,8 +38,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::command::kill_group;
 use super::load::{base_path, check_schema, process_env, Manifest};
 use super::{
-    Plugin, PluginContext, PluginError, Registrar, SkillDef, Tool, ToolCall, ToolError,
-    ToolResult,
+    Plugin, PluginContext, PluginError, Registrar, SkillDef, Tool, ToolCall, ToolError, ToolResult,
 };
 use crate::hooks::{
     HookError, HookHandler, HookName, ModelSwitchedEvent, PostResponseEvent, PostResponseResult,
@@ -168,7 +167,10 @@ impl ExternalPlugin {
             return Err(fail("plugin.json: run.command is empty".into()));
         }
         let dir = dir.canonicalize().map_err(|e| {
-            fail(format!("cannot use the plugin folder {}: {e}", dir.display()))
+            fail(format!(
+                "cannot use the plugin folder {}: {e}",
+                dir.display()
+            ))
         })?;
         let program = if run.command.contains('/') && !Path::new(&run.command).is_absolute() {
             dir.join(&run.command)
@@ -182,7 +184,10 @@ impl ExternalPlugin {
             }
         }
         if let Some(decl) = &manifest.env {
-            for (k, v) in decl.resolve(env).map_err(|e| fail(format!("plugin.json: {e}")))? {
+            for (k, v) in decl
+                .resolve(env)
+                .map_err(|e| fail(format!("plugin.json: {e}")))?
+            {
                 vars.retain(|(name, _)| *name != k);
                 vars.push((k, v));
             }
@@ -216,14 +221,13 @@ impl ExternalPlugin {
 
     /// Read `<dir>/plugin.json` and make the plugin, with the gateway's environment.
     pub fn from_dir(dir: &Path) -> Result<Self, PluginError> {
-        let manifest =
-            super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
-                plugin: dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                message: e.to_string(),
-            })?;
+        let manifest = super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
+            plugin: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            message: e.to_string(),
+        })?;
         Self::new(dir, manifest, &process_env)
     }
 
@@ -540,10 +544,7 @@ impl HookHandler for ExternalHooks {
         Ok(r.unwrap_or_else(PreToolExecResult::allow))
     }
 
-    async fn post_tool_exec(
-        &self,
-        e: &PostToolExecEvent,
-    ) -> Result<PostToolExecResult, HookError> {
+    async fn post_tool_exec(&self, e: &PostToolExecEvent) -> Result<PostToolExecResult, HookError> {
         self.call(HookName::PostToolExec, e).await
     }
 
@@ -653,7 +654,10 @@ impl Drop for Shared {
 }
 
 /// Start a process and run `initialize`; on success it is the running one.
-async fn start(shared: &Arc<Shared>, last_exit: Option<String>) -> Result<InitResult, ExternalError> {
+async fn start(
+    shared: &Arc<Shared>,
+    last_exit: Option<String>,
+) -> Result<InitResult, ExternalError> {
     let Some(info) = lock(&shared.start).clone() else {
         return Err(ExternalError::NotRunning {
             plugin: shared.name.clone(),
@@ -754,7 +758,10 @@ async fn request(
 ) -> Result<Value, ExternalError> {
     let conn = match &*lock(&shared.state) {
         State::Running(conn) => conn.clone(),
-        State::Restarting { status } | State::Starting { last_exit: Some(status) } => {
+        State::Restarting { status }
+        | State::Starting {
+            last_exit: Some(status),
+        } => {
             return Err(ExternalError::Restarting {
                 plugin: shared.name.clone(),
                 status: status.clone(),
@@ -850,7 +857,8 @@ async fn terminate(conn: &Conn) {
                 kill_group(pid, libc::SIGKILL);
             }
         }
-        let _ = tokio::time::timeout(Duration::from_secs(2), exited.wait_for(Option::is_some)).await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), exited.wait_for(Option::is_some)).await;
     }
 }
 
@@ -1089,8 +1097,7 @@ async fn read_stdout(
                     });
                 }
                 None => {
-                    if let Err((_, message)) = serve(&name, store.as_ref(), &method, params).await
-                    {
+                    if let Err((_, message)) = serve(&name, store.as_ref(), &method, params).await {
                         tracing::warn!(plugin = %name, "notification {method}: {message}");
                     }
                 }
@@ -1103,7 +1110,9 @@ async fn read_stdout(
         };
         let reply = match msg.get("error") {
             Some(err) if !err.is_null() => Err((
-                err.get("code").and_then(Value::as_i64).unwrap_or(INTERNAL_ERROR),
+                err.get("code")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(INTERNAL_ERROR),
                 err.get("message")
                     .and_then(Value::as_str)
                     .map(str::to_string)
@@ -1116,7 +1125,9 @@ async fn read_stdout(
             Some(tx) => {
                 let _ = tx.send(reply);
             }
-            None => tracing::debug!(plugin = %name, id, "answer to a request nobody waits for (it timed out)"),
+            None => {
+                tracing::debug!(plugin = %name, id, "answer to a request nobody waits for (it timed out)")
+            }
         }
     }
 }

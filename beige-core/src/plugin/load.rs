@@ -167,7 +167,9 @@ pub fn valid_plugin_name(name: &str) -> bool {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ManifestError {
-    #[error("{path}: not found — a plugin folder needs a plugin.json (see docs/external-plugins.md)")]
+    #[error(
+        "{path}: not found — a plugin folder needs a plugin.json (see docs/external-plugins.md)"
+    )]
     Missing { path: PathBuf },
     #[error("{path}: {error}")]
     Read {
@@ -513,7 +515,10 @@ fn type_matches(t: &str, v: &Value) -> bool {
         "string" => v.is_string(),
         "number" => v.is_number(),
         "integer" => {
-            v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0 && f.is_finite())
+            v.is_i64()
+                || v.is_u64()
+                || v.as_f64()
+                    .is_some_and(|f| f.fract() == 0.0 && f.is_finite())
         }
         "boolean" => v.is_boolean(),
         "null" => v.is_null(),
@@ -559,8 +564,7 @@ mod tests {
             "additionalProperties": false,
         });
         let check = |v: Value| {
-            check_schema(&schema, &v, "plugins.weather.config")
-                .map_err(|e| e.to_string())
+            check_schema(&schema, &v, "plugins.weather.config").map_err(|e| e.to_string())
         };
         assert!(check(json!({"apiKey": "k", "units": "metric", "days": 3})).is_ok());
         assert_eq!(
@@ -645,7 +649,7 @@ mod tests {
             .contains("TypeScript plugins"));
         write(r#"{"name": "p", "run": {"command": "x", "arg": []}}"#);
         let e = read_manifest(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("run: unknown field `arg`"), "{e}");
+        assert!(e.contains("run.arg: unknown field `arg`"), "{e}");
         write(r#"{"name": "p", "run": {"command": "python3", "args": ["p.py"]}, "extra": 1}"#);
         assert_eq!(read_manifest(dir.path()).unwrap().name, "p");
     }

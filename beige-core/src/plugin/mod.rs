@@ -10,6 +10,7 @@
 
 pub mod command;
 pub mod external;
+pub mod install;
 pub mod kv;
 pub mod load;
 pub mod registry;

@@ -30,11 +30,22 @@ pub fn locate(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
             }
         }
     }
+    // A dynamically linked `beige-shim` (a plain `cargo build` leaves one next to the
+    // binaries) is skipped in favour of a later static one; it is reported only when no
+    // candidate is usable.
+    let mut refused = None;
     for p in &tried {
         if p.is_file() {
-            check_static(p)?;
-            return Ok(p.clone());
+            match check_static(p) {
+                Ok(()) => return Ok(p.clone()),
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
         }
+    }
+    if let Some(e) = refused {
+        return Err(e);
     }
     Err(SandboxError::Shim {
         path: tried

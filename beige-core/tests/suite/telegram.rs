@@ -411,8 +411,12 @@ async fn a_crash_before_the_reply_was_sent_handles_the_update_once_and_replies_o
     );
     h.crash_and_restart().await;
     h.reply_containing(USER, "the one and only answer").await;
-    // Handled once (one model call), delivered once (one message).
+    // Handled once (one model call), delivered once (one message): the hung attempt
+    // before the kill and the one after it.
     assert_eq!(model.requests().len(), 1);
+    let sends = h.tg.calls_to("sendMessage");
+    assert_eq!(sends.len(), 2, "{sends:?}");
+    assert_eq!((sends[0].status, sends[1].status), (0, 200));
     assert_eq!(h.texts(USER), ["the one and only answer"]);
     // The restarted channel carries on normally, and the history has one exchange.
     h.tg.send_text(USER, USER, "again");
@@ -894,4 +898,44 @@ async fn a_wrong_config_or_token_fails_with_a_clear_error() {
     .to_string();
     assert!(e.contains("token was rejected"), "{e}");
     assert!(!e.contains("WRONG"), "{e}");
+}
+
+#[tokio::test]
+async fn a_rate_limited_model_gives_the_user_something_to_do() {
+    let limited = |provider: &str| {
+        let provider = provider.to_string();
+        move |_: &beige_core::llm::ModelRequest| -> Result<Vec<beige_core::llm::Block>, beige_core::llm::LlmError> {
+            Err(beige_core::llm::LlmError::Api {
+                provider: provider.clone(),
+                status: 429,
+                retry_after: Some(Duration::from_secs(60)),
+                error_type: Some("rate_limit_error".into()),
+                message: "Number of request tokens has exceeded your per-minute rate limit".into(),
+            })
+        }
+    };
+    let mut primary = scripted();
+    let mut spare = ScriptedProvider::new("spare");
+    for _ in 0..5 {
+        primary = primary.then(limited("anthropic"));
+        spare = spare.then(limited("spare"));
+    }
+    let Some(h) = Harness::new(Models::Scripted(vec![primary, spare]), json!({})).await else {
+        return;
+    };
+    h.tg.send_text(USER, USER, "hello?");
+    let m = h.reply_containing(USER, "rate-limited").await;
+    assert!(
+        m.visible
+            .starts_with("⏳ The model is rate-limited right now."),
+        "{}",
+        m.visible
+    );
+    assert!(
+        m.visible
+            .contains("Wait a few minutes, or switch to another allowed model (/model)"),
+        "{}",
+        m.visible
+    );
+    assert!(!m.visible.contains("sk-"), "{}", m.visible);
 }

@@ -358,3 +358,57 @@ fn multi_line_composer_and_scrolled_transcript() {
     update(&mut a, Msg::Paste("first line\nsecond line\nthird".into()));
     snap("composer_multiline_scrolled", &a);
 }
+
+#[test]
+fn verbose_shows_thinking() {
+    let mut a = app();
+    send(&mut a, "Is 2^61 - 1 prime?");
+    events(
+        &mut a,
+        vec![
+            AgentEvent::ThinkingDelta {
+                text: "2^61 - 1 is a Mersenne number.\nIt is known to be prime (M61).".into(),
+            },
+            delta("Yes — **2⁶¹ − 1** is a Mersenne prime."),
+            done(),
+        ],
+    );
+    let hidden = a.clone();
+    a.verbose = true;
+    snap("verbose_thinking", &a);
+    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    terminal.draw(|f| render(&hidden, f)).unwrap();
+    let text = format!("{}", terminal.backend());
+    assert!(
+        !text.contains("Mersenne number"),
+        "thinking is hidden unless verbose"
+    );
+}
+
+/// Every state renders at tiny sizes without panicking (the layout degrades instead).
+#[test]
+fn tiny_terminals_do_not_panic() {
+    let mut states = vec![app(), exec_app(true)];
+    let mut help = app();
+    help.composer.set_text("/foo");
+    update(
+        &mut help,
+        Msg::Key(KeyEvent::new(KeyCode::Enter, KeyModifiers::NONE)),
+    );
+    states.push(help);
+    let mut long = app();
+    long.composer.set_text(&"wide 日本語 text ".repeat(40));
+    states.push(long);
+    for state in states {
+        for (w, h) in [(1, 1), (2, 2), (10, 3), (20, 5), (30, 4), (79, 23)] {
+            let mut s = state.clone();
+            update(&mut s, Msg::Resize(w, h));
+            update(
+                &mut s,
+                Msg::Key(KeyEvent::new(KeyCode::PageUp, KeyModifiers::NONE)),
+            );
+            let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
+            terminal.draw(|f| render(&s, f)).unwrap();
+        }
+    }
+}

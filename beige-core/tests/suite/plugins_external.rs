@@ -1,0 +1,877 @@
+//! Plugins for the `beige` binary: the Python example plugin (an external plugin over
+//! JSON-RPC) in a real sandbox and behind the agent loop, supervision (crash → restart,
+//! a plugin that never answers), the git command-tool example, the installer (in-place
+//! config edits, conflicts, --force, remove, update from git, install at start) and the
+//! `configSchema` check at startup.
+//!
+//! Until the gateway builds plugins from `config.plugins` itself, these tests make them
+//! with `plugin::load` and hand them over with `GatewayBuilder::plugin`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use beige_core::agent::events::AgentEvent;
+use beige_core::config::Config;
+use beige_core::plugin::external::{ExternalPlugin, PluginStatus};
+use beige_core::plugin::install::{self, InstallError, PluginKind};
+use beige_core::plugin::load::{load_plugin_dir, load_plugins};
+use beige_core::plugin::Plugin;
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
+use beige_protocol::socket::{ToolRequest, ToolResponse};
+use beige_testkit::anthropic::text_response;
+use beige_testkit::llm::FakeLlmServer;
+use serde_json::json;
+
+use super::sandbox_docker::exec;
+use super::support::{shim_or_skip, FakeSandbox, TestHome};
+use crate::docker_or_skip;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/plugins")
+        .canonicalize()
+        .unwrap()
+}
+
+fn audit(home: &BeigeHome) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A config for one agent `a` using `providers` and `plugins`, made from JSON.
+fn config(
+    providers: serde_json::Value,
+    plugins: serde_json::Value,
+    agent: serde_json::Value,
+) -> Config {
+    let mut a = json!({
+        "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+        "tools": [],
+        "sandbox": {"image": super::support::test_image(), "memoryLimit": "256m"},
+    });
+    if let (Some(o), serde_json::Value::Object(extra)) = (a.as_object_mut(), agent) {
+        o.extend(extra);
+    }
+    serde_json::from_value(json!({
+        "llm": {"providers": providers},
+        "plugins": plugins,
+        "agents": {"a": a},
+    }))
+    .unwrap()
+}
+
+fn anthropic() -> serde_json::Value {
+    json!({"anthropic": {"apiKey": "sk-ant-test-0123456789"}})
+}
+
+/// A gateway on the labelled `FakeSandbox` with `plugins` handed over explicitly.
+async fn fake_gateway(
+    home: &BeigeHome,
+    config: Config,
+    plugins: Vec<Arc<dyn Plugin>>,
+) -> Option<LocalGateway> {
+    let shim = shim_or_skip()?;
+    let mut b = GatewayBuilder::new(config, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(FakeSandbox));
+    for p in plugins {
+        b = b.plugin(p);
+    }
+    Some(b.build().await.unwrap())
+}
+
+async fn call(gw: &LocalGateway, tool: &str, args: &[&str], cwd: Option<&str>) -> ToolResponse {
+    let mut request = ToolRequest::new(tool, args.iter().map(|s| s.to_string()).collect());
+    request.cwd = cwd.map(str::to_string);
+    gw.handle_tool_request("a", request).await
+}
+
+fn text(r: &ToolResponse) -> String {
+    r.output.clone().or(r.error.clone()).unwrap_or_default()
+}
+
+/// The notes example, loaded straight from `examples/plugins/python-notes`.
+fn notes_config(agent: serde_json::Value) -> Config {
+    config(
+        anthropic(),
+        json!({"notes": {"path": examples().join("python-notes"), "config": {"maxNotes": 100, "label": "base"}}}),
+        agent,
+    )
+}
+
+async fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- the Python example in a real sandbox ----
+
+#[tokio::test]
+async fn python_notes_plugin_is_a_command_in_a_real_sandbox() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    std::fs::create_dir_all(t.home.root()).unwrap();
+    let config_path = t.home.config_path();
+    std::fs::write(
+        &config_path,
+        format!(
+            r#"// A test config.
+{{
+  llm: {{ providers: {{ anthropic: {{ apiKey: "sk-test-secret-never-in-sandbox" }} }} }},
+  agents: {{
+    a: {{
+      model: {{ provider: "anthropic", model: "claude-sonnet-4-6" }},
+      tools: ["notes"],
+      sandbox: {{ image: "{}", memoryLimit: "256m", pidsLimit: 128 }},
+    }},
+  }},
+}}
+"#,
+            env.image
+        ),
+    )
+    .unwrap();
+    // Installed from its local path; the agent's override is added by hand afterwards.
+    let report = install::install(
+        &config_path,
+        &t.home,
+        &examples().join("python-notes").display().to_string(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(report.installed[0].name, "notes");
+    let text = std::fs::read_to_string(&config_path).unwrap().replace(
+        "tools: [\"notes\"],",
+        "tools: [\"notes\"],\n      pluginConfigs: { notes: { label: \"a's notes\" } },",
+    );
+    std::fs::write(&config_path, text).unwrap();
+    let loaded = Config::load(&config_path, &t.home).unwrap();
+    let plugins = load_plugins(&loaded.config, &t.home).unwrap();
+    assert_eq!(
+        plugins.package_dirs["notes"],
+        t.home.plugins_dir().join("notes")
+    );
+    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let mut b = GatewayBuilder::new(loaded.config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(docker));
+    for p in plugins.plugins {
+        b = b.plugin(p);
+    }
+    let gw = b.build().await.unwrap();
+
+    let out = exec(
+        &gw,
+        "a",
+        "ls /tools/bin; for i in $(seq 1 20); do /tools/bin/notes add \"note $i\" || exit 9; done; notes list | wc -l; notes list | tail -n 1",
+    )
+    .await;
+    let out_text = out.joined_text();
+    assert!(!out.is_error, "{out_text}");
+    assert!(out_text.starts_with("Exit code: 0\n"), "{out_text}");
+    let lines: Vec<&str> = out_text.lines().skip(1).collect();
+    assert_eq!(lines[0], "notes", "{out_text}");
+    let merged = r#"{"label": "a's notes", "maxNotes": 100}"#;
+    for (i, line) in lines.iter().enumerate().take(21).skip(1) {
+        assert_eq!(
+            *line,
+            format!("added note {i} [agent=a session=socket:a channel=socket config={merged}]"),
+            "{out_text}"
+        );
+    }
+    assert_eq!(lines[21].trim(), "21", "label + 20 notes: {out_text}");
+    assert_eq!(lines[22], "20. note 20");
+
+    let records = audit(&t.home);
+    let notes: Vec<_> = records.iter().filter(|r| r["tool"] == "notes").collect();
+    assert_eq!(notes.len(), 2 * 22, "{records:#?}");
+    for pair in notes.chunks(2) {
+        assert_eq!(pair[0]["phase"], "started");
+        assert_eq!(pair[1]["phase"], "finished");
+        assert_eq!(pair[0]["agent"], "a");
+        assert_eq!(pair[0]["session"], "socket:a");
+        assert_eq!(pair[1]["exitCode"], 0);
+    }
+    assert_eq!(notes[0]["args"], json!(["add", "note 1"]));
+    gw.shutdown().await.unwrap();
+}
+
+// ---- the prePrompt hook behind the agent loop ----
+
+#[tokio::test]
+async fn python_pre_prompt_hook_rewrites_and_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let server = FakeLlmServer::start().await;
+    server.push(text_response("Blue."));
+    let c = config(
+        json!({"anthropic": {"apiKey": "sk-ant-test-0123456789", "baseUrl": server.url()}}),
+        json!({"notes": {"path": examples().join("python-notes")}}),
+        json!({}),
+    );
+    let notes = load_plugin_dir("notes", &examples().join("python-notes"), &c).unwrap();
+    let Some(gw) = fake_gateway(&home, c, vec![notes]).await else {
+        return;
+    };
+    let ask = |m: &'static str| {
+        let gw = gw.clone();
+        async move {
+            gw.prompt(PromptRequest::new("a", "api:a:default", m))
+                .await
+                .unwrap()
+                .collect_all()
+                .await
+        }
+    };
+    let events = ask("Which colour is the sky?").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Done { response, .. } if response == "Blue.")),
+        "{events:#?}"
+    );
+    let sent = &server.requests()[0].body["messages"][0]["content"][0]["text"];
+    assert_eq!(sent, "Which color is the sky?");
+
+    let events = ask("Tell me the forbidden thing").await;
+    let reason = events.iter().find_map(|e| match e {
+        AgentEvent::Blocked { reason } => Some(reason.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        reason.as_deref(),
+        Some("The notes plugin blocked this message: it mentions something forbidden."),
+        "{events:#?}"
+    );
+    assert_eq!(
+        server.request_count(),
+        1,
+        "a blocked prompt never reaches the model"
+    );
+    gw.shutdown().await.unwrap();
+}
+
+// ---- supervision ----
+
+#[tokio::test]
+async fn a_killed_plugin_fails_clearly_restarts_and_works_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let c = notes_config(json!({"tools": ["notes"]}));
+    let notes = Arc::new(ExternalPlugin::from_dir(&examples().join("python-notes")).unwrap());
+    let Some(gw) = fake_gateway(&home, c, vec![notes.clone()]).await else {
+        return;
+    };
+    let r = call(&gw, "notes", &["add", "before the crash"], None).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r));
+    let pid = notes.pid().unwrap();
+
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for("the exit to be noticed", Duration::from_secs(5), || {
+        matches!(notes.status(), PluginStatus::Restarting { .. })
+    })
+    .await;
+    let r = call(&gw, "notes", &["list"], None).await;
+    assert_eq!(r.exit_code, 1);
+    assert_eq!(
+        text(&r),
+        "tool 'notes' failed: plugin 'notes' is restarting after it exited (killed by signal 9); try again in a moment"
+    );
+
+    wait_for(
+        "the restart",
+        Duration::from_secs(10),
+        || matches!(notes.status(), PluginStatus::Running { pid: Some(p) } if p != pid),
+    )
+    .await;
+    let r = call(&gw, "notes", &["list"], None).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r));
+    assert_eq!(
+        text(&r),
+        "base\n1. before the crash\n",
+        "the data lives in the gateway's store"
+    );
+
+    let new_pid = notes.pid().unwrap();
+    gw.shutdown().await.unwrap();
+    assert_eq!(notes.status(), PluginStatus::Stopped);
+    assert!(notes.pid().is_none());
+    assert!(
+        !Path::new(&format!("/proc/{new_pid}")).exists(),
+        "the plugin process ended with the gateway"
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_that_never_answers_times_out_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("sleepy");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::write(
+        plugin_dir.join("plugin.json"),
+        r#"{"name": "sleepy", "run": {"command": "python3", "args": ["-u", "sleepy.py"]}, "timeout": 1}"#,
+    )
+    .unwrap();
+    // Answers initialize, then reads calls and never answers them.
+    std::fs::write(
+        plugin_dir.join("sleepy.py"),
+        r#"import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("method") == "initialize":
+        print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"tools": [{"name": "sleepy", "description": "never answers"}]}}), flush=True)
+    print("got " + m.get("method", "?"), file=sys.stderr, flush=True)
+"#,
+    )
+    .unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let c = config(
+        anthropic(),
+        json!({"sleepy": {"path": plugin_dir}}),
+        json!({"tools": ["sleepy"]}),
+    );
+    let sleepy = load_plugin_dir("sleepy", &plugin_dir, &c).unwrap();
+    let Some(gw) = fake_gateway(&home, c, vec![sleepy]).await else {
+        return;
+    };
+    let started = Instant::now();
+    let r = call(&gw, "sleepy", &["please"], None).await;
+    let took = started.elapsed();
+    assert_eq!(r.exit_code, 1);
+    assert_eq!(
+        text(&r),
+        "tool 'sleepy' failed: plugin 'sleepy' did not answer tool.call within 1 s"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let finished = audit(&home)
+        .into_iter()
+        .find(|r| r["tool"] == "sleepy" && r["phase"] == "finished")
+        .unwrap();
+    assert!(finished["error"]
+        .as_str()
+        .unwrap()
+        .contains("did not answer"));
+    gw.shutdown().await.unwrap();
+}
+
+// ---- command tools ----
+
+#[tokio::test]
+async fn git_command_tool_runs_status_and_refuses_push_naming_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let git_dir = examples().join("git-status");
+    let c = config(
+        anthropic(),
+        json!({"git": {"path": git_dir}}),
+        json!({"tools": ["git"]}),
+    );
+    let git = load_plugin_dir("git", &git_dir, &c).unwrap();
+    let workspace = c.agent_workspace(&home, "a");
+    let Some(gw) = fake_gateway(&home, c, vec![git]).await else {
+        return;
+    };
+    // A repository the gateway's user owns (git refuses repositories of other users).
+    let init = Command::new("git")
+        .args(["init", "-q", "-b", "main"])
+        .arg(workspace.join("repo"))
+        .status()
+        .unwrap();
+    assert!(init.success());
+    std::fs::write(workspace.join("repo/hello.txt"), "hi\n").unwrap();
+
+    let r = call(&gw, "git", &["status", "--short", "--branch"], Some("repo")).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r));
+    assert_eq!(text(&r), "## No commits yet on main\n?? hello.txt\n");
+
+    let r = call(&gw, "git", &["push", "origin", "main"], Some("repo")).await;
+    assert_eq!(r.exit_code, 1);
+    assert_eq!(
+        text(&r),
+        "git: \"push origin main\" refused by rule deny \"push *\"\n"
+    );
+    let r = call(
+        &gw,
+        "git",
+        &["-c", "core.pager=evil", "status"],
+        Some("repo"),
+    )
+    .await;
+    assert_eq!(
+        text(&r),
+        "git: \"-c core.pager=evil status\" refused: it matches no allow rule (allow: \"status *\", \"log *\", \"diff *\")\n"
+    );
+    // Options and paths that reach outside the workspace are denied.
+    let r = call(
+        &gw,
+        "git",
+        &["diff", "/etc/hostname", "/dev/null"],
+        Some("repo"),
+    )
+    .await;
+    assert_eq!(
+        text(&r),
+        "git: \"diff /etc/hostname /dev/null\" refused by rule deny \"** /* **\"\n"
+    );
+    let r = call(&gw, "git", &["log", "-p", "--output=x"], Some("repo")).await;
+    assert!(
+        text(&r).contains("refused by rule deny \"** --output* **\""),
+        "{}",
+        text(&r)
+    );
+    // The caller's cwd cannot leave the workspace.
+    let r = call(&gw, "git", &["status"], Some("../..")).await;
+    assert_eq!(r.exit_code, 1);
+    assert!(text(&r).contains("invalid cwd"), "{}", text(&r));
+
+    let finished: Vec<_> = audit(&home)
+        .into_iter()
+        .filter(|r| r["tool"] == "git" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(finished.len(), 6);
+    assert_eq!(finished[0]["exitCode"], 0);
+    assert_eq!(finished[1]["exitCode"], 1);
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_command_tool_gets_only_the_declared_environment() {
+    // This test runs in its own process (nextest), so setting variables is harmless.
+    std::env::set_var("BEIGE_TEST_GATEWAY_ONLY", "must-not-leak");
+    std::env::set_var("BEIGE_TEST_DECLARED_SOURCE", "declared-value");
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("envdump");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::write(
+        plugin_dir.join("plugin.json"),
+        r#"{"name": "envdump", "tools": {"envdump": {"command": "env", "allow": [""],
+            "env": {"DECLARED": "${BEIGE_TEST_DECLARED_SOURCE}"}}}}"#,
+    )
+    .unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let c = config(
+        anthropic(),
+        json!({"envdump": {"path": plugin_dir}}),
+        json!({"tools": ["envdump"]}),
+    );
+    let plugin = load_plugin_dir("envdump", &plugin_dir, &c).unwrap();
+    let Some(gw) = fake_gateway(&home, c, vec![plugin]).await else {
+        return;
+    };
+    let r = call(&gw, "envdump", &[], None).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r));
+    let mut names: Vec<String> = text(&r)
+        .lines()
+        .map(|l| l.split('=').next().unwrap_or_default().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["DECLARED", "PATH"], "{}", text(&r));
+    assert!(text(&r).contains("DECLARED=declared-value\n"));
+    assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok() || std::env::var("HOME").is_ok());
+    assert!(!text(&r).contains("must-not-leak"));
+    // Any argument is refused: the only allow rule is the empty command line.
+    let r = call(&gw, "envdump", &["sh", "-c", "id"], None).await;
+    assert_eq!(r.exit_code, 1);
+    gw.shutdown().await.unwrap();
+}
+
+// ---- the installer ----
+
+const USER_CONFIG: &str = r#"// My beige config: comments and formatting must survive installs.
+{
+  llm: {
+    providers: {
+      anthropic: { apiKey: "${ANTHROPIC_API_KEY:-}" }, // the key comes from the environment
+    },
+  },
+
+  /* Plugins: the built-in key-value store, and whatever gets installed. */
+  plugins: {
+    kv: { config: { maxKeys: 500 } }, // built in
+  },
+
+  agents: {
+    a: {
+      model: { provider: "anthropic", model: "claude-sonnet-4-6" },
+      tools: ["kv", 'notes'], // notes arrives with the install below
+    },
+  },
+}
+"#;
+
+struct Installer {
+    dir: tempfile::TempDir,
+    home: BeigeHome,
+    config: PathBuf,
+}
+
+impl Installer {
+    fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        std::fs::create_dir_all(home.root()).unwrap();
+        let config = home.config_path();
+        std::fs::write(&config, text).unwrap();
+        Self { dir, home, config }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.config).unwrap()
+    }
+
+    fn redact(&self, s: &str) -> String {
+        s.replace(&self.home.root().display().to_string(), "[HOME]")
+            .replace(&self.dir.path().display().to_string(), "[TMP]")
+            .replace(&examples().display().to_string(), "[EXAMPLES]")
+    }
+}
+
+#[test]
+fn install_edits_the_config_in_place_and_conflicts_stop_before_anything_is_copied() {
+    let t = Installer::new(USER_CONFIG);
+    let source = examples().join("python-notes").display().to_string();
+    let report = install::install(&t.config, &t.home, &source, false).unwrap();
+    assert_eq!(report.installed.len(), 1);
+    let installed = &report.installed[0];
+    assert_eq!(installed.name, "notes");
+    assert_eq!(installed.dir, t.home.plugins_dir().join("notes"));
+    assert!(installed.dir.join("plugin.py").is_file());
+    insta::assert_snapshot!("config_after_install", t.redact(&t.text()));
+    // The file still loads, and the plugin with it.
+    let loaded = Config::load(&t.config, &t.home).unwrap();
+    assert_eq!(
+        loaded.config.plugins["notes"].config,
+        Some(json!({"maxNotes": 100}))
+    );
+    load_plugins(&loaded.config, &t.home).unwrap();
+
+    // Twice without --force: refused, and nothing was touched.
+    std::fs::write(installed.dir.join("MARKER"), "mine").unwrap();
+    let before = t.text();
+    let err = install::install(&t.config, &t.home, &source, false).unwrap_err();
+    assert!(matches!(err, InstallError::Conflicts { .. }));
+    assert_eq!(
+        t.redact(&err.to_string()),
+        "Plugin name conflicts detected:\n  - 'notes' is already in [HOME]/config.json5 (plugins.notes)\n  - 'notes': the folder [HOME]/plugins/notes already exists\nUse --force to override."
+    );
+    assert_eq!(t.text(), before);
+    assert!(installed.dir.join("MARKER").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(t.home.plugins_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(leftovers, ["notes"], "no staging folders are left behind");
+
+    // --force replaces the files and keeps the user's config of the plugin.
+    std::fs::write(&t.config, before.replace("maxNotes: 100", "maxNotes: 5")).unwrap();
+    install::install(&t.config, &t.home, &source, true).unwrap();
+    assert!(!installed.dir.join("MARKER").exists());
+    assert!(installed.dir.join("plugin.py").is_file());
+    assert_eq!(t.text(), before.replace("maxNotes: 100", "maxNotes: 5"));
+
+    // list
+    let listed = install::list(&t.config).unwrap();
+    let names: Vec<(&str, &PluginKind)> =
+        listed.iter().map(|l| (l.name.as_str(), &l.kind)).collect();
+    assert_eq!(
+        names,
+        [
+            ("kv", &PluginKind::BuiltIn),
+            ("notes", &PluginKind::External)
+        ]
+    );
+    assert_eq!(listed[1].source.as_deref(), Some(source.as_str()));
+    assert!(listed[1].has_config);
+
+    // remove: files and entry go, the file is byte for byte what it was, and the agent
+    // that still lists the tool is pointed out.
+    let removal = install::remove(&t.config, &t.home, "notes").unwrap();
+    assert!(removal.removed_entry);
+    assert_eq!(
+        removal.deleted_dir.as_deref(),
+        Some(installed.dir.as_path())
+    );
+    assert!(!installed.dir.exists());
+    assert_eq!(t.text(), USER_CONFIG);
+    assert_eq!(
+        removal.warnings,
+        ["agent 'a' still lists tool 'notes' in agents.a.tools; remove it there, or the gateway will not start"]
+    );
+    assert!(matches!(
+        install::remove(&t.config, &t.home, "notes"),
+        Err(InstallError::NotInstalled { .. })
+    ));
+}
+
+#[test]
+fn a_config_without_plugins_gets_the_section_and_npm_sources_are_explained() {
+    let t = Installer::new("{\n  agents: {},\n}\n");
+    let git_status = examples().join("git-status").display().to_string();
+    install::install(&t.config, &t.home, &git_status, false).unwrap();
+    assert_eq!(
+        t.redact(&t.text()),
+        "{\n  agents: {},\n  plugins: {\n    git: {\n      path: \"[HOME]/plugins/git\",\n      _source: \"[EXAMPLES]/git-status\",\n    },\n  },\n}\n"
+    );
+    let err =
+        install::install(&t.config, &t.home, "npm:@someone/beige-weather", false).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("npm package of the original beige"), "{msg}");
+    assert!(msg.contains("docs/external-plugins.md"), "{msg}");
+    let err = install::install(&t.config, &t.home, "beige-weather", false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("npm packages of the original cannot run"),
+        "{err}"
+    );
+}
+
+/// A git repository holding the notes example; returns its path.
+fn notes_repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    let plugin = repo.join("notes");
+    std::fs::create_dir_all(&plugin).unwrap();
+    for f in ["plugin.json", "plugin.py", "SKILL.md"] {
+        std::fs::copy(examples().join("python-notes").join(f), plugin.join(f)).unwrap();
+    }
+    // A second folder that is not a plugin: discovery skips it.
+    std::fs::create_dir_all(repo.join("docs")).unwrap();
+    std::fs::write(repo.join("docs/index.md"), "docs\n").unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    commit(&repo, "first")
+}
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn commit(repo: &Path, message: &str) -> PathBuf {
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", message]);
+    repo.to_path_buf()
+}
+
+fn set_description(repo: &Path, description: &str) {
+    let path = repo.join("notes/plugin.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    manifest["description"] = json!(description);
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+}
+
+fn installed_description(home: &BeigeHome) -> String {
+    let text = std::fs::read_to_string(home.plugins_dir().join("notes/plugin.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["description"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn update_from_a_git_source_picks_up_a_new_commit() {
+    let t = Installer::new(USER_CONFIG);
+    let repo = notes_repo(t.dir.path());
+    let first = git(&repo, &["rev-parse", "HEAD"]);
+    let url = format!("git+file://{}", repo.display());
+    let report = install::install(&t.config, &t.home, &url, false).unwrap();
+    assert_eq!(report.installed[0].commit.as_deref(), Some(first.as_str()));
+    assert!(
+        t.text().contains(&format!("_source: \"{url}#{first}\"")),
+        "{}",
+        t.text()
+    );
+    assert!(!t.home.plugins_dir().join("notes/.git").exists());
+
+    set_description(&repo, "notes, second edition");
+    commit(&repo, "second");
+    let second = git(&repo, &["rev-parse", "HEAD"]);
+    let report = install::update(&t.config, &t.home, Some("notes")).unwrap();
+    assert_eq!(report.updated.len(), 1);
+    assert_eq!(report.updated[0].commit.as_deref(), Some(second.as_str()));
+    assert_eq!(installed_description(&t.home), "notes, second edition");
+    assert!(t.text().contains(&format!("_source: \"{url}#{second}\"")));
+    assert!(!t.text().contains(&first));
+
+    // `update` without a name: every plugin with a source; the built-in kv is left alone.
+    set_description(&repo, "third");
+    commit(&repo, "third");
+    let report = install::update(&t.config, &t.home, None).unwrap();
+    assert_eq!(report.updated.len(), 1, "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(installed_description(&t.home), "third");
+
+    // A plugin without _source cannot be updated.
+    assert!(matches!(
+        install::update(&t.config, &t.home, Some("kv")),
+        Err(InstallError::NoSource { .. })
+    ));
+}
+
+#[test]
+fn a_plugin_with_a_source_and_no_files_is_installed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = notes_repo(dir.path());
+    let pinned = git(&repo, &["rev-parse", "HEAD"]);
+    set_description(&repo, "a later commit");
+    commit(&repo, "later");
+    let t = Installer::new(&format!(
+        r#"{{
+  llm: {{ providers: {{ anthropic: {{}} }} }},
+  plugins: {{
+    // pinned to the first commit
+    notes: {{ _source: "git+file://{}#{pinned}", config: {{ maxNotes: 7 }} }},
+    telegram: {{ _source: "npm:@matthias-hausberger/beige-toolkit", config: {{ token: "1:x" }} }},
+  }},
+  agents: {{ a: {{ model: {{ provider: "anthropic", model: "m" }}, tools: ["notes"] }} }},
+}}
+"#,
+        repo.display()
+    ));
+    let installed = install::ensure_installed(&t.config, &t.home).unwrap();
+    assert_eq!(installed.len(), 1);
+    assert_eq!(installed[0].name, "notes");
+    assert_eq!(installed_description(&t.home), "Notes per agent, kept in the gateway's store — an external plugin in Python (standard library only).");
+    assert!(
+        t.text().contains("notes: { _source: \"git+file://"),
+        "{}",
+        t.text()
+    );
+    assert!(t.text().contains(&format!(
+        "path: \"{}\"",
+        t.home.plugins_dir().join("notes").display()
+    )));
+    assert!(t.text().contains("// pinned to the first commit"));
+    // Now the config loads with the plugin in it, and a second start installs nothing.
+    let loaded = Config::load(&t.config, &t.home).unwrap();
+    load_plugins(&loaded.config, &t.home).unwrap();
+    assert!(install::ensure_installed(&t.config, &t.home)
+        .unwrap()
+        .is_empty());
+}
+
+// ---- configSchema at startup ----
+
+#[tokio::test]
+async fn a_config_that_violates_the_plugins_schema_fails_startup_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("weather");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::write(
+        plugin_dir.join("plugin.json"),
+        r#"{"name": "weather", "run": {"command": "false"},
+            "configSchema": {"type": "object", "required": ["units"],
+                             "properties": {"units": {"enum": ["metric", "imperial"]}}}}"#,
+    )
+    .unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let with = |config: serde_json::Value, agent: serde_json::Value| {
+        config_for_weather(&plugin_dir, config, agent)
+    };
+    let err = |c: &Config| load_plugins(c, &home).unwrap_err().to_string();
+    assert_eq!(
+        err(&with(json!({"units": "kelvin"}), json!({}))),
+        r#"plugin 'weather': invalid config: plugins.weather.config.units: must be one of "metric", "imperial" (found "kelvin")"#
+    );
+    assert_eq!(
+        err(&with(json!({}), json!({}))),
+        "plugin 'weather': invalid config: plugins.weather.config.units: is required"
+    );
+    assert_eq!(
+        err(&with(
+            json!({"units": "metric"}),
+            json!({"pluginConfigs": {"weather": {"units": "x"}}})
+        )),
+        r#"plugin 'weather': invalid config: agents.a.pluginConfigs.weather.units: must be one of "metric", "imperial" (found "x") (in the agent's config merged over plugins.weather.config)"#
+    );
+    assert!(load_plugins(&with(json!({"units": "metric"}), json!({})), &home).is_ok());
+
+    // Handed to the gateway directly, the plugin checks its config when it registers,
+    // before its process is started.
+    let bad = with(json!({"units": "kelvin"}), json!({}));
+    let plugin = Arc::new(ExternalPlugin::from_dir(&plugin_dir).unwrap());
+    let Some(shim) = shim_or_skip() else {
+        return;
+    };
+    let e = GatewayBuilder::new(bad, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(FakeSandbox))
+        .plugin(plugin.clone())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("plugins.weather.config.units: must be one of"),
+        "{e}"
+    );
+    assert_eq!(plugin.status(), PluginStatus::NotStarted);
+}
+
+fn config_for_weather(
+    dir: &Path,
+    plugin_config: serde_json::Value,
+    agent: serde_json::Value,
+) -> Config {
+    config(
+        anthropic(),
+        json!({"weather": {"path": dir, "config": plugin_config}}),
+        agent,
+    )
+}
+
+#[test]
+fn entries_without_a_path_are_reported_clearly() {
+    let home = BeigeHome::new("/nonexistent/beige-home");
+    let c = config(anthropic(), json!({"kv": {}, "telegram": {}}), json!({}));
+    assert!(load_plugins(&c, &home).unwrap().plugins.is_empty());
+    let c = config(anthropic(), json!({"wether": {}}), json!({}));
+    let e = load_plugins(&c, &home).unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "plugin 'wether': has no `path` and is not a built-in plugin (built-in: kv, telegram)"
+        ),
+        "{e}"
+    );
+    let c = config(
+        anthropic(),
+        json!({"notes": {"_source": "github:o/r"}}),
+        json!({}),
+    );
+    let e = load_plugins(&c, &home).unwrap_err().to_string();
+    assert!(e.contains("not installed yet"), "{e}");
+    let c = config(
+        anthropic(),
+        json!({"other": {"path": examples().join("python-notes")}}),
+        json!({}),
+    );
+    let e = load_plugins(&c, &home).unwrap_err().to_string();
+    assert!(
+        e.contains("names the plugin 'notes', but the config lists it as 'other'"),
+        "{e}"
+    );
+}
