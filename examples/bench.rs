@@ -296,6 +296,120 @@ async fn concurrent_sessions(
     ])
 }
 
+/// A real daemon (`beige gateway start --foreground`) with one idle agent: its resident
+/// memory, then `POST /api/agents/bench/exec` with `exec true` through HTTP.
+async fn daemon_figures(image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figure>> {
+    let bin = std::env::var("BEIGE_BIN")
+        .context("set BEIGE_BIN to target/release/beige (scripts/bench does)")?;
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let status = std::process::Command::new(&bin)
+        .arg("setup")
+        .env("BEIGE_HOME", &home)
+        .output()?;
+    anyhow::ensure!(status.status.success(), "beige setup failed");
+    std::fs::write(
+        home.join("config.json5"),
+        serde_json::json!({
+            "llm": {"providers": {"anthropic": {}}},
+            "plugins": {"kv": {}},
+            "agents": {"bench": {
+                "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                "tools": ["kv"],
+                "sandbox": {"image": image, "memoryLimit": "256m"}
+            }},
+            "gateway": {"host": "127.0.0.1", "port": port}
+        })
+        .to_string(),
+    )?;
+    let mut child = tokio::process::Command::new(&bin)
+        .args(["gateway", "start", "--foreground"])
+        .env("BEIGE_HOME", &home)
+        .env("BEIGE_SHIM", shim)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("daemon has no pid")?;
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    loop {
+        if http
+            .get(format!("{url}/api/health"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the daemon did not answer /api/health"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let mut rss = Vec::new();
+    for _ in 0..10 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmRSS")?;
+        rss.push(kib / 1024.0);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let token = std::fs::read_to_string(home.join("gateway.token"))?
+        .trim()
+        .to_string();
+    let exec = |http: reqwest::Client| {
+        let (url, token) = (url.clone(), token.clone());
+        async move {
+            let t = Instant::now();
+            let r = http
+                .post(format!("{url}/api/agents/bench/exec"))
+                .bearer_auth(token)
+                .json(&serde_json::json!({"tool": "exec", "params": {"command": "true"}}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status().is_success(), "exec answered {}", r.status());
+            let body: serde_json::Value = r.json().await?;
+            anyhow::ensure!(body["isError"] == false, "exec failed: {body}");
+            Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+        }
+    };
+    for _ in 0..10 {
+        exec(http.clone()).await?;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        samples.push(exec(http.clone()).await?);
+    }
+    // Stop it the way an operator would (SIGTERM by pid), then wait.
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await;
+    Ok(vec![
+        Figure {
+            name: "gateway_idle_rss",
+            unit: "MiB",
+            samples: rss,
+        },
+        Figure {
+            name: "exec_http_roundtrip",
+            unit: "ms",
+            samples,
+        },
+    ])
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let only: Vec<String> = std::env::args().skip(1).collect();
@@ -321,6 +435,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("concurrent_sessions") {
         figures.extend(concurrent_sessions(&home, &image, &shim).await?);
+    }
+    if want("gateway_idle_rss") || want("exec_http_roundtrip") {
+        figures.extend(daemon_figures(&image, &shim).await?);
     }
     if want("sandbox_cold_start") {
         figures.push(sandbox_cold_start(&home, &image, &shim).await?);
