@@ -80,6 +80,10 @@ impl Daemon {
     /// reattaches them) and swap it in. Returns a short description of what happened.
     pub async fn reload(&self) -> Result<String, String> {
         tracing::info!(config = %self.config_path.display(), "restart requested: reloading the config");
+        if let Err(e) = install_missing(&self.config_path, &self.home).await {
+            tracing::error!("restart refused, the gateway keeps its previous config: {e}");
+            return Err(e);
+        }
         let loaded = match Config::load(&self.config_path, &self.home) {
             Ok(l) => l,
             Err(e) => {
@@ -157,6 +161,21 @@ async fn drain(gateway: &LocalGateway) {
     }
 }
 
+/// Install plugins that have a `_source` but no files yet (into this config file, which
+/// may be a `--config` path rather than `<BEIGE_HOME>/config.json5`).
+async fn install_missing(config_path: &std::path::Path, home: &BeigeHome) -> Result<(), String> {
+    let (p, h) = (config_path.to_path_buf(), home.clone());
+    let installed =
+        tokio::task::spawn_blocking(move || beige_core::plugin::install::ensure_installed(&p, &h))
+            .await
+            .map_err(|e| format!("plugin installation was interrupted: {e}"))?
+            .map_err(|e| format!("cannot install a configured plugin: {e}"))?;
+    for p in &installed {
+        tracing::info!(plugin = %p.name, source = %p.source, "installed plugin from its _source");
+    }
+    Ok(())
+}
+
 /// Start the Telegram channel when `plugins.telegram` is configured (the built-in). It
 /// serves the reloadable gateway, so it survives in-place restarts; a channel that cannot
 /// start is logged and the HTTP API keeps serving.
@@ -201,6 +220,10 @@ pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
         home = %home.root().display(),
         "starting the beige gateway"
     );
+    install_missing(&config_path, &home).await.map_err(|e| {
+        tracing::error!("cannot start: {e}");
+        Exit::new(1, format!("error: {e}"))
+    })?;
     let loaded: LoadedConfig = Config::load(&config_path, &home).map_err(|e| {
         tracing::error!("cannot start: {e}");
         Exit::new(1, format!("error: {e}"))

@@ -370,9 +370,17 @@ impl GatewayBuilder {
         };
 
         // Plugins: config order first (built-ins by name), then the rest.
+        // External and command-tool plugins from their folders; one given to
+        // `GatewayBuilder::plugin` with the same name wins.
+        let loaded = crate::plugin::load::load_plugins(&config, &home)?;
         let mut extra = self.plugins;
+        for p in loaded.plugins {
+            if !extra.iter().any(|e| e.name() == p.name()) {
+                extra.push(p);
+            }
+        }
         let mut ordered: Vec<Arc<dyn Plugin>> = Vec::new();
-        let mut package_dirs = HashMap::new();
+        let mut package_dirs = loaded.package_dirs;
         for (name, entry) in &config.plugins {
             if let Some(i) = extra.iter().position(|p| p.name() == name) {
                 ordered.push(extra.remove(i));
@@ -386,11 +394,6 @@ impl GatewayBuilder {
                 ordered.push(Arc::new(KvPlugin::new()));
             } else if name == "telegram" && crate::channel::telegram::is_builtin(entry) {
                 ordered.push(Arc::new(crate::channel::telegram::TelegramPlugin::new()));
-            } else {
-                tracing::warn!(
-                    plugin = %name,
-                    "plugin is configured but not available in this build (external plugins arrive later); its tools are unavailable"
-                );
             }
         }
         ordered.extend(extra);

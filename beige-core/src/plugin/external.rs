@@ -83,7 +83,7 @@ pub enum ExternalError {
     Restarting { plugin: String, status: String },
     #[error("plugin '{plugin}' is not running (it was stopped)")]
     NotRunning { plugin: String },
-    #[error("plugin '{plugin}' exited ({status}) while handling {method}; it is being restarted")]
+    #[error("plugin '{plugin}' exited ({status}) while handling {method}{}", exit_hint(.method))]
     Exited {
         plugin: String,
         method: String,
@@ -108,6 +108,16 @@ pub enum ExternalError {
         method: String,
         message: String,
     },
+}
+
+/// What happens after an exit: calls restart the plugin; a failed start is explained by
+/// its stderr.
+fn exit_hint(method: &str) -> &'static str {
+    match method {
+        "initialize" => " (its stderr is in the gateway log)",
+        "shutdown" => "",
+        _ => "; it is being restarted",
+    }
 }
 
 fn fmt_secs(d: &Duration) -> String {
@@ -209,6 +219,7 @@ impl ExternalPlugin {
                 env: vars,
                 call_timeout,
                 start: Mutex::new(None),
+                registered: Mutex::new((Vec::new(), Vec::new())),
                 state: Mutex::new(State::NotStarted),
                 next_id: AtomicU64::new(1),
                 generation: AtomicU64::new(0),
@@ -288,13 +299,18 @@ impl Plugin for ExternalPlugin {
             Ok(init) => init,
             Err(e) => {
                 *lock(&self.shared.state) = State::Stopped;
-                return Err(fail(e.to_string()));
+                let text = e.to_string();
+                let prefix = format!("plugin '{name}' ");
+                return Err(fail(
+                    text.strip_prefix(&prefix).unwrap_or(&text).to_string(),
+                ));
             }
         };
         if let Err(e) = self.register_init(&init, reg) {
             stop_process(&self.shared).await;
             return Err(e);
         }
+        *lock(&self.shared.registered) = init.names();
         tracing::info!(
             plugin = %name,
             tools = init.tools.len(),
@@ -403,6 +419,17 @@ struct InitSkill {
     path: String,
     #[serde(default)]
     description: String,
+}
+
+impl InitResult {
+    /// Tool names and hook names, sorted, to compare a restart with the first start.
+    fn names(&self) -> (Vec<String>, Vec<String>) {
+        let mut tools: Vec<String> = self.tools.iter().map(|t| t.name.clone()).collect();
+        let mut hooks = self.hooks.clone();
+        tools.sort();
+        hooks.sort();
+        (tools, hooks)
+    }
 }
 
 fn positive_secs(s: f64) -> Option<Duration> {
@@ -591,6 +618,8 @@ struct Shared {
     env: Vec<(String, String)>,
     call_timeout: Duration,
     start: Mutex<Option<StartInfo>>,
+    /// What the first `initialize` registered: tool names and hook names.
+    registered: Mutex<(Vec<String>, Vec<String>)>,
     state: Mutex<State>,
     next_id: AtomicU64,
     generation: AtomicU64,
@@ -678,21 +707,33 @@ async fn start(
         });
     match outcome {
         Ok(init) => {
-            let installed = {
+            // Installed under the lock, after checking that the process has not exited
+            // yet: the waiter publishes an exit before it looks at the state, so an exit
+            // is either seen here or restarts the process itself.
+            let outcome = {
                 let mut state = lock(&shared.state);
-                let stopping = shared.stopping.load(Ordering::SeqCst);
-                if !stopping {
+                let exited = conn.exit.borrow().clone();
+                if shared.stopping.load(Ordering::SeqCst) {
+                    Err(ExternalError::NotRunning {
+                        plugin: shared.name.clone(),
+                    })
+                } else if let Some(status) = exited {
+                    Err(ExternalError::Exited {
+                        plugin: shared.name.clone(),
+                        method: "initialize".into(),
+                        status,
+                    })
+                } else {
                     *state = State::Running(conn.clone());
+                    Ok(())
                 }
-                !stopping
             };
-            if installed {
-                Ok(init)
-            } else {
-                terminate(&conn).await;
-                Err(ExternalError::NotRunning {
-                    plugin: shared.name.clone(),
-                })
+            match outcome {
+                Ok(()) => Ok(init),
+                Err(e) => {
+                    terminate(&conn).await;
+                    Err(e)
+                }
             }
         }
         Err(e) => {
@@ -940,8 +981,14 @@ async fn restart_loop(shared: Weak<Shared>, mut status: String) {
             return;
         }
         match start(&s, Some(status.clone())).await {
-            Ok(_) => {
+            Ok(init) => {
                 tracing::info!(plugin = %s.name, "external plugin restarted");
+                if init.names() != *lock(&s.registered) {
+                    tracing::warn!(
+                        plugin = %s.name,
+                        "the restarted plugin names other tools or hooks than at startup; the startup ones stay registered until the gateway restarts"
+                    );
+                }
                 return;
             }
             Err(e) => {

@@ -252,6 +252,15 @@ pub fn plugins_from_config(
 pub fn load_plugins(config: &Config, home: &BeigeHome) -> Result<LoadedPlugins, PluginError> {
     let mut out = LoadedPlugins::default();
     for (name, entry) in &config.plugins {
+        // The original toolkit's Telegram plugin is served by the built-in channel, even
+        // where an old install left a `path` to its TypeScript files.
+        let toolkit = entry
+            .source
+            .as_deref()
+            .is_some_and(|s| s.starts_with(super::install::TOOLKIT_NPM_SOURCE));
+        if name == "telegram" && toolkit {
+            continue;
+        }
         let Some(dir) = &entry.path else {
             if BUILTIN.contains(&name.as_str()) {
                 continue;

@@ -14,6 +14,15 @@ pub const BEIGE_SHIM_ENV: &str = "BEIGE_SHIM";
 /// Find the shim: `BEIGE_SHIM`, then the configured path, then `beige-shim` next to
 /// the running executable, then `target/shim/beige-shim` above it (a source checkout).
 pub fn locate(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    // A path the operator named is used or refused, never silently replaced.
+    let explicit = std::env::var_os(BEIGE_SHIM_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| configured.map(Path::to_path_buf));
+    if let Some(p) = explicit.filter(|p| p.exists()) {
+        check_static(&p)?;
+        return Ok(p);
+    }
     let mut tried = Vec::new();
     if let Some(p) = std::env::var_os(BEIGE_SHIM_ENV).filter(|p| !p.is_empty()) {
         tried.push(PathBuf::from(p));

@@ -370,6 +370,63 @@ for line in sys.stdin:
     gw.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_plugin_that_cannot_start_stops_the_gateway_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let plugin_dir = dir.path().join("crashy");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::write(
+        plugin_dir.join("plugin.json"),
+        r#"{"name": "crashy", "run": {"command": "python3", "args": ["-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]}}"#,
+    )
+    .unwrap();
+    let c = config(
+        anthropic(),
+        json!({"crashy": {"path": plugin_dir}}),
+        json!({}),
+    );
+    let plugin = load_plugin_dir("crashy", &plugin_dir, &c).unwrap();
+    let Some(shim) = shim_or_skip() else {
+        return;
+    };
+    let e = GatewayBuilder::new(c, home)
+        .shim(shim)
+        .sandbox(Arc::new(FakeSandbox))
+        .plugin(plugin)
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "plugin 'crashy': exited (exit code 3) while handling initialize (its stderr is in the gateway log)"
+    );
+    let missing = plugin_dir.join("plugin.json");
+    std::fs::write(
+        &missing,
+        r#"{"name": "crashy", "run": {"command": "./nope"}}"#,
+    )
+    .unwrap();
+    let c = config(
+        anthropic(),
+        json!({"crashy": {"path": plugin_dir}}),
+        json!({}),
+    );
+    let plugin = load_plugin_dir("crashy", &plugin_dir, &c).unwrap();
+    let e = GatewayBuilder::new(c, BeigeHome::new(dir.path().join("home")))
+        .shim(shim_or_skip().unwrap())
+        .sandbox(Arc::new(FakeSandbox))
+        .plugin(plugin)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("plugin 'crashy': could not be started ("),
+        "{e}"
+    );
+}
+
 // ---- command tools ----
 
 #[tokio::test]
@@ -848,6 +905,12 @@ fn config_for_weather(
 fn entries_without_a_path_are_reported_clearly() {
     let home = BeigeHome::new("/nonexistent/beige-home");
     let c = config(anthropic(), json!({"kv": {}, "telegram": {}}), json!({}));
+    assert!(load_plugins(&c, &home).unwrap().plugins.is_empty());
+    let c = config(
+        anthropic(),
+        json!({"telegram": {"path": "/old/ts/telegram", "_source": "npm:@matthias-hausberger/beige-toolkit"}}),
+        json!({}),
+    );
     assert!(load_plugins(&c, &home).unwrap().plugins.is_empty());
     let c = config(anthropic(), json!({"wether": {}}), json!({}));
     let e = load_plugins(&c, &home).unwrap_err().to_string();
