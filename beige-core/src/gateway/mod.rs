@@ -372,8 +372,15 @@ impl GatewayBuilder {
         // Plugins: config order first (built-ins by name), then the rest.
         // External and command-tool plugins from their folders; one given to
         // `GatewayBuilder::plugin` with the same name wins.
-        let loaded = crate::plugin::load::load_plugins(&config, &home)?;
         let mut extra = self.plugins;
+        let loaded = {
+            // Entries provided in process (`GatewayBuilder::plugin`) need no folder.
+            let mut folders = config.clone();
+            folders
+                .plugins
+                .retain(|name, _| !extra.iter().any(|p| p.name() == name));
+            crate::plugin::load::load_plugins(&folders, &home)?
+        };
         for p in loaded.plugins {
             if !extra.iter().any(|e| e.name() == p.name()) {
                 extra.push(p);
