@@ -976,9 +976,9 @@ impl Inner {
             model: None,
             target: Target::Gateway,
         };
-        let Ok(config) = self.agent(agent) else {
+        if self.agent(agent).is_err() {
             return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
-        };
+        }
         let cwd = match validate_cwd(request.cwd.as_deref()) {
             Ok(c) => c,
             Err(e) => {
@@ -1004,7 +1004,6 @@ impl Inner {
             .registry
             .call_config(&self.config, agent, &request.tool);
         let workspace = self.config.agent_workspace(&self.home, agent);
-        let _ = config;
         let tool_name = request.tool.clone();
         let run = async move {
             let Some(registered) = registered else {
