@@ -173,7 +173,13 @@ pub struct Router {
     providers: HashMap<String, Arc<dyn LlmProvider>>,
     limits: HashMap<String, Arc<Semaphore>>,
     pub health: HealthTracker,
+    /// Inactivity watchdog of one model call: no event for this long aborts the attempt
+    /// (a timeout for fallback). Tools run between calls, so they never trip it.
+    watchdog: Duration,
 }
+
+/// Default of [`Router::with_watchdog`].
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(600);
 
 /// The result of one routed call.
 #[derive(Debug, Clone)]
@@ -191,7 +197,14 @@ impl Router {
             providers: HashMap::new(),
             limits: HashMap::new(),
             health,
+            watchdog: DEFAULT_WATCHDOG,
         }
+    }
+
+    /// Set the inactivity watchdog (default 10 minutes).
+    pub fn with_watchdog(mut self, watchdog: Duration) -> Self {
+        self.watchdog = watchdog;
+        self
     }
 
     /// Register a provider client with its concurrency (`<= 0`: unlimited).
@@ -341,9 +354,21 @@ impl Router {
         request: ModelRequest,
         events: &tokio::sync::mpsc::UnboundedSender<AgentEvent>,
     ) -> Result<ModelResponse, (LlmError, bool)> {
-        let mut stream = provider.stream(request).await.map_err(|e| (e, false))?;
+        let idle = |provider: &dyn LlmProvider| LlmError::IdleTimeout {
+            provider: provider.name().to_string(),
+            idle: self.watchdog,
+        };
+        let mut stream = tokio::time::timeout(self.watchdog, provider.stream(request))
+            .await
+            .map_err(|_| (idle(provider), false))?
+            .map_err(|e| (e, false))?;
         let mut emitted = false;
-        while let Some(item) = stream.next().await {
+        loop {
+            let item = match tokio::time::timeout(self.watchdog, stream.next()).await {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(_) => return Err((idle(provider), emitted)),
+            };
             match item {
                 Ok(StreamEvent::TextDelta(text)) => {
                     emitted = true;
@@ -364,5 +389,69 @@ impl Router {
             },
             emitted,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::scripted::ScriptedProvider;
+    use crate::llm::EventStream;
+
+    /// A provider whose stream never yields anything.
+    #[derive(Debug)]
+    struct Silent;
+
+    #[async_trait::async_trait]
+    impl LlmProvider for Silent {
+        fn name(&self) -> &str {
+            "silent"
+        }
+        async fn stream(&self, _request: ModelRequest) -> Result<EventStream, LlmError> {
+            Ok(Box::pin(futures_util::stream::pending()))
+        }
+    }
+
+    fn model(provider: &str) -> ModelRef {
+        serde_json::from_value(serde_json::json!({"provider": provider, "model": "m"})).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_abandons_a_silent_model_and_falls_back() {
+        let mut router =
+            Router::new(HealthTracker::default()).with_watchdog(Duration::from_millis(100));
+        router.add(Arc::new(Silent), -1);
+        router.add(
+            Arc::new(ScriptedProvider::new("scripted").then_text("hello")),
+            -1,
+        );
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let request = |m: &ModelRef| ModelRequest {
+            model: m.model.clone(),
+            system: String::new(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            max_tokens: 10,
+            thinking: crate::config::ThinkingLevel::Off,
+            reasoning: false,
+        };
+        let routed = router
+            .call(
+                &[model("silent"), model("scripted")],
+                &mut HashMap::new(),
+                request,
+                &tx,
+                &tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(routed.model.provider, "scripted");
+        assert_eq!(routed.switched.as_deref(), Some("fallback_timeout"));
+        assert!(router
+            .health
+            .get("silent/m")
+            .last_error
+            .unwrap()
+            .contains("no data"));
     }
 }

@@ -279,6 +279,7 @@ pub struct GatewayBuilder {
     socket_limits: SocketLimits,
     store: Option<Arc<dyn Store>>,
     providers: Vec<Arc<dyn LlmProvider>>,
+    watchdog: Duration,
 }
 
 impl GatewayBuilder {
@@ -295,7 +296,15 @@ impl GatewayBuilder {
             socket_limits: SocketLimits::default(),
             store: None,
             providers: Vec::new(),
+            watchdog: crate::agent::router::DEFAULT_WATCHDOG,
         }
+    }
+
+    /// Abort a model call that sends nothing for this long (default 10 minutes); it
+    /// counts as a timeout for fallback. Running tools never trip it.
+    pub fn watchdog(mut self, watchdog: Duration) -> Self {
+        self.watchdog = watchdog;
+        self
     }
 
     /// Use this store instead of `<BEIGE_HOME>/beige.db`.
@@ -446,7 +455,9 @@ impl GatewayBuilder {
             }
         };
 
-        let router = build_router(&config, store.clone(), self.providers).await?;
+        let router = build_router(&config, store.clone(), self.providers)
+            .await?
+            .with_watchdog(self.watchdog);
 
         let mut specs = Vec::with_capacity(config.agents.len());
         for (name, agent) in &config.agents {
