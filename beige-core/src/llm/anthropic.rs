@@ -544,6 +544,7 @@ impl SseDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::test_support::{completed, text_deltas};
     use crate::llm::{ErrorKind, ToolSpec};
     use beige_testkit::anthropic::{self as fake, MessageStream};
     use beige_testkit::llm::{FakeLlmServer, Reply};
@@ -604,31 +605,6 @@ mod tests {
 
     async fn collect(stream: EventStream) -> Vec<Result<StreamEvent, LlmError>> {
         stream.collect().await
-    }
-
-    fn completed(events: &[Result<StreamEvent, LlmError>]) -> ModelResponse {
-        let last = events.last().expect("no events");
-        let Ok(StreamEvent::Completed(r)) = last else {
-            panic!("last event is not Completed: {events:?}");
-        };
-        assert_eq!(
-            events
-                .iter()
-                .filter(|e| matches!(e, Ok(StreamEvent::Completed(_))))
-                .count(),
-            1
-        );
-        r.clone()
-    }
-
-    fn text_deltas(events: &[Result<StreamEvent, LlmError>]) -> String {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(StreamEvent::TextDelta(t)) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     fn assert_no_key(e: &LlmError) {

@@ -673,6 +673,7 @@ fn usage(u: &Value) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::test_support::{completed, text_deltas};
     use crate::llm::{ErrorKind, ToolSpec};
     use beige_testkit::google::{self as fake, GeminiStream};
     use beige_testkit::llm::{FakeLlmServer, Reply};
@@ -726,23 +727,6 @@ mod tests {
         req: ModelRequest,
     ) -> Result<Vec<Result<StreamEvent, LlmError>>, LlmError> {
         Ok(client.stream(req).await?.collect().await)
-    }
-
-    fn completed(events: &[Result<StreamEvent, LlmError>]) -> ModelResponse {
-        match events.last() {
-            Some(Ok(StreamEvent::Completed(r))) => r.clone(),
-            other => panic!("expected Completed last, got {other:?}"),
-        }
-    }
-
-    fn text_deltas(events: &[Result<StreamEvent, LlmError>]) -> String {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(StreamEvent::TextDelta(t)) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     #[tokio::test]

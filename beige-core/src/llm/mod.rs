@@ -14,6 +14,8 @@ pub mod openai_completions;
 pub mod openai_responses;
 pub mod scripted;
 pub mod sse;
+#[cfg(test)]
+mod test_support;
 
 use std::pin::Pin;
 use std::time::Duration;

@@ -508,6 +508,7 @@ impl SseDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::test_support::{completed, text_deltas, thinking_deltas};
     use crate::llm::{ErrorKind, ToolSpec};
     use beige_testkit::llm::{FakeLlmServer, Reply};
     use beige_testkit::openai_completions::{self as fake, ChatStream};
@@ -571,31 +572,6 @@ mod tests {
         stream.collect().await
     }
 
-    fn completed(events: &[Result<StreamEvent, LlmError>]) -> ModelResponse {
-        let Some(Ok(StreamEvent::Completed(r))) = events.last() else {
-            panic!("last event is not Completed: {events:?}");
-        };
-        assert_eq!(
-            events
-                .iter()
-                .filter(|e| matches!(e, Ok(StreamEvent::Completed(_))))
-                .count(),
-            1
-        );
-        r.clone()
-    }
-
-    fn deltas(events: &[Result<StreamEvent, LlmError>], thinking: bool) -> String {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(StreamEvent::TextDelta(t)) if !thinking => Some(t.as_str()),
-                Ok(StreamEvent::ThinkingDelta(t)) if thinking => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
-    }
-
     fn assert_no_key(e: &LlmError) {
         assert!(!e.to_string().contains(KEY), "{e}");
         assert!(!format!("{e:?}").contains(KEY), "{e:?}");
@@ -622,7 +598,7 @@ mod tests {
                 .unwrap(),
         )
         .await;
-        assert_eq!(deltas(&events, false), text);
+        assert_eq!(text_deltas(&events), text);
         let r = completed(&events);
         assert_eq!(r.content, vec![Block::Text { text: text.into() }]);
         assert_eq!(r.stop_reason, StopReason::EndTurn);
@@ -792,7 +768,7 @@ mod tests {
         req.thinking = ThinkingLevel::Minimal;
         let c = client(&s);
         let events = collect(c.stream(req.clone()).await.unwrap()).await;
-        assert_eq!(deltas(&events, true), "think think");
+        assert_eq!(thinking_deltas(&events), "think think");
         let r = completed(&events);
         assert_eq!(
             r.content[0],
@@ -841,7 +817,7 @@ mod tests {
                 .unwrap(),
         )
         .await;
-        assert_eq!(deltas(&events, false), "part");
+        assert_eq!(text_deltas(&events), "part");
         let Some(Err(e)) = events.last() else {
             panic!("{events:?}")
         };
@@ -882,7 +858,7 @@ mod tests {
                     .unwrap(),
             )
             .await;
-            assert_eq!(deltas(&events, false), "half");
+            assert_eq!(text_deltas(&events), "half");
             assert!(
                 matches!(events.last(), Some(Err(LlmError::Truncated { .. }))),
                 "{events:?}"
@@ -949,7 +925,7 @@ mod tests {
                 .unwrap(),
         )
         .await;
-        assert_eq!(deltas(&events, false), "slow");
+        assert_eq!(text_deltas(&events), "slow");
         let Some(Err(e)) = events.last() else {
             panic!("{events:?}")
         };

@@ -627,6 +627,7 @@ fn usage(u: &Value) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::test_support::{completed, text_deltas};
     use crate::llm::{ErrorKind, Message, ToolSpec};
     use beige_testkit::llm::{FakeLlmServer, Reply};
     use beige_testkit::openai_responses::{self as fake, ResponsesStream};
@@ -669,23 +670,6 @@ mod tests {
         req: ModelRequest,
     ) -> Result<Vec<Result<StreamEvent, LlmError>>, LlmError> {
         Ok(client.stream(req).await?.collect().await)
-    }
-
-    fn completed(events: &[Result<StreamEvent, LlmError>]) -> ModelResponse {
-        match events.last() {
-            Some(Ok(StreamEvent::Completed(r))) => r.clone(),
-            other => panic!("expected Completed last, got {other:?}"),
-        }
-    }
-
-    fn text_deltas(events: &[Result<StreamEvent, LlmError>]) -> String {
-        events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(StreamEvent::TextDelta(t)) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     #[tokio::test]
