@@ -18,6 +18,7 @@ use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::sandbox::Transport;
 use beige_core::tools::{CoreToolCall, ToolContext};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
@@ -36,15 +37,25 @@ impl Figure {
     }
 }
 
-fn config(image: &str) -> anyhow::Result<Config> {
+/// `link`: how core tools reach the sandbox (`unix`, `attach` or `off` = `docker exec`).
+fn config(image: &str, link: &str) -> anyhow::Result<Config> {
     Ok(serde_json::from_value(serde_json::json!({
         "llm": {"providers": {"anthropic": {}}},
         "agents": {"bench": {
             "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
             "tools": ["noop"],
-            "sandbox": {"image": image, "memoryLimit": "256m"}
+            "sandbox": {"image": image, "memoryLimit": "256m", "link": link}
         }}
     }))?)
+}
+
+/// The transport a link mode must show in results.
+fn transport_of(link: &str) -> Transport {
+    match link {
+        "unix" => Transport::LinkUnix,
+        "attach" => Transport::LinkAttach,
+        _ => Transport::DockerExec,
+    }
 }
 
 /// A tool that does nothing, to measure the path around a plugin tool call.
@@ -77,9 +88,14 @@ impl Plugin for NoopPlugin {
     }
 }
 
-async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<LocalGateway> {
+async fn gateway(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+    link: &str,
+) -> anyhow::Result<LocalGateway> {
     let docker = DockerSandbox::connect(home.hash()).await?;
-    Ok(GatewayBuilder::new(config(image)?, home.clone())
+    Ok(GatewayBuilder::new(config(image, link)?, home.clone())
         .shim(shim)
         .sandbox(Arc::new(docker))
         .plugin(Arc::new(NoopPlugin))
@@ -94,9 +110,13 @@ fn exec_true() -> anyhow::Result<CoreToolCall> {
     )?)
 }
 
-async fn exec_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Figure> {
-    let gw = gateway(home, image, shim).await?;
-    let call = exec_true()?;
+/// 200 sequential calls of `call` through `Gateway::call_tool`, checking each took the
+/// transport of `link`.
+async fn core_roundtrips(
+    gw: &LocalGateway,
+    call: &CoreToolCall,
+    link: &str,
+) -> anyhow::Result<Vec<f64>> {
     for _ in 0..10 {
         gw.call_tool("bench", call.clone(), ToolContext::default())
             .await?;
@@ -108,14 +128,59 @@ async fn exec_roundtrip(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow
             .call_tool("bench", call.clone(), ToolContext::default())
             .await?;
         samples.push(t.elapsed().as_secs_f64() * 1000.0);
-        anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
+        anyhow::ensure!(
+            !out.is_error,
+            "{} failed: {}",
+            call.name(),
+            out.joined_text()
+        );
+        anyhow::ensure!(
+            out.transport == Some(transport_of(link)),
+            "{} took {:?}, not the {link} link",
+            call.name(),
+            out.transport
+        );
     }
-    gw.shutdown().await?;
-    Ok(Figure {
-        name: "exec_roundtrip",
-        unit: "ms",
-        samples,
-    })
+    Ok(samples)
+}
+
+/// `exec true` over the link (Unix carrier), over the attach carrier and through
+/// `docker exec`; plus a 4 KiB `read` over the link.
+async fn exec_roundtrip(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+    for (link, name) in [
+        ("unix", "exec_roundtrip"),
+        ("attach", "exec_roundtrip_attach"),
+        ("off", "exec_roundtrip_docker_exec"),
+    ] {
+        let gw = gateway(home, image, shim, link).await?;
+        let samples = core_roundtrips(&gw, &exec_true()?, link).await?;
+        figures.push(Figure {
+            name,
+            unit: "ms",
+            samples,
+        });
+        if link == "unix" {
+            let content = "x".repeat(4095) + "\n";
+            let write = CoreToolCall::parse(
+                "write",
+                serde_json::json!({"path": "four-k.txt", "content": content}),
+            )?;
+            gw.call_tool("bench", write, ToolContext::default()).await?;
+            let read = CoreToolCall::parse("read", serde_json::json!({"path": "four-k.txt"}))?;
+            figures.push(Figure {
+                name: "read_4k_roundtrip",
+                unit: "ms",
+                samples: core_roundtrips(&gw, &read, link).await?,
+            });
+        }
+        gw.shutdown().await?;
+    }
+    Ok(figures)
 }
 
 async fn sandbox_cold_start(
@@ -126,7 +191,7 @@ async fn sandbox_cold_start(
     let mut samples = Vec::new();
     for _ in 0..10 {
         let t = Instant::now();
-        let gw = gateway(home, image, shim).await?;
+        let gw = gateway(home, image, shim, "unix").await?;
         let out = gw
             .call_tool("bench", exec_true()?, ToolContext::default())
             .await?;
@@ -148,7 +213,7 @@ async fn tool_call_roundtrip(
     image: &str,
     shim: &PathBuf,
 ) -> anyhow::Result<Figure> {
-    let gw = gateway(home, image, shim).await?;
+    let gw = gateway(home, image, shim, "unix").await?;
     let run = |cmd: &'static str| {
         let gw = gw.clone();
         async move {
@@ -210,7 +275,7 @@ async fn loop_gateway(
     shim: &PathBuf,
     model: ScriptedProvider,
 ) -> anyhow::Result<LocalGateway> {
-    let mut cfg = config(image)?;
+    let mut cfg = config(image, "unix")?;
     cfg.llm.providers =
         serde_json::from_value(serde_json::json!({"scripted": {"api": "anthropic-messages"}}))?;
     if let Some(a) = cfg.agents.get_mut("bench") {
@@ -298,7 +363,7 @@ async fn concurrent_sessions(
 
 /// A real daemon (`beige gateway start --foreground`) with one idle agent: its resident
 /// memory, then `POST /api/agents/bench/exec` with `exec true` through HTTP.
-async fn daemon_figures(image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figure>> {
+async fn daemon_figures(image: &str, shim: &PathBuf, link: &str) -> anyhow::Result<Vec<Figure>> {
     let bin = std::env::var("BEIGE_BIN")
         .context("set BEIGE_BIN to target/release/beige (scripts/bench does)")?;
     let dir = tempfile::tempdir()?;
@@ -319,7 +384,7 @@ async fn daemon_figures(image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figur
             "agents": {"bench": {
                 "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
                 "tools": ["kv"],
-                "sandbox": {"image": image, "memoryLimit": "256m"}
+                "sandbox": {"image": image, "memoryLimit": "256m", "link": link}
             }},
             "gateway": {"host": "127.0.0.1", "port": port}
         })
@@ -380,6 +445,11 @@ async fn daemon_figures(image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figur
             anyhow::ensure!(r.status().is_success(), "exec answered {}", r.status());
             let body: serde_json::Value = r.json().await?;
             anyhow::ensure!(body["isError"] == false, "exec failed: {body}");
+            anyhow::ensure!(
+                body["transport"] == transport_of(link).as_str(),
+                "exec took {}, not the {link} link",
+                body["transport"]
+            );
             Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
         }
     };
@@ -396,6 +466,13 @@ async fn daemon_figures(image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figur
         .arg(pid.to_string())
         .status();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await;
+    if link != "unix" {
+        return Ok(vec![Figure {
+            name: "exec_http_roundtrip_docker_exec",
+            unit: "ms",
+            samples,
+        }]);
+    }
     Ok(vec![
         Figure {
             name: "gateway_idle_rss",
@@ -425,7 +502,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut figures = Vec::new();
     if want("exec_roundtrip") {
-        figures.push(exec_roundtrip(&home, &image, &shim).await?);
+        figures.extend(exec_roundtrip(&home, &image, &shim).await?);
     }
     if want("tool_call_roundtrip") {
         figures.push(tool_call_roundtrip(&home, &image, &shim).await?);
@@ -437,7 +514,8 @@ async fn main() -> anyhow::Result<()> {
         figures.extend(concurrent_sessions(&home, &image, &shim).await?);
     }
     if want("gateway_idle_rss") || want("exec_http_roundtrip") {
-        figures.extend(daemon_figures(&image, &shim).await?);
+        figures.extend(daemon_figures(&image, &shim, "unix").await?);
+        figures.extend(daemon_figures(&image, &shim, "off").await?);
     }
     if want("sandbox_cold_start") {
         figures.push(sandbox_cold_start(&home, &image, &shim).await?);
@@ -446,14 +524,14 @@ async fn main() -> anyhow::Result<()> {
 
     let mut json = Vec::new();
     for f in &figures {
-        let (median, p95) = (f.quantile(0.5), f.quantile(0.95));
+        let (median, p95, p99) = (f.quantile(0.5), f.quantile(0.95), f.quantile(0.99));
         println!(
-            "BENCH {} median={median:.3} p95={p95:.3} unit={} n={}",
+            "BENCH {} median={median:.3} p95={p95:.3} p99={p99:.3} unit={} n={}",
             f.name,
             f.unit,
             f.samples.len()
         );
-        json.push(serde_json::json!({"name": f.name, "median": median, "p95": p95, "unit": f.unit, "n": f.samples.len()}));
+        json.push(serde_json::json!({"name": f.name, "median": median, "p95": p95, "p99": p99, "unit": f.unit, "n": f.samples.len()}));
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir)?;

@@ -8,8 +8,11 @@
 //! - [`op`]: the core-tool operations (`read`, `write`, `patch`, `exec`) the gateway asks
 //!   `beige-shim op <name>` to perform inside a container — one JSON request on stdin,
 //!   one JSON reply on stdout.
+//! - [`link`]: the frames of the persistent link between the gateway and the shim
+//!   running as PID 1, which carries those operations without `docker exec`.
 //! - [`socket`]: plugin-tool calls from scripts in the sandbox to the gateway over the
 //!   agent's Unix socket (newline-delimited JSON, compatible with the original).
 
+pub mod link;
 pub mod op;
 pub mod socket;

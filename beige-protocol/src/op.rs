@@ -220,6 +220,20 @@ pub struct ExecReply {
     #[serde(default)]
     pub timed_out: bool,
     pub duration_ms: u64,
+    /// Processes started during the command that escaped its process group (`setsid`,
+    /// double fork) and were still running when it ended. Found by scanning `/proc`:
+    /// without cgroup delegation this is a best effort (see `docs/sandbox.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub survivors: Vec<Survivor>,
+}
+
+/// A process that outlived the `exec` that started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Survivor {
+    pub pid: u32,
+    /// Its command line, space-joined and cut to 200 bytes.
+    pub command: String,
 }
 
 /// What `kill` did.

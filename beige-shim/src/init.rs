@@ -1,18 +1,46 @@
 //! The `init` role: PID 1 of a sandbox container.
 //!
-//! It owns the container's process lifetime and nothing else: it sleeps in a blocking
-//! signal wait, reaps every orphan that is re-parented to it, forwards termination
-//! signals to all other processes of the container, and after SIGTERM or SIGINT exits
-//! once they are gone (or after [`SHUTDOWN_GRACE`], killing the rest). It never spawns
-//! anything and never touches files.
+//! `beige-shim init [--agent-user UID:GID] [--link unix|attach|off]`
 //!
-//! When it is not PID 1 (for example behind Docker's `--init`), it does not forward
-//! signals — `kill(-1)` would then reach far more than the container — and simply exits
-//! on SIGTERM or SIGINT, leaving the real init to clean up.
+//! It always owns the container's process lifetime: one single-threaded `poll(2)` loop
+//! reads signals from a signalfd, reaps every child and orphan re-parented to it,
+//! forwards termination signals to all other processes of the container, and after
+//! SIGTERM or SIGINT exits once they are gone (or after [`SHUTDOWN_GRACE`], killing the
+//! rest).
+//!
+//! With `--agent-user` (the container runs as root with only SETUID, SETGID, KILL and
+//! SETPCAP), it also hardens itself and, unless `--link off`, holds the link to the
+//! gateway and runs core-tool operations as that user ([`crate::link`]):
+//!
+//! - first thing, it makes itself non-dumpable and ignores SIGPIPE; it never reads
+//!   secrets from its environment and never execs;
+//! - as PID 1 it ignores signals sent from inside the container (`si_pid` ≠ 0) except
+//!   SIGCHLD: Docker and the kubelet signal from outside the PID namespace, where the
+//!   sender shows as 0;
+//! - `--link attach` moves stdin and stdout (the link) and stderr (its own log) to high
+//!   close-on-exec descriptors and reopens 0, 1 and 2 on `/dev/null` before anything
+//!   else runs, so no child can reach them;
+//! - `--link unix` (the default) dials [`CTL_SOCKET_PATH`] (`--link-socket PATH`
+//!   overrides it, for tests).
+//!
+//! Without `--agent-user`, or with `--link off`, there is no link (root sandboxes).
+//! Arguments from the first unknown one on are ignored with a warning: Docker appends an
+//! image's CMD to the entrypoint.
+//!
+//! When it is not PID 1 (for example behind Docker's `--init`, or in tests), it does not
+//! forward signals — `kill(-1)` would then reach far more than the container — nor
+//! filter them by sender, and simply exits on SIGTERM or SIGINT, leaving the real init
+//! to clean up.
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::sys::{self, SignalSet};
+use beige_protocol::link::CTL_SOCKET_PATH;
+
+use crate::link::{self, log, CarrierSpec, Link, LinkConfig};
+use crate::privdrop::{AgentUser, PrivDrop};
+use crate::sys::{self, SignalFd, SignalSet};
 
 /// How long to wait for other processes after a SIGTERM before killing them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -20,6 +48,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// While shutting down, how often to look whether other processes still exist. Exec'd
 /// processes are not our children, so their exit sends us no SIGCHLD.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+
+/// Where the shim is mounted in every sandbox, used when its own path is unknown.
+const DEFAULT_PROGRAM: &str = "/beige/shim";
+
+/// Exit code for unusable arguments.
+const EXIT_USAGE: i32 = 2;
 
 /// Signals forwarded to every other process of the container.
 const FORWARDED: [libc::c_int; 6] = [
@@ -31,41 +65,173 @@ const FORWARDED: [libc::c_int; 6] = [
     libc::SIGUSR2,
 ];
 
+/// Which carrier the link uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkMode {
+    Unix,
+    Attach,
+    Off,
+}
+
+/// The parsed arguments of `init`.
+#[derive(Debug, PartialEq, Eq)]
+struct Options {
+    agent_user: Option<AgentUser>,
+    link: LinkMode,
+    socket: PathBuf,
+    /// Arguments from the first unknown one on.
+    ignored: Vec<String>,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Self, String> {
+        let mut options = Options {
+            agent_user: None,
+            link: LinkMode::Unix,
+            socket: PathBuf::from(CTL_SOCKET_PATH),
+            ignored: Vec::new(),
+        };
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let mut value = |flag: &str| {
+                rest.next()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+                    .cloned()
+            };
+            match arg.as_str() {
+                "--agent-user" => {
+                    let user = value(arg)?;
+                    options.agent_user =
+                        Some(user.parse().map_err(|e| format!("--agent-user: {e}"))?);
+                }
+                "--link" => {
+                    options.link = match value(arg)?.as_str() {
+                        "unix" => LinkMode::Unix,
+                        "attach" => LinkMode::Attach,
+                        "off" => LinkMode::Off,
+                        other => {
+                            return Err(format!(
+                                "--link: expected unix, attach or off, got {other:?}"
+                            ))
+                        }
+                    };
+                }
+                "--link-socket" => options.socket = PathBuf::from(value(arg)?),
+                _ => {
+                    options.ignored = std::iter::once(arg).chain(rest).cloned().collect();
+                    break;
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// The link's carrier, when there is a link.
+    fn link_mode(&self) -> Option<LinkMode> {
+        self.agent_user
+            .is_some()
+            .then_some(self.link)
+            .filter(|m| *m != LinkMode::Off)
+    }
+}
+
 /// Runs the init loop; returns the process exit code.
-pub fn run(extra_args: &[String]) -> i32 {
-    if !extra_args.is_empty() {
+pub fn run(args: &[String]) -> i32 {
+    let options = match Options::parse(args) {
+        Ok(options) => options,
+        Err(err) => {
+            log(format_args!("{err}"));
+            return EXIT_USAGE;
+        }
+    };
+    let hardened = options.agent_user.is_some();
+    if hardened {
+        if let Err(err) = sys::set_non_dumpable() {
+            log(format_args!("cannot make PID 1 non-dumpable: {err}"));
+        }
+        sys::ignore_sigpipe();
+    }
+    // Before anything else could start a child that inherits them.
+    let mut attach_fds = None;
+    if options.link_mode() == Some(LinkMode::Attach) {
+        match sys::take_stdio() {
+            Ok([input, output, stderr]) => {
+                link::log_to(stderr);
+                attach_fds = Some((input, output));
+            }
+            Err(err) => log(format_args!("cannot take stdin/stdout for the link: {err}")),
+        }
+    }
+    if !options.ignored.is_empty() {
         // Docker appends an image's CMD to the entrypoint; it is not ours to run.
-        eprintln!("beige-shim init: ignoring arguments {extra_args:?}");
+        log(format_args!("ignoring arguments {:?}", options.ignored));
     }
     let pid1 = sys::is_pid1();
+    // Signals from inside the container are only filtered where the sender pid means
+    // something: as PID 1 of the container's namespace.
+    let filter_inside = hardened && pid1;
+
     let mut signals = vec![libc::SIGCHLD];
     signals.extend_from_slice(&FORWARDED);
-    let set = match SignalSet::block(&signals) {
-        Ok(set) => set,
+    let signal_fd = match SignalSet::block(&signals).and_then(|set| SignalFd::new(&set)) {
+        Ok(fd) => fd,
         Err(err) => {
-            eprintln!("beige-shim init: cannot block signals: {err}");
+            log(format_args!("cannot receive signals: {err}"));
             return 1;
         }
     };
+    let mut link = start_link(&options, attach_fds);
 
     let mut shutdown_deadline: Option<Instant> = None;
+    let mut fds: Vec<libc::pollfd> = Vec::new();
     loop {
-        let timeout = shutdown_deadline.map(|_| SHUTDOWN_POLL);
-        let signal = match set.wait(timeout) {
-            Ok(signal) => signal,
-            Err(err) => {
-                eprintln!("beige-shim init: waiting for signals failed: {err}");
-                return 1;
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: signal_fd.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let mut timeout = shutdown_deadline.map(|_| SHUTDOWN_POLL);
+        if let Some(link) = link.as_mut() {
+            if let Some(t) = link.prepare(Instant::now(), &mut fds) {
+                timeout = Some(timeout.map_or(t, |s| s.min(t)));
             }
-        };
-        if let Some(signal) = signal.filter(|&s| s != libc::SIGCHLD) {
-            if pid1 {
-                if let Err(err) = sys::signal_all_as_pid1(signal) {
-                    eprintln!("beige-shim init: forwarding signal {signal} failed: {err}");
+        }
+        if let Err(err) = sys::poll(&mut fds, timeout) {
+            log(format_args!("waiting for events failed: {err}"));
+            return 1;
+        }
+
+        if fds[0].revents != 0 {
+            loop {
+                let received = match signal_fd.read() {
+                    Ok(Some(received)) => received,
+                    Ok(None) => break,
+                    Err(err) => {
+                        log(format_args!("reading signals failed: {err}"));
+                        break;
+                    }
+                };
+                let signal = received.signal;
+                if signal == libc::SIGCHLD || (filter_inside && received.sender != 0) {
+                    continue;
+                }
+                if pid1 {
+                    if let Err(err) = sys::signal_all_as_pid1(signal) {
+                        log(format_args!("forwarding signal {signal} failed: {err}"));
+                    }
+                }
+                if (signal == libc::SIGTERM || signal == libc::SIGINT)
+                    && shutdown_deadline.is_none()
+                {
+                    shutdown_deadline = Some(Instant::now() + SHUTDOWN_GRACE);
                 }
             }
-            if (signal == libc::SIGTERM || signal == libc::SIGINT) && shutdown_deadline.is_none() {
-                shutdown_deadline = Some(Instant::now() + SHUTDOWN_GRACE);
+        }
+        if let Some(l) = link.as_mut() {
+            l.dispatch(&fds[1..]);
+            if l.is_gone() {
+                link = None;
             }
         }
         // Any wake-up is a good moment to collect zombies; SIGCHLDs coalesce.
@@ -84,7 +250,97 @@ pub fn run(extra_args: &[String]) -> i32 {
     }
 }
 
+/// Sets up the link, when the options ask for one; `None` (a plain init) when they do
+/// not or it cannot work.
+fn start_link(options: &Options, attach_fds: Option<(OwnedFd, OwnedFd)>) -> Option<Link> {
+    let user = options.agent_user?;
+    let carrier = match options.link_mode()? {
+        LinkMode::Unix => CarrierSpec::Unix(options.socket.clone()),
+        LinkMode::Attach => {
+            let (input, output) = attach_fds?;
+            CarrierSpec::Attach { input, output }
+        }
+        LinkMode::Off => return None,
+    };
+    let plan = match PrivDrop::prepare(user) {
+        Ok(plan) => plan,
+        Err(err) => {
+            log(format_args!("no link: {err}"));
+            return None;
+        }
+    };
+    if plan.ids().is_none() {
+        log(format_args!(
+            "not running as root: operations run as uid {} without switching to {user}",
+            sys::effective_uid()
+        ));
+    }
+    Some(Link::new(LinkConfig {
+        carrier,
+        program: own_program(),
+        workdir: crate::op::Context::from_env().workspace().to_path_buf(),
+        plan,
+    }))
+}
+
+/// The path this binary was started from, for running `op` children.
+fn own_program() -> PathBuf {
+    if let Ok(exe) = std::env::current_exe() {
+        return exe;
+    }
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PROGRAM))
+}
+
 /// Whether any other process we may signal still exists (signal 0 only checks).
 fn others_alive() -> bool {
     sys::signal_all_as_pid1(0).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Options::parse(&args)
+    }
+
+    #[test]
+    fn arguments() {
+        let o = parse(&[]).unwrap();
+        assert_eq!((o.agent_user, o.link_mode()), (None, None));
+        assert!(o.ignored.is_empty());
+
+        let o = parse(&["--agent-user", "1000:1000", "--link", "attach"]).unwrap();
+        assert_eq!(
+            o.agent_user,
+            Some(AgentUser {
+                uid: 1000,
+                gid: 1000
+            })
+        );
+        assert_eq!(o.link_mode(), Some(LinkMode::Attach));
+
+        let o = parse(&["--agent-user", "1:2"]).unwrap();
+        assert_eq!(o.link_mode(), Some(LinkMode::Unix));
+        assert_eq!(o.socket, PathBuf::from(CTL_SOCKET_PATH));
+
+        let o = parse(&["--agent-user", "1:2", "--link", "off"]).unwrap();
+        assert_eq!(o.link_mode(), None);
+        // Without an agent user there is no link, whatever --link says.
+        assert_eq!(parse(&["--link", "unix"]).unwrap().link_mode(), None);
+
+        let o = parse(&["--link-socket", "/tmp/x.sock", "bash", "--link", "off"]).unwrap();
+        assert_eq!(o.socket, PathBuf::from("/tmp/x.sock"));
+        assert_eq!(o.ignored, ["bash", "--link", "off"]);
+        assert_eq!(o.link, LinkMode::Unix);
+
+        assert!(parse(&["--agent-user"]).is_err());
+        assert!(parse(&["--agent-user", "root"]).is_err());
+        assert!(parse(&["--link", "tcp"]).is_err());
+    }
 }

@@ -4,8 +4,8 @@
 //!
 //! | invocation | role |
 //! |---|---|
-//! | `beige-shim init` | PID 1 of the container ([`init`]) |
-//! | `beige-shim op read\|write\|patch\|exec\|kill` | one core-tool operation (or the kill of a running `exec`), JSON in and out ([`op`]) |
+//! | `beige-shim init [--agent-user UID:GID] [--link unix\|attach\|off]` | PID 1 of the container ([`init`]); with an agent user, also the link to the gateway ([`link`]) that runs operations as that user |
+//! | `beige-shim op read\|write\|patch\|exec\|kill [--drop UID:GID]` | one core-tool operation (or the kill of a running `exec`), JSON in and out ([`op`]); `--drop` first applies the agent's privilege drop ([`privdrop`]) |
 //! | `beige-shim tool <name> [args…]` | tool client for `<name>` ([`tool`]) |
 //! | `beige-shim --version` | prints the version |
 //! | invoked as `init` (a link named `init`) | PID 1, as `beige-shim init` |
@@ -16,7 +16,9 @@
 
 mod fsutil;
 mod init;
+mod link;
 mod op;
+mod privdrop;
 mod sys;
 mod tool;
 
@@ -52,7 +54,7 @@ fn dispatch(argv0: &OsStr, rest: &[OsString]) -> i32 {
     }
     match rest.first().and_then(|a| a.to_str()) {
         Some("init") => init::run(&lossy(&rest[1..])),
-        Some("op") => op::run(rest.get(1).and_then(|a| a.to_str())),
+        Some("op") => op::run(&lossy(&rest[1..])),
         Some("tool") => match rest.get(1) {
             Some(name) if !name.is_empty() => tool::run(name, &rest[2..]),
             _ => {
@@ -79,8 +81,12 @@ fn usage() -> String {
     format!(
         "beige-shim {} — the in-sandbox helper of beige\n\n\
          usage:\n  \
-         beige-shim init                run as PID 1 of the container\n  \
-         beige-shim op <operation>      one operation ({}) — JSON request on stdin, JSON reply on stdout\n  \
+         beige-shim init [--agent-user UID:GID] [--link unix|attach|off]\n                                \
+         run as PID 1 of the container; with an agent user, also hold the link\n                                \
+         to the gateway and run operations for it as that user\n  \
+         beige-shim op <operation> [--drop UID:GID]\n                                \
+         one operation ({}) — JSON request on stdin, JSON reply on stdout;\n                                \
+         --drop: first drop to that user, no capabilities, the seccomp filter\n  \
          beige-shim tool <tool> [args…] call a plugin tool through the gateway\n  \
          <tool> [args…]                 the same, when the shim is run under the tool's name\n  \
          beige-shim --version           print the version\n\n\

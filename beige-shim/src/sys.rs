@@ -1,23 +1,41 @@
-//! Safe wrappers over the few raw libc calls the shim needs: blocking and waiting for
-//! signals, sending signals to process groups and single processes (and, for PID 1
-//! only, to every process of the container), reading the own process group, reaping
-//! children, waiting for a child's exit without reaping it, and waiting (bounded) for a
-//! file descriptor to become readable.
+//! Safe wrappers over the raw libc calls the shim needs. This is the only module of
+//! the shim that contains `unsafe` code; everything else goes through the small, checked
+//! functions below. What it wraps:
 //!
-//! This is the only module of the shim that contains `unsafe` code. Everything else goes
-//! through the small, checked functions below; none of them can signal "all processes"
-//! unless the shim really is PID 1 of its PID namespace.
+//! - signals: blocking them ([`SignalSet`]) and reading them with the sender's pid from
+//!   a signalfd ([`SignalFd`]), ignoring SIGPIPE, resetting mask and SIGPIPE for
+//!   commands ([`reset_signals_on_exec`]);
+//! - processes: signalling process groups and single processes (and, for PID 1 only,
+//!   every process of the container), the own process group and ids, reaping children,
+//!   learning of a child's exit without reaping it (pidfd, `waitid(WNOWAIT)`), making
+//!   the process non-dumpable;
+//! - file descriptors: bounded waits for readability, `poll(2)`, non-blocking mode,
+//!   moving stdin and stdout out of reach of children (the attach carrier), a
+//!   non-blocking Unix-socket connect (the Unix carrier), random bytes;
+//! - the privilege drop of the agent's processes ([`drop_privileges`],
+//!   [`drop_privileges_on_exec`]): new session, agent uid and gid, empty capability sets
+//!   (bounding, permitted, effective, inheritable, ambient), no_new_privs and the child
+//!   seccomp filter (built in [`crate::privdrop`]).
+//!
+//! None of them can signal "all processes" unless the shim really is PID 1 of its PID
+//! namespace.
 
 #![allow(unsafe_code)]
 
+use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::Command;
 use std::ptr;
 use std::time::{Duration, Instant};
 
+use crate::privdrop::PrivDrop;
+
 /// A set of signals blocked in the calling thread (and in every thread spawned from it
-/// afterwards), to be received synchronously with [`SignalSet::wait`].
+/// afterwards), to be received synchronously through a [`SignalFd`].
 ///
 /// Child processes do not inherit the mask: `std::process::Command` resets it.
 pub struct SignalSet {
@@ -53,38 +71,6 @@ impl SignalSet {
             return Err(io::Error::from_raw_os_error(rc));
         }
         Ok(Self { set })
-    }
-
-    /// Waits until one of the signals is pending and consumes it. With a timeout,
-    /// returns `Ok(None)` when it expires; an interruption also yields `Ok(None)`, so
-    /// callers simply loop.
-    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Option<libc::c_int>> {
-        let rc = match timeout {
-            None => {
-                // SAFETY: `self.set` is an initialised signal set; a null `siginfo_t`
-                // pointer is allowed by sigwaitinfo(2).
-                unsafe { libc::sigwaitinfo(&self.set, ptr::null_mut()) }
-            }
-            Some(timeout) => {
-                // `c_long` is 32 bits on 32-bit targets, where the conversion can fail.
-                #[allow(clippy::unnecessary_fallible_conversions)]
-                let ts = libc::timespec {
-                    tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-                    tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).unwrap_or(0),
-                };
-                // SAFETY: `self.set` and `ts` are valid for the duration of the call; a
-                // null `siginfo_t` pointer is allowed by sigtimedwait(2).
-                unsafe { libc::sigtimedwait(&self.set, ptr::null_mut(), &ts) }
-            }
-        };
-        if rc >= 0 {
-            return Ok(Some(rc));
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
-            _ => Err(err),
-        }
     }
 }
 
@@ -238,19 +224,42 @@ pub fn reap_exited_children() -> bool {
     }
 }
 
-/// Blocks until the child `pid` has exited, but leaves it a zombie (WNOWAIT), so its
-/// pid — and therefore its process-group id — cannot be reused until the caller reaps
-/// it with `Child::wait`. That makes a following [`kill_process_group`] safe.
-pub fn wait_exit_keep_zombie(pid: u32) -> io::Result<()> {
+/// A pidfd for the child `pid`: it becomes readable once the child has exited (before
+/// it is reaped). Needs Linux 5.3; callers fall back on [`has_exited`] without it.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: raw pidfd_open(2) with integer arguments only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).unwrap_or(-1);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a freshly created descriptor (close-on-exec by default) that
+    // nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the child `pid` has exited, without waiting and without reaping it (WNOWAIT).
+pub fn has_exited(pid: u32) -> io::Result<bool> {
     let id = libc::id_t::from(pid);
     loop {
         // SAFETY: `siginfo_t` is plain old data; all-zero is a valid value to pass as an
         // out-parameter.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is a valid out-pointer for the duration of the call.
-        let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                id,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
         if rc == 0 {
-            return Ok(());
+            // SAFETY: waitid filled `info`; with WNOHANG an unchanged child leaves
+            // si_pid 0, which reading the field reports.
+            return Ok(unsafe { info.si_pid() } != 0);
         }
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
@@ -294,6 +303,453 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
             return Err(err);
         }
     }
+}
+
+/// A signal read from a [`SignalFd`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceivedSignal {
+    pub signal: libc::c_int,
+    /// The sender's pid as seen from our PID namespace: 0 for the kernel and for
+    /// senders outside the namespace (Docker, the kubelet).
+    pub sender: u32,
+}
+
+/// A non-blocking, close-on-exec signalfd for the signals of a [`SignalSet`] (which
+/// must stay blocked), to be watched with [`poll`].
+#[derive(Debug)]
+pub struct SignalFd {
+    fd: OwnedFd,
+}
+
+impl SignalFd {
+    pub fn new(set: &SignalSet) -> io::Result<Self> {
+        // SAFETY: `set.set` is an initialised signal set; -1 asks for a new descriptor.
+        let fd = unsafe { libc::signalfd(-1, &set.set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The next pending signal, or `None` when none is pending.
+    pub fn read(&self) -> io::Result<Option<ReceivedSignal>> {
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        loop {
+            // SAFETY: `signalfd_siginfo` is plain old data; all-zero is a valid value.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            // SAFETY: `info` is a valid, writable buffer of exactly `size` bytes and the
+            // descriptor is owned by `self`.
+            let n = unsafe {
+                libc::read(
+                    self.fd.as_raw_fd(),
+                    ptr::addr_of_mut!(info).cast::<libc::c_void>(),
+                    size,
+                )
+            };
+            if usize::try_from(n).ok() == Some(size) {
+                return Ok(Some(ReceivedSignal {
+                    signal: libc::c_int::try_from(info.ssi_signo).unwrap_or(0),
+                    sender: info.ssi_pid,
+                }));
+            }
+            if n >= 0 {
+                return Err(io::Error::other("short read from the signalfd"));
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(None),
+                Some(libc::EINTR) => continue,
+                _ => return Err(err),
+            }
+        }
+    }
+}
+
+impl AsFd for SignalFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// `poll(2)` over `fds` (entries with a negative fd are skipped), waiting at most
+/// `timeout` (`None`: without limit). An interruption counts as a timeout: callers
+/// loop. Returns the number of entries with events.
+pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let millis = match timeout {
+        None => -1,
+        // Round up so a sub-millisecond remainder still waits instead of spinning.
+        Some(t) => libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX),
+    };
+    let count = libc::nfds_t::try_from(fds.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"))?;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `count` pollfds for the
+    // duration of the call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), count, millis) };
+    if let Ok(n) = usize::try_from(rc) {
+        return Ok(n);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINTR) {
+        return Ok(0);
+    }
+    Err(err)
+}
+
+/// Puts `fd` into non-blocking mode.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl(2) on a borrowed, open descriptor; F_GETFL takes no argument.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL takes an int argument.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Ignores SIGPIPE, so a write to a closed pipe or socket fails with EPIPE instead of
+/// killing the process.
+pub fn ignore_sigpipe() {
+    // SAFETY: signal(2) with a valid signal number and SIG_IGN.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// Makes the calling process non-dumpable: processes of other uids (and, without
+/// CAP_SYS_PTRACE, of the same uid) can then neither trace it nor read its memory,
+/// environment or file descriptors through `/proc`. Lasts until the process execs.
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl(2) with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Moves stdin, stdout and stderr to new close-on-exec descriptors numbered 100 or
+/// higher and reopens descriptors 0, 1 and 2 on `/dev/null`, so no child can reach the
+/// originals. Returns the new `[stdin, stdout, stderr]`.
+pub fn take_stdio() -> io::Result<[OwnedFd; 3]> {
+    let dup_high = |fd: RawFd| -> io::Result<OwnedFd> {
+        // SAFETY: fcntl(2) F_DUPFD_CLOEXEC only creates a new descriptor.
+        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if new < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `new` is a fresh descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(new) })
+    };
+    let taken = [dup_high(0)?, dup_high(1)?, dup_high(2)?];
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for target in 0..=2 {
+        // SAFETY: dup2(2) onto the standard descriptors, which this process owns; the
+        // source stays open for the duration of the call.
+        if unsafe { libc::dup2(null.as_raw_fd(), target) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(taken)
+}
+
+/// Connects a non-blocking, close-on-exec Unix stream socket to `path` without ever
+/// blocking: a listener whose backlog is full fails with EAGAIN instead of making the
+/// caller wait.
+pub fn connect_unix(path: &Path) -> io::Result<OwnedFd> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: `sockaddr_un` is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unusable Unix socket path",
+        ));
+    }
+    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).unwrap_or(1);
+    for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = libc::c_char::from_ne_bytes([src]);
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    let len = libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `addr` is an initialised `sockaddr_un` and `len` does not exceed its size.
+    let rc = unsafe {
+        libc::connect(
+            owned.as_raw_fd(),
+            ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned)
+}
+
+/// Fills `buf` with random bytes from the kernel.
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) => filled += n,
+            Err(_) => {
+                let err = io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EINTR) {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The effective uid of the calling process.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The real uid of the calling process.
+pub fn real_uid() -> u32 {
+    // SAFETY: getuid(2) takes no arguments and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Whether capability `cap` is in the bounding set; `None` when the kernel does not
+/// know that capability number.
+pub fn bounding_set_has(cap: u32) -> Option<bool> {
+    // SAFETY: prctl(2) with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_CAPBSET_READ, libc::c_ulong::from(cap), 0, 0, 0) };
+    (rc >= 0).then_some(rc > 0)
+}
+
+/// Why a privilege drop failed: the step and its errno. Built without allocating, so
+/// it can be produced between fork and exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropFailure {
+    pub step: &'static str,
+    pub errno: i32,
+}
+
+impl fmt::Display for DropFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed: {}",
+            self.step,
+            io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+impl std::error::Error for DropFailure {}
+
+/// The syscall numbers taking 32-bit ids (the plain ones on 64-bit targets).
+#[cfg(any(target_arch = "x86", target_arch = "arm"))]
+mod id_calls {
+    pub const SETGROUPS: libc::c_long = libc::SYS_setgroups32;
+    pub const SETRESGID: libc::c_long = libc::SYS_setresgid32;
+    pub const SETRESUID: libc::c_long = libc::SYS_setresuid32;
+}
+#[cfg(not(any(target_arch = "x86", target_arch = "arm")))]
+mod id_calls {
+    pub const SETGROUPS: libc::c_long = libc::SYS_setgroups;
+    pub const SETRESGID: libc::c_long = libc::SYS_setresgid;
+    pub const SETRESUID: libc::c_long = libc::SYS_setresuid;
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit data words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn failed(step: &'static str) -> DropFailure {
+    DropFailure {
+        step,
+        errno: io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    }
+}
+
+/// Sets no_new_privs for the calling thread (and everything it execs).
+pub fn set_no_new_privs() -> Result<(), DropFailure> {
+    // SAFETY: prctl(2) with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(failed("PR_SET_NO_NEW_PRIVS"));
+    }
+    Ok(())
+}
+
+/// Installs a seccomp filter on the calling thread (no_new_privs must be set, or the
+/// thread must hold CAP_SYS_ADMIN). Async-signal-safe.
+pub fn install_seccomp(filter: &[libc::sock_filter]) -> Result<(), DropFailure> {
+    let Ok(len) = libc::c_ushort::try_from(filter.len()) else {
+        return Err(DropFailure {
+            step: "seccomp",
+            errno: libc::EINVAL,
+        });
+    };
+    let prog = libc::sock_fprog {
+        len,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `len` valid instructions that outlive the call; the
+    // kernel copies the program and never writes through the pointer.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
+            ptr::addr_of!(prog),
+        )
+    };
+    if rc != 0 {
+        return Err(failed("seccomp"));
+    }
+    Ok(())
+}
+
+/// Applies a prepared privilege drop to the calling thread, in the order described in
+/// [`crate::privdrop`]: setsid (EPERM, i.e. already a group leader, is ignored);
+/// setgroups, setresgid, clearing the bounding set and setresuid when the plan switches
+/// ids; capset to all-zero sets; clearing the ambient set; no_new_privs; the seccomp
+/// filter.
+///
+/// Only raw system calls, no allocation and no locks, so it is async-signal-safe and may
+/// run between fork and exec. The ids change for the calling thread only: the process
+/// must be single-threaded (a fresh child, or an `op` process before it starts threads).
+pub fn drop_privileges(plan: &PrivDrop) -> Result<(), DropFailure> {
+    // SAFETY: setsid(2) has no memory-safety requirements.
+    if unsafe { libc::setsid() } < 0 {
+        let err = failed("setsid");
+        if err.errno != libc::EPERM {
+            return Err(err);
+        }
+    }
+    if let Some((uid, gid)) = plan.ids() {
+        let groups: [libc::gid_t; 1] = [gid];
+        // SAFETY: `groups` is a valid array of one gid for the duration of the call.
+        if unsafe { libc::syscall(id_calls::SETGROUPS, 1 as libc::c_long, groups.as_ptr()) } != 0 {
+            return Err(failed("setgroups"));
+        }
+        let gid = gid as libc::c_long;
+        // SAFETY: raw setresgid(2) with integer arguments only.
+        if unsafe { libc::syscall(id_calls::SETRESGID, gid, gid, gid) } != 0 {
+            return Err(failed("setresgid"));
+        }
+        for cap in 0..=plan.last_cap() {
+            let cap = libc::c_ulong::from(cap);
+            // SAFETY: prctl(2) with integer arguments only.
+            let present = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) };
+            if present < 0 {
+                return Err(failed("PR_CAPBSET_READ"));
+            }
+            // SAFETY: as above.
+            if present > 0 && unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+                return Err(failed("PR_CAPBSET_DROP"));
+            }
+        }
+        let uid = uid as libc::c_long;
+        // SAFETY: raw setresuid(2) with integer arguments only.
+        if unsafe { libc::syscall(id_calls::SETRESUID, uid, uid, uid) } != 0 {
+            return Err(failed("setresuid"));
+        }
+    }
+    let mut header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: `header` and the two `data` entries (as version 3 requires) are valid for
+    // the duration of the call; capset(2) only reads `data`.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, ptr::addr_of_mut!(header), data.as_ptr()) };
+    if rc != 0 {
+        return Err(failed("capset"));
+    }
+    // SAFETY: prctl(2) with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::c_ulong::try_from(libc::PR_CAP_AMBIENT_CLEAR_ALL).unwrap_or(4),
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    // EINVAL: a kernel without ambient capabilities (before 4.3) has none to clear.
+    if rc != 0 {
+        let err = failed("PR_CAP_AMBIENT_CLEAR_ALL");
+        if err.errno != libc::EINVAL {
+            return Err(err);
+        }
+    }
+    set_no_new_privs()?;
+    install_seccomp(plan.filter())
+}
+
+/// Makes `command` apply `plan` between fork and exec ([`drop_privileges`]), then change
+/// to `workdir` (or `/` when the agent user cannot enter it), then start with an empty
+/// signal mask and SIGPIPE at its default ([`reset_signals_on_exec`]). A failed drop
+/// makes the spawn fail with its errno; nothing is executed.
+///
+/// Ids must not be set with `Command::uid`/`gid`: std applies those before `pre_exec`
+/// closures run, too early to clear the bounding set.
+pub fn drop_privileges_on_exec(command: &mut Command, plan: PrivDrop, workdir: CString) {
+    use std::os::unix::process::CommandExt;
+    let hook = move || {
+        drop_privileges(&plan).map_err(|f| io::Error::from_raw_os_error(f.errno))?;
+        // SAFETY: chdir(2) with NUL-terminated strings that outlive the call.
+        if unsafe { libc::chdir(workdir.as_ptr()) } != 0 {
+            // SAFETY: as above.
+            unsafe { libc::chdir(c"/".as_ptr()) };
+        }
+        Ok(())
+    };
+    // SAFETY: the closure makes only async-signal-safe raw system calls; the plan and
+    // the path were prepared before fork, so it neither allocates nor takes locks, as
+    // `pre_exec` requires.
+    unsafe {
+        command.pre_exec(hook);
+    }
+    reset_signals_on_exec(command);
 }
 
 #[cfg(test)]
@@ -353,13 +809,6 @@ mod tests {
     }
 
     #[test]
-    fn timed_wait_expires() {
-        let set = SignalSet::block(&[libc::SIGUSR2]).unwrap();
-        let got = set.wait(Some(Duration::from_millis(20))).unwrap();
-        assert_eq!(got, None);
-    }
-
-    #[test]
     fn readable_after_write_or_hangup_but_not_when_idle() {
         use std::io::Write;
         use std::os::fd::AsFd;
@@ -373,5 +822,166 @@ mod tests {
         let (c, d) = UnixStream::pair().unwrap();
         drop(d);
         assert!(wait_readable(c.as_fd(), Duration::ZERO).unwrap());
+    }
+
+    /// Forks a child that installs the child seccomp filter and checks each blocked
+    /// call for EPERM (and that ordinary calls still work); the exit code says which
+    /// check failed.
+    #[test]
+    fn child_filter_blocks_tracing_calls() {
+        let filter = crate::privdrop::child_filter().unwrap();
+        let eperm = |rc: libc::c_long| -> bool {
+            rc == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        };
+        let child = || -> i32 {
+            if set_no_new_privs().is_err() {
+                return 2;
+            }
+            if install_seccomp(&filter).is_err() {
+                return 3;
+            }
+            // SAFETY: raw system calls with integer or null arguments only; every one
+            // of them is expected to be refused before it does anything.
+            unsafe {
+                if !eperm(libc::syscall(
+                    libc::SYS_ptrace,
+                    libc::PTRACE_TRACEME,
+                    0,
+                    0,
+                    0,
+                )) {
+                    return 10;
+                }
+                let parent = libc::c_long::from(libc::getppid());
+                // A sibling-style target: SEIZE (unlike ATTACH) would not stop the
+                // parent even if the filter let it through.
+                if !eperm(libc::syscall(
+                    libc::SYS_ptrace,
+                    libc::PTRACE_SEIZE,
+                    parent,
+                    0,
+                    0,
+                )) {
+                    return 18;
+                }
+                let nul = ptr::null::<libc::iovec>();
+                if !eperm(libc::syscall(
+                    libc::SYS_process_vm_readv,
+                    parent,
+                    nul,
+                    0,
+                    nul,
+                    0,
+                    0,
+                )) {
+                    return 11;
+                }
+                if !eperm(libc::syscall(
+                    libc::SYS_process_vm_writev,
+                    parent,
+                    nul,
+                    0,
+                    nul,
+                    0,
+                    0,
+                )) {
+                    return 12;
+                }
+                if !eperm(libc::syscall(libc::SYS_pidfd_getfd, 0, 0, 0)) {
+                    return 13;
+                }
+                if !eperm(libc::syscall(libc::SYS_kcmp, parent, parent, 0, 0, 0)) {
+                    return 14;
+                }
+                if !eperm(libc::syscall(libc::SYS_bpf, 0, 0, 0)) {
+                    return 15;
+                }
+                if !eperm(libc::syscall(libc::SYS_perf_event_open, 0, 0, -1, -1, 0)) {
+                    return 16;
+                }
+                if !eperm(libc::syscall(libc::SYS_userfaultfd, 0)) {
+                    return 17;
+                }
+                if libc::syscall(libc::SYS_getpid) <= 0 {
+                    return 20;
+                }
+            }
+            0
+        };
+        // SAFETY: the child only makes raw system calls (no allocation, no locks: the
+        // filter was built before the fork) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = child();
+            // SAFETY: _exit(2) ends the forked child without running the parent's
+            // exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer; `pid` is our own child.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(rc, pid);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "a check failed in the child");
+    }
+
+    #[test]
+    fn signalfd_reports_the_sender() {
+        std::thread::spawn(|| {
+            let set = SignalSet::block(&[libc::SIGUSR1]).unwrap();
+            let fd = SignalFd::new(&set).unwrap();
+            assert_eq!(fd.read().unwrap(), None);
+            // SAFETY: tgkill(2) to the calling thread with a blocked signal.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    libc::syscall(libc::SYS_gettid),
+                    libc::SIGUSR1,
+                )
+            };
+            assert_eq!(rc, 0);
+            let mut pfd = [libc::pollfd {
+                fd: fd.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            assert_eq!(poll(&mut pfd, Some(Duration::from_secs(5))).unwrap(), 1);
+            let got = fd.read().unwrap().unwrap();
+            assert_eq!(got.signal, libc::SIGUSR1);
+            assert_eq!(got.sender, std::process::id());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn unix_connect_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        assert!(connect_unix(&path).is_err());
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let fd = connect_unix(&path).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        let cred_pid = {
+            use std::io::Write;
+            let mut file = std::fs::File::from(fd);
+            file.write_all(b"hi").unwrap();
+            let mut buf = [0u8; 2];
+            std::io::Read::read_exact(&mut &peer, &mut buf).unwrap();
+            buf
+        };
+        assert_eq!(&cred_pid, b"hi");
+        assert!(connect_unix(Path::new("")).is_err());
+        assert!(connect_unix(&dir.path().join("x".repeat(200))).is_err());
+    }
+
+    #[test]
+    fn random_bytes_differ() {
+        let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+        fill_random(&mut a).unwrap();
+        fill_random(&mut b).unwrap();
+        assert_ne!(a, b);
     }
 }

@@ -21,6 +21,7 @@ pub fn render(r: &AuditRecord) -> String {
     let kind = match r.kind {
         AuditType::CoreTool => "CORE",
         AuditType::Tool => "TOOL",
+        AuditType::Security => "SECURITY",
     };
     let args = r
         .args

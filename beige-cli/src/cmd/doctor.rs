@@ -1,7 +1,8 @@
 //! `beige doctor [--agent A]`: checks what the gateway needs and says how to fix what is
 //! wrong — BEIGE_HOME and token permissions, the config, the Docker engine, the shim,
-//! the agents' images and the port — plus, with `--agent`, what the agent's system
-//! prompt tells it about its tools and skills.
+//! the agents' images, the port and, when a gateway runs, the shim link of each agent —
+//! plus, with `--agent`, what the agent's system prompt tells it about its tools and
+//! skills.
 //!
 //! Doctor only looks: it never runs setup, builds images or starts anything, so it can
 //! be run on a broken installation. It exits with 1 when any check failed.
@@ -14,12 +15,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 use beige_core::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
-use beige_core::config::{Config, DEFAULT_IMAGE};
+use beige_core::config::{Config, LinkMode, DEFAULT_IMAGE};
+use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::home::BeigeHome;
 use beige_core::plugin::{kv::KvPlugin, Plugin, PluginRegistry};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::skills::SkillSet;
 use beige_core::store::SqliteStore;
+use beige_core::{Gateway, GatewayError};
 
 use crate::client;
 use crate::Exit;
@@ -28,6 +31,7 @@ use crate::Exit;
 #[derive(Debug, Default)]
 struct Report {
     failed: usize,
+    warned: usize,
 }
 
 impl Report {
@@ -37,6 +41,12 @@ impl Report {
 
     fn note(&mut self, what: impl AsRef<str>) {
         println!("• {}", what.as_ref());
+    }
+
+    /// Something degraded that still works: does not fail doctor.
+    fn warn(&mut self, what: impl AsRef<str>) {
+        self.warned += 1;
+        println!("⚠ {}", what.as_ref());
     }
 
     fn fail(&mut self, what: impl AsRef<str>, fix: impl AsRef<str>) {
@@ -249,6 +259,9 @@ pub async fn run(
         }
     }
 
+    // The shim links, as the running gateway sees them.
+    links(&mut r, home, explicit_config).await;
+
     // One agent's prompt.
     if let Some(name) = agent {
         println!();
@@ -290,7 +303,10 @@ pub async fn run(
 
     println!();
     if r.failed == 0 {
-        println!("All checks passed.");
+        match r.warned {
+            0 => println!("All checks passed."),
+            n => println!("All checks passed, with {n} warning(s) (⚠ above)."),
+        }
         Ok(())
     } else {
         Err(Exit::new(
@@ -298,6 +314,117 @@ pub async fn run(
             format!("{} check(s) failed — see the fixes above.", r.failed),
         )
         .into())
+    }
+}
+
+/// The shim link of every agent of the running gateway (only the gateway holds the
+/// links, so without one there is nothing to look at).
+async fn links(r: &mut Report, home: &BeigeHome, explicit_config: Option<&Path>) {
+    let target = client::Target::resolve(home, explicit_config, None);
+    let Some(health) = client::health(&target.url).await else {
+        r.note(format!(
+            "shim links not checked: the link check needs a running gateway (none answers at {}; start it with `beige gateway start`)",
+            target.url
+        ));
+        return;
+    };
+    let gw = match RemoteGateway::new(&target.url, target.token.clone()) {
+        Ok(gw) => gw,
+        Err(e) => {
+            r.fail(
+                format!("shim links: {e}"),
+                "check the gateway URL (`gateway.host`/`gateway.port` in the config)",
+            );
+            return;
+        }
+    };
+    let agents = match gw.agents().await {
+        Ok(agents) => agents,
+        Err(GatewayError::Remote { status: 401, .. }) => {
+            r.fail(
+                format!(
+                    "shim links: the gateway at {} refused the token in {}",
+                    target.url,
+                    home.token_path().display()
+                ),
+                "run doctor as the user and with the BEIGE_HOME of the gateway, or restart the gateway (`beige gateway restart`) after changing the token",
+            );
+            return;
+        }
+        Err(e) => {
+            r.fail(
+                format!("shim links: cannot list the gateway's agents: {e}"),
+                "look at `beige gateway logs`",
+            );
+            return;
+        }
+    };
+    for agent in agents {
+        match gw.sandbox_status(&agent.name).await {
+            Ok(status) => link_check(r, &status),
+            // A gateway older than this route answers the generic 404.
+            Err(GatewayError::Remote {
+                status: 404,
+                message,
+            }) if message == "Not found" => {
+                r.note(format!(
+                    "shim links not checked: the running gateway (version {}) does not report them; restart it with this beige (`beige gateway restart`)",
+                    health.version
+                ));
+                return;
+            }
+            Err(e) => r.warn(format!(
+                "agent '{}': the gateway did not report its shim link: {e}",
+                agent.name
+            )),
+        }
+    }
+}
+
+/// One agent's link: up (with the ping and where its ops went), down or off.
+fn link_check(r: &mut Report, s: &SandboxStatus) {
+    let agent = &s.agent;
+    let mode = s.link_mode.as_str();
+    let Some(link) = s.link.as_ref().filter(|_| s.link_mode != LinkMode::Off) else {
+        r.note(format!(
+            "agent '{agent}': link off (sandbox.link = \"off\" or a root sandbox): core tools use docker exec"
+        ));
+        return;
+    };
+    let ops = format!(
+        "{} ops over the link, {} via docker exec",
+        link.ops_link, link.ops_fallback
+    );
+    let carrier = link.carrier.map_or("an unknown carrier", |c| c.as_str());
+    match (link.connected, s.ping_us) {
+        (true, Some(us)) => r.ok(format!(
+            "agent '{agent}': link ({mode}): up over {carrier}, ping {}, {ops}",
+            ping_ms(us)
+        )),
+        (true, None) => r.warn(format!(
+            "agent '{agent}': link ({mode}): up over {carrier} but PID 1 did not answer a ping in time; {ops}; see `beige gateway logs`"
+        )),
+        (false, _) => r.warn(format!(
+            "agent '{agent}': link down ({mode}) — core tools fall back to docker exec (slower); see `beige gateway logs` ({ops} so far)"
+        )),
+    }
+    if link.rejected_peers > 0 {
+        r.warn(format!(
+            "agent '{agent}': {} peer(s) were refused on the link's control socket; see `beige audit tail` (security.link_reject)",
+            link.rejected_peers
+        ));
+    }
+}
+
+/// Microseconds as milliseconds, `0.21 ms` / `12.5 ms` / `340 ms`.
+fn ping_ms(us: u64) -> String {
+    let ms = us as f64 / 1000.0;
+    if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else if ms < 100.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{ms:.0} ms")
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use beige_core::agent::router::ModelHealth;
-use beige_core::gateway::{AgentInfo, AllowedModel};
+use beige_core::gateway::{AgentInfo, AllowedModel, SandboxStatus};
 use beige_core::hooks::HookName;
 use beige_core::llm::Message;
 use beige_core::store::{SessionRecord, SessionSettings, SettingsPatch};
@@ -137,5 +137,9 @@ impl Gateway for ReloadableGateway {
         event: serde_json::Value,
     ) -> Result<serde_json::Value, GatewayError> {
         self.current().await.run_hook(agent, hook, event).await
+    }
+
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+        self.current().await.sandbox_status(agent).await
     }
 }

@@ -351,3 +351,96 @@ fn usage_errors_exit_2() {
     let run = env.run(&["gateway", "start", "--timeout", "-3"]);
     assert_eq!(run.code, Some(2), "{}", run.stderr);
 }
+
+/// Whether the process `pid` is gone (or a zombie nobody reaped yet).
+fn process_gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .map(|rest| rest.trim_start().starts_with('Z'))
+            .unwrap_or(true),
+    }
+}
+
+/// The audit lines the restarted gateway wrote for results of a previous one.
+fn recovered_records(home: &Path) -> Vec<Value> {
+    std::fs::read_to_string(home.join("logs/audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["args"][0] == "recovered-after-restart")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_killed_mid_exec_gets_the_result_once_after_restart() {
+    let docker = docker_or_skip!();
+    let fake = FakeLlmServer::start().await;
+    let env = TestEnv::new();
+    let _guard = DaemonGuard(&env);
+    let run = beige(&env, &["setup"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    write_config(&env.home(), &fake.url(), free_port(), &docker.image);
+    let run = beige(&env, &["gateway", "start", "--timeout", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+
+    // A 5 s exec that prints, through the daemon; the daemon is SIGKILLed 1.5 s in.
+    let mut client = env
+        .command(&[
+            "exec",
+            "a1",
+            "--",
+            "for i in 1 2 3 4 5; do echo line$i; sleep 1; done",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let pid = std::fs::read_to_string(env.home().join("gateway.pid")).unwrap();
+    let pid = pid.lines().next().unwrap().trim().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    for _ in 0..100 {
+        if process_gone(&pid) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(process_gone(&pid), "the daemon survived SIGKILL");
+    let _ = tokio::task::block_in_place(|| client.wait());
+    // Let the command finish while no gateway runs: its result waits in PID 1.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(recovered_records(&env.home()).is_empty());
+
+    let run = beige(&env, &["gateway", "start", "--timeout", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let mut records = Vec::new();
+    for _ in 0..100 {
+        records = recovered_records(&env.home());
+        if !records.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    assert_eq!(r["tool"], "exec");
+    assert_eq!(r["agent"], "a1");
+    assert_eq!(r["exitCode"], 0, "{r}");
+    assert_eq!(r["outputBytes"], 30, "line1..line5: {r}");
+    // The restarted gateway reattached the same container and its link is up: the
+    // result is not delivered again, and a new exec goes over the link.
+    let run = beige(&env, &["exec", "a1", "--", "echo", "after"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("after"), "{}", run.stdout);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(recovered_records(&env.home()).len(), 1);
+    let run = beige(&env, &["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+}

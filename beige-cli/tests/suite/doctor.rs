@@ -116,3 +116,188 @@ fn doctor_shows_an_agents_prompt() {
     let (_, fix) = failure(&stdout, "no agent 'nobody'");
     assert!(fix.contains("bot"), "{fix}");
 }
+
+/// A stand-in for a running gateway on loopback: `/api/health`, `/api/agents` and
+/// `/api/agents/{name}/sandbox` with canned answers, the bearer token checked like the
+/// real one. Serves until the test process ends.
+fn fake_gateway(token: String, sandboxes: Vec<serde_json::Value>) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf).to_string();
+            let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+            let authorized = head.lines().any(|l| {
+                l.to_ascii_lowercase().starts_with("authorization:")
+                    && l.trim_end().ends_with(&format!("Bearer {token}"))
+            });
+            let agents: Vec<&str> = sandboxes
+                .iter()
+                .map(|s| s["agent"].as_str().unwrap())
+                .collect();
+            let (status, body) = if path == "/api/health" {
+                (
+                    "200 OK",
+                    serde_json::json!({"status": "ok", "version": "9.9.9", "agents": agents.len()}),
+                )
+            } else if !authorized {
+                (
+                    "401 Unauthorized",
+                    serde_json::json!({"error": "Missing or invalid token"}),
+                )
+            } else if path == "/api/agents" {
+                let list: Vec<_> = agents
+                    .iter()
+                    .map(|a| serde_json::json!({"name": a, "model": "anthropic/claude-sonnet-4-6"}))
+                    .collect();
+                ("200 OK", serde_json::json!({ "agents": list }))
+            } else if let Some(s) = sandboxes
+                .iter()
+                .find(|s| path == format!("/api/agents/{}/sandbox", s["agent"].as_str().unwrap()))
+            {
+                if s["oldGateway"] == true {
+                    // A gateway from before the route.
+                    ("404 Not Found", serde_json::json!({"error": "Not found"}))
+                } else {
+                    ("200 OK", s.clone())
+                }
+            } else {
+                ("404 Not Found", serde_json::json!({"error": "Not found"}))
+            };
+            let body = body.to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// A home whose config points at `port` (no Docker, so doctor stays quick).
+fn env_with_gateway_port(port: u16) -> TestEnv {
+    let env = TestEnv::new().with_var("DOCKER_HOST", "unix:///nonexistent/docker.sock");
+    assert_eq!(env.run(&["setup"]).code, Some(0));
+    std::fs::write(
+        env.home().join("config.json5"),
+        format!(
+            "{{ gateway: {{ port: {port} }}, llm: {{ providers: {{ anthropic: {{}} }} }}, agents: {{ bot: {{ model: {{ provider: 'anthropic', model: 'claude-sonnet-4-6' }}, tools: [] }} }} }}"
+        ),
+    )
+    .unwrap();
+    env
+}
+
+/// The line starting with `mark` that contains `needle`.
+fn line<'a>(stdout: &'a str, mark: char, needle: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(mark) && l.contains(needle))
+        .unwrap_or_else(|| panic!("no {mark} line about {needle:?} in:\n{stdout}"))
+}
+
+#[test]
+fn doctor_reports_each_agents_shim_link_from_the_running_gateway() {
+    let sandboxes = vec![
+        serde_json::json!({
+            "agent": "up", "container": "beige-x-up", "linkMode": "unix",
+            "link": {"agent": "up", "connected": true, "carrier": "unix", "bootId": "b1",
+                     "connectedSecs": 60, "lastPingUs": 180, "connects": 1, "rejectedPeers": 0,
+                     "opsLink": 42, "opsFallback": 1, "duplicatesDropped": 0},
+            "pingUs": 210,
+        }),
+        serde_json::json!({
+            "agent": "down", "container": "beige-x-down", "linkMode": "attach",
+            "link": {"agent": "down", "connected": false, "connects": 2, "rejectedPeers": 1,
+                     "opsLink": 5, "opsFallback": 3, "duplicatesDropped": 0},
+            "pingUs": null,
+        }),
+        serde_json::json!({
+            "agent": "root", "container": "beige-x-root", "linkMode": "off",
+            "link": null, "pingUs": null,
+        }),
+    ];
+    // The token the fake expects is written into the home after setup.
+    let token = "doctor-test-token-0123456789";
+    let port = fake_gateway(token.to_string(), sandboxes);
+    let env = env_with_gateway_port(port);
+    std::fs::write(env.home().join("gateway.token"), token).unwrap();
+
+    let (code, stdout, _) = doctor(&env, &[]);
+    // Docker is unreachable on purpose; a link down or off is not a failure.
+    assert_eq!(code, Some(1), "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with('✗')).count(),
+        1,
+        "only Docker fails:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("used by a running beige gateway (version 9.9.9)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        line(&stdout, '✓', "agent 'up'"),
+        "✓ agent 'up': link (unix): up over unix, ping 0.21 ms, 42 ops over the link, 1 via docker exec"
+    );
+    let down = line(&stdout, '⚠', "agent 'down': link down");
+    assert!(down.contains("(attach)"), "{down}");
+    assert!(
+        down.contains("core tools fall back to docker exec (slower)"),
+        "{down}"
+    );
+    assert!(down.contains("beige gateway logs"), "{down}");
+    assert!(
+        down.contains("5 ops over the link, 3 via docker exec"),
+        "{down}"
+    );
+    let refused = line(&stdout, '⚠', "agent 'down': 1 peer(s) were refused");
+    assert!(refused.contains("beige audit tail"), "{refused}");
+    assert_eq!(
+        line(&stdout, '•', "agent 'root'"),
+        "• agent 'root': link off (sandbox.link = \"off\" or a root sandbox): core tools use docker exec"
+    );
+
+    // A token the gateway refuses is a failure with a fix.
+    std::fs::write(env.home().join("gateway.token"), "not-the-token").unwrap();
+    let (code, stdout, _) = doctor(&env, &[]);
+    assert_eq!(code, Some(1), "{stdout}");
+    let (line, fix) = failure(&stdout, "refused the token");
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(fix.contains("beige gateway restart"), "{fix}");
+}
+
+#[test]
+fn doctor_says_the_link_check_needs_a_running_gateway() {
+    let port = super::free_port();
+    let env = env_with_gateway_port(port);
+    let (_, stdout, _) = doctor(&env, &[]);
+    let note = line(&stdout, '•', "shim links not checked");
+    assert!(note.contains("needs a running gateway"), "{note}");
+    assert!(note.contains("beige gateway start"), "{note}");
+    assert!(!stdout.contains("link ("), "{stdout}");
+}
+
+#[test]
+fn doctor_notes_a_gateway_that_does_not_report_links() {
+    let sandboxes = vec![serde_json::json!({"agent": "a", "oldGateway": true})];
+    let token = "doctor-test-token-abcdef";
+    let port = fake_gateway(token.to_string(), sandboxes);
+    let env = env_with_gateway_port(port);
+    std::fs::write(env.home().join("gateway.token"), token).unwrap();
+    let (_, stdout, _) = doctor(&env, &[]);
+    let note = line(&stdout, '•', "shim links not checked");
+    assert!(note.contains("version 9.9.9"), "{note}");
+    assert!(note.contains("beige gateway restart"), "{note}");
+    assert!(!stdout.contains("⚠"), "{stdout}");
+}

@@ -61,6 +61,16 @@ impl TestEnv {
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
+        let out = self.command(args).output().unwrap();
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    }
+
+    /// The `beige` command `run` would run, to spawn it instead.
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_beige"));
         cmd.args(args)
             .env_clear()
@@ -78,12 +88,7 @@ impl TestEnv {
                 }
             }
         }
-        let out = cmd.output().unwrap();
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8(out.stdout).unwrap(),
-            stderr: String::from_utf8(out.stderr).unwrap(),
-        }
+        cmd
     }
 
     /// insta filters: `BEIGE_HOME` → `[HOME]`, the rest of the temp folder → `[TMP]`.

@@ -28,6 +28,8 @@ pub enum Phase {
 pub enum AuditType {
     CoreTool,
     Tool,
+    /// A security event that is not a tool call, e.g. `security.link_reject`.
+    Security,
 }
 
 impl From<ToolKind> for AuditType {
@@ -226,6 +228,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
     let kind = match r.kind {
         AuditType::CoreTool => "CORE",
         AuditType::Tool => "TOOL",
+        AuditType::Security => "SECURITY",
     };
     let mut ctx = String::new();
     for (k, v) in [

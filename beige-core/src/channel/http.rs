@@ -326,6 +326,7 @@ const TABLE: &[(&str, &str, Handler)] = &[
     ("GET", "/api/agents", || get(agents)),
     ("GET", "/api/config", || get(config)),
     ("GET", "/api/agents/{name}/models", || get(agent_models)),
+    ("GET", "/api/agents/{name}/sandbox", || get(agent_sandbox)),
     ("POST", "/api/agents/{name}/exec", || post(exec)),
     ("POST", "/api/agents/{name}/prompt", || post(prompt)),
     ("GET", "/api/agents/{name}/sessions", || get(list_sessions)),
@@ -665,6 +666,10 @@ async fn config(State(s): State<Shared>) -> ApiResult {
 async fn agent_models(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
     let models = s.gateway.models(&name).await?;
     Ok(Json(json!({ "models": models })).into_response())
+}
+
+async fn agent_sandbox(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
+    Ok(Json(s.gateway.sandbox_status(&name).await?).into_response())
 }
 
 async fn exec(

@@ -169,6 +169,30 @@ pub enum NetworkMode {
     Bridge,
 }
 
+/// How the gateway runs core tools in the sandbox (new in beige).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkMode {
+    /// A persistent link that PID 1 dials to `run/<agent>/ctl.sock` (local engines).
+    #[default]
+    Unix,
+    /// The link over the container's stdin/stdout through the engine API (remote
+    /// engines; can be forced locally).
+    Attach,
+    /// No link: every core tool is a `docker exec`.
+    Off,
+}
+
+impl LinkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkMode::Unix => "unix",
+            LinkMode::Attach => "attach",
+            LinkMode::Off => "off",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSandboxConfig {
@@ -208,6 +232,10 @@ pub struct AgentSandboxConfig {
     /// New in beige: cap on `exec` output kept for the model, in bytes.
     #[serde(default = "default_exec_output_limit")]
     pub exec_output_limit: u64,
+    /// New in beige: how core tools reach the sandbox — `unix` (default), `attach` or
+    /// `off` (`docker exec` every time). Sandboxes running as `root` always use `off`.
+    #[serde(default)]
+    pub link: LinkMode,
 }
 
 impl Default for AgentSandboxConfig {
@@ -225,6 +253,7 @@ impl Default for AgentSandboxConfig {
             cap_add: Vec::new(),
             max_exec_timeout: default_max_exec_timeout(),
             exec_output_limit: default_exec_output_limit(),
+            link: LinkMode::Unix,
         }
     }
 }

@@ -141,6 +141,25 @@ pub struct AllowedModel {
     pub health: Option<ModelHealth>,
 }
 
+/// How an agent's sandbox is reached: its container and the health of the shim link to
+/// its PID 1 (`GET /api/agents/{name}/sandbox`, `beige doctor`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    pub agent: String,
+    /// The container's name.
+    pub container: String,
+    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes).
+    pub link_mode: crate::config::LinkMode,
+    /// Health of the link; `None` when the mode is `off`.
+    #[serde(default)]
+    pub link: Option<crate::sandbox::LinkStatus>,
+    /// One keepalive round trip measured for this answer, in microseconds; `None` when
+    /// the link is down (or off).
+    #[serde(default)]
+    pub ping_us: Option<u64>,
+}
+
 /// What channels and embedders talk to. Implemented in process by [`LocalGateway`].
 #[async_trait]
 pub trait Gateway: Send + Sync {
@@ -217,6 +236,10 @@ pub trait Gateway: Send + Sync {
         hook: crate::hooks::HookName,
         event: serde_json::Value,
     ) -> Result<serde_json::Value, GatewayError>;
+
+    /// The agent's container and the health of its shim link, with one live keepalive
+    /// round trip when the link is up.
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError>;
 }
 
 static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -500,6 +523,7 @@ impl GatewayBuilder {
             Some(s) => s,
             None => connect_default(&home, &config).await?,
         };
+        sandbox.set_audit(audit.clone());
         let report = sandbox.reconcile(specs.clone()).await?;
 
         let inner = Arc::new(Inner {
@@ -729,7 +753,10 @@ impl LocalGateway {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        if !keep_sandboxes {
+        if keep_sandboxes {
+            // The containers stay; their links end so PID 1 dials the next gateway.
+            self.inner.sandbox.detach().await;
+        } else {
             self.inner.sandbox.remove_all().await?;
         }
         Ok(())
@@ -939,9 +966,10 @@ impl Inner {
                     output: out.joined_text(),
                     exit_code: i32::from(out.is_error),
                 },
-                |_, r| ToolOutput {
+                |before, r| ToolOutput {
                     content: vec![crate::tools::ContentBlock::Text { text: r.output }],
                     is_error: r.exit_code != 0,
+                    transport: before.transport,
                 },
             )
             .await?;
@@ -1439,6 +1467,53 @@ impl Gateway for LocalGateway {
                     other.as_str()
                 )))
             }
+        })
+    }
+
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+        self.inner.agent(agent)?;
+        // Every configured agent has a spec; a missing one is a bug worth naming.
+        let spec = self
+            .inner
+            .specs
+            .iter()
+            .find(|s| s.agent == agent)
+            .ok_or_else(|| SandboxError::UnknownAgent {
+                agent: agent.to_string(),
+            })?;
+        let link_mode = spec.link;
+        if link_mode == crate::config::LinkMode::Off {
+            return Ok(SandboxStatus {
+                agent: agent.to_string(),
+                container: spec.name.clone(),
+                link_mode,
+                link: None,
+                ping_us: None,
+            });
+        }
+        // Ping first, so the status read afterwards carries this round trip.
+        let ping_us = self
+            .inner
+            .sandbox
+            .link_ping(agent)
+            .await
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let link = self
+            .inner
+            .sandbox
+            .link_status()
+            .into_iter()
+            .find(|l| l.agent == agent)
+            .unwrap_or_else(|| crate::sandbox::LinkStatus {
+                agent: agent.to_string(),
+                ..Default::default()
+            });
+        Ok(SandboxStatus {
+            agent: agent.to_string(),
+            container: spec.name.clone(),
+            link_mode,
+            ping_us: ping_us.filter(|_| link.connected),
+            link: Some(link),
         })
     }
 }

@@ -21,7 +21,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest};
+use super::{
+    AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest, SandboxStatus,
+};
 use crate::agent::events::AgentEvent;
 use crate::agent::router::ModelHealth;
 use crate::home::BeigeHome;
@@ -824,6 +826,18 @@ impl Gateway for RemoteGateway {
             HookName::SessionCreated | HookName::SessionDisposed => json!({}),
             _ => v,
         })
+    }
+
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+        // Quick: the gateway waits at most a few seconds for the keepalive round trip.
+        self.call_as(
+            Method::GET,
+            &["api", "agents", agent, "sandbox"],
+            None,
+            Some(QUICK_TIMEOUT),
+            ErrCtx::agent(agent),
+        )
+        .await
     }
 }
 

@@ -2,12 +2,15 @@
 //!
 //! Owns translating a [`ContainerSpec`] into Engine API calls: listing this home's
 //! containers by label, reattaching or recreating them, building the default image when
-//! it is missing, running `beige-shim op <name>` through `docker exec`, and recreating a
-//! container that died under a running gateway. No `docker` CLI is ever invoked.
+//! it is missing, running core-tool operations — over the shim link when it is up
+//! ([`super::link`]; this module starts its Unix listener or its attach streams and
+//! tells it PID 1's host pid), else through `docker exec` of `beige-shim op <name>` —
+//! and recreating a container that died under a running gateway. No `docker` CLI is
+//! ever invoked.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest, EXEC_KILL_GRACE_SECS};
@@ -22,9 +25,12 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, RwLock};
 
+use super::link::{LinkError, LinkHub, LinkStatus, PeerVerifier, UnixListenerHandle};
 use super::spec::{LABEL_AGENT, LABEL_HOME, LABEL_SPEC, SHIM_PATH, WORKSPACE};
-use super::{ContainerSpec, OpOutcome, ReconcileReport, RestartNotice, Sandbox, SandboxError};
-use crate::config::DEFAULT_IMAGE;
+use super::{
+    ContainerSpec, OpOutcome, ReconcileReport, RestartNotice, Sandbox, SandboxError, Transport,
+};
+use crate::config::{LinkMode, DEFAULT_IMAGE};
 
 /// The Dockerfile of the default image `beige-sandbox:latest`.
 pub const DEFAULT_DOCKERFILE: &str = include_str!("../../assets/sandbox.Dockerfile");
@@ -43,6 +49,54 @@ pub struct DockerSandbox {
     specs: Arc<RwLock<HashMap<String, ContainerSpec>>>,
     /// Serialises recreation per agent so two calls never both recreate.
     recreate: Arc<Mutex<()>>,
+    links: Arc<Links>,
+}
+
+/// The shim links of this gateway's sandboxes and the tasks that carry them.
+#[derive(Debug, Default)]
+struct Links {
+    hub: LinkHub,
+    /// Unix carrier: one listener per agent.
+    listeners: std::sync::Mutex<HashMap<String, UnixListenerHandle>>,
+    /// Attach carrier: one task per agent re-attaching while the container lives.
+    attachers: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// Until when a link is expected to come up (after a start or a reattach), so the
+    /// first op waits for it instead of falling back to `docker exec`.
+    expected: std::sync::Mutex<HashMap<String, Instant>>,
+}
+
+/// How long after a container start (or a gateway start) ops wait for PID 1 to dial in:
+/// its reconnect backoff tops out at 2 s.
+const LINK_EXPECTED_WITHIN: Duration = Duration::from_secs(3);
+
+/// Answers "which host pid is this agent's PID 1" for the Unix listener.
+#[derive(Debug)]
+struct InitPids {
+    docker: Docker,
+    specs: Arc<RwLock<HashMap<String, ContainerSpec>>>,
+}
+
+#[async_trait]
+impl PeerVerifier for InitPids {
+    async fn init_pid(&self, agent: &str) -> Option<u32> {
+        let name = self.specs.read().await.get(agent)?.name.clone();
+        let info = self
+            .docker
+            .inspect_container(
+                &name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .ok()?;
+        let state = info.state?;
+        if state.running != Some(true) {
+            return None;
+        }
+        state
+            .pid
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|&p| p > 0)
+    }
 }
 
 fn docker_err(action: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> SandboxError {
@@ -75,6 +129,7 @@ impl DockerSandbox {
             build_base: None,
             specs: Arc::default(),
             recreate: Arc::default(),
+            links: Arc::default(),
         })
     }
 
@@ -88,6 +143,170 @@ impl DockerSandbox {
     /// The bollard client, for callers that need more (tests, `beige doctor`).
     pub fn client(&self) -> &Docker {
         &self.docker
+    }
+
+    /// The shim links (tests and benchmarks look at recovered results and health).
+    pub fn link_hub(&self) -> &LinkHub {
+        &self.links.hub
+    }
+
+    /// Starts what carries each agent's link: the Unix listener at
+    /// `run/<agent>/ctl.sock` or the attach task; stops those of agents not in `specs`.
+    fn start_links(&self, specs: &[ContainerSpec]) -> Result<(), SandboxError> {
+        let verifier: Arc<dyn PeerVerifier> = Arc::new(InitPids {
+            docker: self.docker.clone(),
+            specs: self.specs.clone(),
+        });
+        let mut listeners = self
+            .links
+            .listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        listeners.retain(|agent, _| {
+            specs
+                .iter()
+                .any(|s| &s.agent == agent && s.link == LinkMode::Unix)
+        });
+        self.links
+            .attachers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|agent, task| {
+                let keep = specs
+                    .iter()
+                    .any(|s| &s.agent == agent && s.link == LinkMode::Attach);
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+        for spec in specs {
+            match spec.link {
+                LinkMode::Off => continue,
+                LinkMode::Unix => {
+                    let Some(run_dir) = spec
+                        .mounts
+                        .iter()
+                        .find(|m| m.container == "/beige/run")
+                        .map(|m| m.host.clone())
+                    else {
+                        continue;
+                    };
+                    let current = listeners
+                        .get(&spec.agent)
+                        .map(|l| l.path().starts_with(&run_dir))
+                        .unwrap_or(false);
+                    if !current {
+                        let handle = self
+                            .links
+                            .hub
+                            .listen_unix(&spec.agent, &run_dir, verifier.clone())
+                            .map_err(|e| SandboxError::Host {
+                                path: run_dir.join("ctl.sock").display().to_string(),
+                                message: e.to_string(),
+                            })?;
+                        listeners.insert(spec.agent.clone(), handle);
+                    }
+                }
+                LinkMode::Attach => self.start_attach(spec),
+            }
+            self.expect_link(&spec.agent);
+        }
+        Ok(())
+    }
+
+    fn expect_link(&self, agent: &str) {
+        self.links
+            .expected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(agent.to_string(), Instant::now() + LINK_EXPECTED_WITHIN);
+    }
+
+    fn link_wait(&self, agent: &str) -> Duration {
+        self.links
+            .expected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .unwrap_or_default()
+    }
+
+    /// (Re)starts the task that attaches to the agent's container and serves the link
+    /// over its stdin/stdout, re-attaching after a drop while the container runs.
+    fn start_attach(&self, spec: &ContainerSpec) {
+        let docker = self.docker.clone();
+        let hub = self.links.hub.clone();
+        let agent = spec.agent.clone();
+        let name = spec.name.clone();
+        let task = tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let attached = docker
+                    .attach_container(
+                        &name,
+                        Some(bollard::query_parameters::AttachContainerOptions {
+                            stdin: true,
+                            stdout: true,
+                            stderr: false,
+                            stream: true,
+                            logs: false,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+                match attached {
+                    Ok(bollard::container::AttachContainerResults { output, input }) => {
+                        backoff = Duration::from_millis(50);
+                        let stdout = output.filter_map(|chunk| async move {
+                            match chunk {
+                                Ok(bollard::container::LogOutput::StdOut { message }) => {
+                                    Some(Ok(message))
+                                }
+                                Ok(_) => None,
+                                Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+                            }
+                        });
+                        let reader = tokio_util::io::StreamReader::new(Box::pin(stdout));
+                        hub.serve(&agent, beige_protocol::link::Carrier::Attach, reader, input)
+                            .await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(agent, error = %e, "attaching to the sandbox failed");
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        });
+        if let Some(old) = self
+            .links
+            .attachers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(spec.agent.clone(), task)
+        {
+            old.abort();
+        }
+    }
+
+    fn stop_links(&self) {
+        self.links
+            .listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        for (_, task) in self
+            .links
+            .attachers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+        {
+            task.abort();
+        }
+        self.links.hub.close_all();
     }
 
     /// Make sure every image the specs use exists, building `beige-sandbox:*` images
@@ -221,6 +440,14 @@ impl DockerSandbox {
             .await
             .map_err(docker_err(format!("start container {}", spec.name)))?;
         tracing::info!(agent = %spec.agent, container = %spec.name, "sandbox created");
+        match spec.link {
+            LinkMode::Off => {}
+            LinkMode::Unix => self.expect_link(&spec.agent),
+            LinkMode::Attach => {
+                self.start_attach(spec);
+                self.expect_link(&spec.agent);
+            }
+        }
         Ok(())
     }
 
@@ -283,11 +510,7 @@ impl DockerSandbox {
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     working_dir: Some(WORKSPACE.to_string()),
-                    cmd: Some(vec![
-                        SHIM_PATH.to_string(),
-                        "op".to_string(),
-                        request.name().to_string(),
-                    ]),
+                    cmd: Some(op_command(spec, request)),
                     ..Default::default()
                 },
             )
@@ -420,7 +643,11 @@ impl Sandbox for DockerSandbox {
                 report.created.push(spec.agent.clone());
             }
         }
-        *self.specs.write().await = specs.into_iter().map(|s| (s.agent.clone(), s)).collect();
+        *self.specs.write().await = specs.iter().map(|s| (s.agent.clone(), s.clone())).collect();
+        self.start_links(&specs)?;
+        for agent in &report.removed_orphans {
+            self.links.hub.drop_agent(agent);
+        }
         Ok(report)
     }
 
@@ -430,49 +657,17 @@ impl Sandbox for DockerSandbox {
             OpRequest::Exec(e) => e.timeout_secs.saturating_add(EXEC_KILL_GRACE_SECS + 30),
             _ => 120,
         };
-        let timeout = |_| SandboxError::Timeout {
-            agent: agent.to_string(),
-            op: request.name().to_string(),
-            secs: limit,
-        };
-        let first = tokio::time::timeout(Duration::from_secs(limit), self.exec_op(&spec, request))
-            .await
-            .map_err(timeout)?;
-        match first {
-            Ok(reply) => Ok(OpOutcome {
-                reply: reply?,
-                restarted: None,
-            }),
-            Err(e) if matches!(status_of(&e), Some(404) | Some(409)) => {
-                // The container is gone or stopped: bring it back, then retry once.
-                let restarted = self.revive(&spec).await?;
-                if restarted.is_none() {
-                    return Err(docker_err(format!(
-                        "run `{}` in {}",
-                        request.name(),
-                        spec.name
-                    ))(e));
-                }
-                let reply =
-                    tokio::time::timeout(Duration::from_secs(limit), self.exec_op(&spec, request))
-                        .await
-                        .map_err(timeout)?
-                        .map_err(docker_err(format!(
-                            "run `{}` in {}",
-                            request.name(),
-                            spec.name
-                        )))??;
-                Ok(OpOutcome { reply, restarted })
+        if spec.link != LinkMode::Off {
+            if let Some(outcome) = self.run_over_link(&spec, request, limit).await? {
+                return Ok(outcome);
             }
-            Err(e) => Err(docker_err(format!(
-                "run `{}` in {}",
-                request.name(),
-                spec.name
-            ))(e)),
         }
+        self.links.hub.count_fallback(agent);
+        self.run_over_exec(&spec, request, limit).await
     }
 
     async fn remove_all(&self) -> Result<(), SandboxError> {
+        self.stop_links();
         for c in self.list_own().await? {
             if let Some(id) = c.id {
                 self.remove(&id).await?;
@@ -481,8 +676,189 @@ impl Sandbox for DockerSandbox {
         self.specs.write().await.clear();
         Ok(())
     }
+
+    async fn detach(&self) {
+        self.stop_links();
+    }
+
+    fn set_audit(&self, audit: Arc<dyn crate::audit::AuditSink>) {
+        self.links.hub.set_audit(audit);
+    }
+
+    fn link_status(&self) -> Vec<LinkStatus> {
+        self.links.hub.status()
+    }
+
+    async fn link_ping(&self, agent: &str) -> Option<Duration> {
+        self.links.hub.ping(agent, Duration::from_secs(2)).await
+    }
 }
 
+impl DockerSandbox {
+    /// Runs the op over the shim link. `Ok(None)`: no link (now or within the window
+    /// after a start), take the `docker exec` path.
+    async fn run_over_link(
+        &self,
+        spec: &ContainerSpec,
+        request: &OpRequest,
+        limit: u64,
+    ) -> Result<Option<OpOutcome>, SandboxError> {
+        let agent = spec.agent.as_str();
+        let hub = &self.links.hub;
+        if !hub.is_connected(agent) {
+            let wait = self.link_wait(agent);
+            if wait.is_zero() || !hub.wait_connected(agent, wait).await {
+                return Ok(None);
+            }
+        }
+        let Some(carrier) = hub.carrier(agent) else {
+            return Ok(None);
+        };
+        let payload = serde_json::to_vec(request)
+            .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+        let id = hub.new_id();
+        let timeout = || SandboxError::Timeout {
+            agent: agent.to_string(),
+            op: request.name().to_string(),
+            secs: limit,
+        };
+        match hub
+            .call(
+                agent,
+                &id,
+                request.name(),
+                &payload,
+                Duration::from_secs(limit),
+            )
+            .await
+        {
+            Ok(bytes) => {
+                let reply = serde_json::from_slice::<OpReply>(&bytes).map_err(|e| {
+                    self.protocol(
+                        spec,
+                        request,
+                        &format!("unreadable reply over the link ({e})"),
+                    )
+                })?;
+                Ok(Some(OpOutcome {
+                    reply,
+                    restarted: None,
+                    transport: carrier.into(),
+                }))
+            }
+            Err(LinkError::NotConnected) => Ok(None),
+            Err(LinkError::Timeout) => Err(timeout()),
+            Err(LinkError::Lost { rebooted }) => {
+                // PID 1 went away under the op: did the container die with it?
+                let restarted = self.revive(spec).await?;
+                let notice = match restarted {
+                    Some(notice) => notice,
+                    None if rebooted => RestartNotice {
+                        exit_code: None,
+                        oom_killed: false,
+                        missing: false,
+                    },
+                    None => {
+                        return Err(self.protocol(
+                            spec,
+                            request,
+                            "the link to the sandbox dropped while the operation ran and did not come back with its result; it may or may not have completed",
+                        ))
+                    }
+                };
+                // Once more on the new container: over its link when it comes up.
+                let outcome = if hub.wait_connected(agent, LINK_EXPECTED_WITHIN).await {
+                    let id = hub.new_id();
+                    let bytes = hub
+                        .call(
+                            agent,
+                            &id,
+                            request.name(),
+                            &payload,
+                            Duration::from_secs(limit),
+                        )
+                        .await
+                        .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+                    let reply = serde_json::from_slice::<OpReply>(&bytes)
+                        .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+                    OpOutcome {
+                        reply,
+                        restarted: None,
+                        transport: hub
+                            .carrier(agent)
+                            .map(Into::into)
+                            .unwrap_or(Transport::DockerExec),
+                    }
+                } else {
+                    self.run_over_exec(spec, request, limit).await?
+                };
+                Ok(Some(OpOutcome {
+                    restarted: Some(notice),
+                    ..outcome
+                }))
+            }
+        }
+    }
+
+    /// Runs the op with `docker exec`, recreating a dead container once.
+    async fn run_over_exec(
+        &self,
+        spec: &ContainerSpec,
+        request: &OpRequest,
+        limit: u64,
+    ) -> Result<OpOutcome, SandboxError> {
+        let agent = spec.agent.as_str();
+        let timeout = |_| SandboxError::Timeout {
+            agent: agent.to_string(),
+            op: request.name().to_string(),
+            secs: limit,
+        };
+        let first = tokio::time::timeout(Duration::from_secs(limit), self.exec_op(spec, request))
+            .await
+            .map_err(timeout)?;
+        let failed = |e| docker_err(format!("run `{}` in {}", request.name(), spec.name))(e);
+        match first {
+            Ok(reply) => Ok(OpOutcome {
+                reply: reply?,
+                restarted: None,
+                transport: Transport::DockerExec,
+            }),
+            Err(e) if matches!(status_of(&e), Some(404) | Some(409)) => {
+                // The container is gone or stopped: bring it back, then retry once.
+                let restarted = self.revive(spec).await?;
+                if restarted.is_none() {
+                    return Err(failed(e));
+                }
+                let reply =
+                    tokio::time::timeout(Duration::from_secs(limit), self.exec_op(spec, request))
+                        .await
+                        .map_err(timeout)?
+                        .map_err(failed)??;
+                Ok(OpOutcome {
+                    reply,
+                    restarted,
+                    transport: Transport::DockerExec,
+                })
+            }
+            Err(e) => Err(failed(e)),
+        }
+    }
+}
+
+/// The `docker exec` command of an op: `beige-shim op <name>`, which first drops to the
+/// agent's uid (with the same empty capability sets and seccomp filter as PID 1's
+/// children) when the container runs as root for a non-root agent.
+fn op_command(spec: &ContainerSpec, request: &OpRequest) -> Vec<String> {
+    let mut cmd = vec![
+        SHIM_PATH.to_string(),
+        "op".to_string(),
+        request.name().to_string(),
+    ];
+    if let Some(user) = &spec.agent_user {
+        cmd.extend(["--drop".to_string(), user.clone()]);
+    }
+    cmd
+}
 /// `beige-sandbox` and `beige-sandbox:<tag>` are built by the gateway when missing.
 pub fn is_default_image(image: &str) -> bool {
     image == "beige-sandbox" || image.starts_with("beige-sandbox:")
@@ -504,6 +880,10 @@ pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
         attach_stdout: Some(false),
         attach_stderr: Some(false),
         tty: Some(false),
+        // The attach carrier: PID 1's stdin stays open across attaches, and its stdout
+        // (the link) is not logged.
+        open_stdin: Some(spec.open_stdin),
+        stdin_once: Some(false),
         host_config: Some(HostConfig {
             binds: Some(spec.mounts.iter().map(|m| m.bind()).collect()),
             network_mode: Some(spec.network.clone()),
@@ -525,6 +905,12 @@ pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
                 Some(spec.tmpfs.clone().into_iter().collect())
             },
             init: Some(false),
+            log_config: spec.log_driver.as_ref().map(|driver| {
+                bollard::models::HostConfigLogConfig {
+                    typ: Some(driver.clone()),
+                    config: None,
+                }
+            }),
             ..Default::default()
         }),
         ..Default::default()

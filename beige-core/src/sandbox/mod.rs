@@ -3,11 +3,13 @@
 //! This module owns the [`Sandbox`] trait (create/reattach/remove an agent's container
 //! and run core-tool operations in it), the pure [`spec::ContainerSpec`] computed from
 //! config, the host-side preparation of an agent's folders ([`host`]), the check that
-//! the shim is static ([`shim`]) and the Docker backend ([`docker::DockerSandbox`]).
+//! the shim is static ([`shim`]), the gateway side of the shim link ([`link`]) and the
+//! Docker backend ([`docker::DockerSandbox`]).
 //! It never decides *whether* a call may run — that is policy's job — and never formats
 //! results for the model — that is [`crate::tools`]'.
 
 pub mod host;
+pub mod link;
 pub mod shim;
 pub mod spec;
 
@@ -17,6 +19,7 @@ pub mod docker;
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest};
 
+pub use link::{LinkError, LinkHub, LinkStatus};
 pub use spec::{ContainerSpec, Mount, SandboxUser, SpecError, SpecInput};
 
 /// Why a sandbox operation failed (as opposed to the operation reporting an error, which
@@ -60,6 +63,42 @@ pub struct OpOutcome {
     pub reply: OpReply,
     /// Set when the container had died and was recreated before this operation.
     pub restarted: Option<RestartNotice>,
+    /// How the operation reached the sandbox.
+    pub transport: Transport,
+}
+
+/// How an operation reached the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// The shim link over `run/<agent>/ctl.sock`.
+    LinkUnix,
+    /// The shim link over the container's attached stdin/stdout.
+    LinkAttach,
+    /// A `docker exec` per operation (no link, or the link was down).
+    DockerExec,
+    /// A sandbox that runs operations itself (tests, embedders).
+    Direct,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::LinkUnix => "link-unix",
+            Transport::LinkAttach => "link-attach",
+            Transport::DockerExec => "docker-exec",
+            Transport::Direct => "direct",
+        }
+    }
+}
+
+impl From<beige_protocol::link::Carrier> for Transport {
+    fn from(c: beige_protocol::link::Carrier) -> Self {
+        match c {
+            beige_protocol::link::Carrier::Unix => Transport::LinkUnix,
+            beige_protocol::link::Carrier::Attach => Transport::LinkAttach,
+        }
+    }
 }
 
 /// Why a container was recreated under a running gateway.
@@ -118,4 +157,22 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
 
     /// Remove every sandbox of this gateway (clean stop without `keepSandboxes`).
     async fn remove_all(&self) -> Result<(), SandboxError>;
+
+    /// Let go of the sandboxes without removing them (a gateway stopping with
+    /// `keepSandboxes`, or replaced by an in-place restart): end their links so their
+    /// PID 1 dials whichever gateway comes next.
+    async fn detach(&self) {}
+
+    /// Where security events of the sandbox layer (refused link peers) are recorded.
+    fn set_audit(&self, _audit: std::sync::Arc<dyn crate::audit::AuditSink>) {}
+
+    /// Health of the shim link of every agent (empty for sandboxes without one).
+    fn link_status(&self) -> Vec<link::LinkStatus> {
+        Vec::new()
+    }
+
+    /// One keepalive round trip over the agent's link, if it is up.
+    async fn link_ping(&self, _agent: &str) -> Option<std::time::Duration> {
+        None
+    }
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::{AgentConfig, NetworkMode};
+use crate::config::{AgentConfig, LinkMode, NetworkMode};
 use crate::home::BeigeHome;
 
 /// Label carrying the agent name.
@@ -138,7 +138,22 @@ pub struct ContainerSpec {
     pub nano_cpus: Option<i64>,
     pub read_only_root: bool,
     pub tmpfs: BTreeMap<String, String>,
+    /// `uid:gid` the agent's processes run as when the container itself runs as root
+    /// with only the capabilities PID 1 needs ([`LINK_CAPS`]); PID 1 and every `op`
+    /// drop to it. `None` for `root` sandboxes.
+    pub agent_user: Option<String>,
+    /// How core tools reach the sandbox (`off` for `root` sandboxes).
+    pub link: LinkMode,
+    /// Keep stdin open and log nothing (the attach carrier).
+    pub open_stdin: bool,
+    /// Docker log driver; `none` for the attach carrier (its stdout is the link).
+    pub log_driver: Option<String>,
 }
+
+/// The only capabilities a non-root sandbox's container keeps, all for PID 1: SETUID
+/// and SETGID to become the agent, SETPCAP to empty its children's bounding sets,
+/// KILL to signal the agent's processes. No agent process holds any of them.
+pub const LINK_CAPS: [&str; 4] = ["SETUID", "SETGID", "KILL", "SETPCAP"];
 
 /// Capabilities removed from Docker's default set when the sandbox runs as root.
 pub const ROOT_CAP_DROP: [&str; 5] = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"];
@@ -200,14 +215,39 @@ impl ContainerSpec {
             mounts.push(Mount::new(host_path, checked.container, checked.read_only));
         }
 
-        let (cap_drop, mut cap_add) = match input.user {
+        // A non-root agent: the container runs as root with only LINK_CAPS, PID 1 (the
+        // shim) drops every process it starts to the agent's uid with empty capability
+        // sets, no_new_privs and a seccomp filter; so does `op --drop` on the
+        // `docker exec` path. A root agent keeps the plain root container.
+        let (cap_drop, mut cap_add, agent_user, link) = match input.user {
             SandboxUser::Root => (
                 ROOT_CAP_DROP.iter().map(|c| c.to_string()).collect(),
                 Vec::new(),
+                None,
+                LinkMode::Off,
             ),
-            SandboxUser::Id { .. } => (vec!["ALL".to_string()], Vec::new()),
+            SandboxUser::Id { .. } => (
+                vec!["ALL".to_string()],
+                LINK_CAPS.iter().map(|c| c.to_string()).collect(),
+                Some(input.user.docker()),
+                cfg.link,
+            ),
         };
-        cap_add.extend(cfg.cap_add.iter().cloned());
+        for cap in &cfg.cap_add {
+            if !cap_add.contains(cap) {
+                cap_add.push(cap.clone());
+            }
+        }
+        let mut entrypoint = vec![SHIM_PATH.to_string(), "init".to_string()];
+        if let Some(user) = &agent_user {
+            entrypoint.extend([
+                "--agent-user".to_string(),
+                user.clone(),
+                "--link".to_string(),
+                link.as_str().to_string(),
+            ]);
+        }
+        let attach = link == LinkMode::Attach;
 
         let home_env = match input.user {
             SandboxUser::Root => "/root",
@@ -230,8 +270,8 @@ impl ContainerSpec {
             name: container_name(agent, &home_hash),
             hostname: format!("beige-{agent}"),
             image: cfg.image.clone(),
-            entrypoint: vec![SHIM_PATH.to_string(), "init".to_string()],
-            user: input.user.docker(),
+            entrypoint,
+            user: SandboxUser::Root.docker(),
             working_dir: WORKSPACE.to_string(),
             env,
             labels,
@@ -249,6 +289,10 @@ impl ContainerSpec {
             nano_cpus: cfg.cpus.map(|c| (c * 1e9).round() as i64),
             read_only_root: cfg.read_only_root,
             tmpfs,
+            agent_user,
+            link,
+            open_stdin: attach,
+            log_driver: attach.then(|| "none".to_string()),
         };
         let hash = spec.hash();
         spec.labels.insert(LABEL_SPEC.to_string(), hash);
@@ -311,7 +355,22 @@ mod tests {
         let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(spec.network, "none");
         assert_eq!(spec.cap_drop, vec!["ALL"]);
-        assert_eq!(spec.user, "1000:1000");
+        assert_eq!(spec.cap_add, LINK_CAPS.to_vec());
+        assert_eq!(spec.user, "0:0");
+        assert_eq!(spec.agent_user.as_deref(), Some("1000:1000"));
+        assert_eq!(spec.link, LinkMode::Unix);
+        assert_eq!(
+            spec.entrypoint,
+            [
+                "/beige/shim",
+                "init",
+                "--agent-user",
+                "1000:1000",
+                "--link",
+                "unix"
+            ]
+        );
+        assert!(!spec.open_stdin);
         assert_eq!(spec.memory_bytes, 3 * 1024 * 1024 * 1024);
         assert_eq!(spec.memory_swap_bytes, spec.memory_bytes);
         assert_eq!(spec.pids_limit, 512);
@@ -340,6 +399,27 @@ mod tests {
         assert!(spec.tmpfs.contains_key("/tmp"));
         assert_eq!(spec.network, "bridge");
         assert_eq!(spec.pids_limit, 64);
+        assert_eq!(spec.agent_user, None);
+        assert_eq!(spec.link, LinkMode::Off);
+        assert_eq!(spec.entrypoint, ["/beige/shim", "init"]);
+    }
+
+    #[test]
+    fn attach_link_keeps_stdin_open_and_logs_nothing() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+            "sandbox": {"link": "attach", "capAdd": ["SETUID", "NET_BIND_SERVICE"]}
+        }));
+        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(spec.link, LinkMode::Attach);
+        assert!(spec.open_stdin);
+        assert_eq!(spec.log_driver.as_deref(), Some("none"));
+        assert_eq!(spec.entrypoint.last().map(String::as_str), Some("attach"));
+        assert_eq!(
+            spec.cap_add,
+            ["SETUID", "SETGID", "KILL", "SETPCAP", "NET_BIND_SERVICE"]
+        );
     }
 
     #[test]

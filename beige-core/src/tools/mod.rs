@@ -184,6 +184,10 @@ pub enum ContentBlock {
 pub struct ToolOutput {
     pub content: Vec<ContentBlock>,
     pub is_error: bool,
+    /// How a core tool reached the sandbox (`link-unix`, `link-attach`,
+    /// `docker-exec`); absent for plugin tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<crate::sandbox::Transport>,
 }
 
 impl ToolOutput {
@@ -191,6 +195,7 @@ impl ToolOutput {
         Self {
             content: vec![ContentBlock::Text { text: text.into() }],
             is_error: false,
+            transport: None,
         }
     }
 
@@ -198,6 +203,7 @@ impl ToolOutput {
         Self {
             content: vec![ContentBlock::Text { text: text.into() }],
             is_error: true,
+            transport: None,
         }
     }
 
@@ -265,8 +271,13 @@ pub async fn run_core_tool(
         }
         _ => (op.await, false),
     };
-    let OpOutcome { reply, restarted } = outcome?;
+    let OpOutcome {
+        reply,
+        restarted,
+        transport,
+    } = outcome?;
     let mut out = format_reply(call, &request, reply, ctx);
+    out.transport = Some(transport);
     if cancelled {
         out.is_error = true;
         out.content.insert(
@@ -407,6 +418,7 @@ fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
         } if ctx.model_accepts_images => ToolOutput {
             content: vec![ContentBlock::Image { data, mime_type }],
             is_error: false,
+            transport: None,
         },
         ReadReply::Image { bytes, .. } => {
             let model = ctx
@@ -449,11 +461,24 @@ fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
             parts.push(format!("[{omitted} bytes of {name} omitted]"));
         }
     }
+    if !e.survivors.is_empty() {
+        let list = e
+            .survivors
+            .iter()
+            .map(|s| format!("pid {} `{}`", s.pid, s.command))
+            .collect::<Vec<_>>()
+            .join(", ");
+        parts.push(format!(
+            "[beige] {} process(es) left the command's process group and are still running: {list}. They were not killed; end them with `kill <pid>` if they are not wanted.",
+            e.survivors.len()
+        ));
+    }
     ToolOutput {
         content: vec![ContentBlock::Text {
             text: parts.join("\n"),
         }],
         is_error: e.timed_out || code != 0,
+        transport: None,
     }
 }
 
@@ -495,6 +520,7 @@ mod tests {
             stderr_omitted: 0,
             timed_out: false,
             duration_ms: 1,
+            survivors: Vec::new(),
         };
         let out = format_exec(&r, 10);
         assert_eq!(out.joined_text(), "Exit code: 3\nout\nerr");
@@ -507,6 +533,18 @@ mod tests {
         let out = format_exec(&ok, 10);
         assert_eq!(out.joined_text(), "Exit code: 0\nout");
         assert!(!out.is_error);
+        let escaped = ExecReply {
+            survivors: vec![beige_protocol::op::Survivor {
+                pid: 42,
+                command: "sleep 100".into(),
+            }],
+            ..ok
+        };
+        let text = format_exec(&escaped, 10).joined_text();
+        assert!(
+            text.ends_with("still running: pid 42 `sleep 100`. They were not killed; end them with `kill <pid>` if they are not wanted."),
+            "{text}"
+        );
     }
 
     #[test]

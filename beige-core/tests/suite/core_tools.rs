@@ -1,13 +1,43 @@
-//! The four core tools in a real container, through `Gateway::call_tool`.
+//! The four core tools in a real container, through `Gateway::call_tool` — the same
+//! suite over each way an op reaches the sandbox: the shim link on its Unix carrier,
+//! the link on the attach carrier (forced locally), and `docker exec` (link off). Every
+//! result is checked to have taken the transport under test.
 
 use base64::Engine as _;
+use beige_core::config::LinkMode;
+use beige_core::sandbox::Transport;
 use beige_core::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 use beige_core::{Gateway, LocalGateway};
 use serde_json::json;
 
-use super::sandbox_docker::exec;
 use super::support::TestHome;
 use crate::docker_or_skip;
+
+tokio::task_local! {
+    /// The carrier under test.
+    static LINK: LinkMode;
+}
+
+fn expected_transport() -> Transport {
+    match LINK.get() {
+        LinkMode::Unix => Transport::LinkUnix,
+        LinkMode::Attach => Transport::LinkAttach,
+        LinkMode::Off => Transport::DockerExec,
+    }
+}
+
+fn checked(out: ToolOutput) -> ToolOutput {
+    assert_eq!(
+        out.transport,
+        Some(expected_transport()),
+        "the op took the wrong transport: {out:?}"
+    );
+    out
+}
+
+async fn exec(gw: &LocalGateway, agent: &str, command: &str) -> ToolOutput {
+    checked(super::sandbox_docker::exec(gw, agent, command).await)
+}
 
 async fn call(gw: &LocalGateway, tool: &str, params: serde_json::Value) -> ToolOutput {
     call_ctx(gw, tool, params, ToolContext::default()).await
@@ -20,14 +50,51 @@ async fn call_ctx(
     ctx: ToolContext,
 ) -> ToolOutput {
     let call = CoreToolCall::parse(tool, params).unwrap();
-    gw.call_tool("tools", call, ctx).await.unwrap()
+    checked(gw.call_tool("tools", call, ctx).await.unwrap())
 }
 
 async fn start(t: &TestHome, env: &super::support::DockerEnv) -> LocalGateway {
-    t.gateway(env, t.config(env, &[("tools", json!({}))])).await
+    let link = LINK.get().as_str();
+    t.gateway(
+        env,
+        t.config(env, &[("tools", json!({"sandbox": {"link": link}}))]),
+    )
+    .await
 }
 
-#[tokio::test]
+/// Runs each named test once per carrier.
+macro_rules! on_every_carrier {
+    ($($name:ident),* $(,)?) => {
+        mod over_unix_link {
+            $(#[tokio::test]
+            async fn $name() {
+                super::LINK.scope(super::LinkMode::Unix, super::$name()).await
+            })*
+        }
+        mod over_attach_link {
+            $(#[tokio::test]
+            async fn $name() {
+                super::LINK.scope(super::LinkMode::Attach, super::$name()).await
+            })*
+        }
+        mod over_docker_exec {
+            $(#[tokio::test]
+            async fn $name() {
+                super::LINK.scope(super::LinkMode::Off, super::$name()).await
+            })*
+        }
+    };
+}
+
+on_every_carrier!(
+    write_read_round_trip_all_byte_values,
+    hostile_paths_create_exactly_that_file_and_run_nothing,
+    patch_requires_exactly_one_match_and_keeps_mode,
+    read_offset_limit_and_errors,
+    images_with_and_without_vision,
+    exec_exit_codes_flood_cap_and_timeout,
+);
+
 async fn write_read_round_trip_all_byte_values() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -60,7 +127,6 @@ async fn write_read_round_trip_all_byte_values() {
     gw.shutdown().await.unwrap();
 }
 
-#[tokio::test]
 async fn hostile_paths_create_exactly_that_file_and_run_nothing() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -109,7 +175,6 @@ async fn hostile_paths_create_exactly_that_file_and_run_nothing() {
     gw.shutdown().await.unwrap();
 }
 
-#[tokio::test]
 async fn patch_requires_exactly_one_match_and_keeps_mode() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -162,7 +227,6 @@ async fn patch_requires_exactly_one_match_and_keeps_mode() {
     gw.shutdown().await.unwrap();
 }
 
-#[tokio::test]
 async fn read_offset_limit_and_errors() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -217,7 +281,6 @@ async fn read_offset_limit_and_errors() {
     gw.shutdown().await.unwrap();
 }
 
-#[tokio::test]
 async fn images_with_and_without_vision() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -272,7 +335,6 @@ async fn images_with_and_without_vision() {
     gw.shutdown().await.unwrap();
 }
 
-#[tokio::test]
 async fn exec_exit_codes_flood_cap_and_timeout() {
     let env = docker_or_skip!();
     let t = TestHome::new();

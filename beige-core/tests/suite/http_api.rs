@@ -16,7 +16,7 @@ use beige_core::channel::http::{
 };
 use beige_core::channel::{Channel, ChannelError};
 use beige_core::config::Config;
-use beige_core::gateway::RemoteGateway;
+use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::hooks::HookName;
 use beige_core::store::SettingsPatch;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
@@ -561,6 +561,9 @@ async fn unknown_agents_sessions_and_models() {
         req("GET", "/api/agents/x/sessions")
             .body(Body::empty())
             .unwrap(),
+        req("GET", "/api/agents/x/sandbox")
+            .body(Body::empty())
+            .unwrap(),
         req("GET", "/api/agents/x/sessions/k/settings")
             .body(Body::empty())
             .unwrap(),
@@ -674,7 +677,7 @@ async fn exec_and_prompt_examples_of_the_original() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body,
-        json!({"content": [{"type": "text", "text": "Exit code: 0\nfake: echo hi"}], "isError": false})
+        json!({"content": [{"type": "text", "text": "Exit code: 0\nfake: echo hi"}], "isError": false, "transport": "direct"})
     );
     let (status, body) = send(
         &app,
@@ -1062,6 +1065,10 @@ async fn remote_gateway_round_trip() {
         f.gw.config_summary().await.unwrap()
     );
     assert!(remote.health().await.unwrap().is_empty());
+    assert_eq!(
+        remote.sandbox_status("a").await.unwrap(),
+        f.gw.sandbox_status("a").await.unwrap()
+    );
 
     let out = remote
         .call_tool(
@@ -1185,6 +1192,12 @@ async fn remote_gateway_round_trip() {
             .await,
         Err(GatewayError::UnknownAgent { .. })
     ));
+    match remote.sandbox_status("x").await {
+        Err(GatewayError::UnknownAgent { agent, known }) => {
+            assert_eq!((agent.as_str(), known.as_str()), ("x", "a"));
+        }
+        other => panic!("{other:?}"),
+    }
     match remote.session_messages("a", "s_ffffffffffffffff").await {
         Err(GatewayError::UnknownSession { agent, session }) => {
             assert_eq!(
@@ -1298,4 +1311,169 @@ async fn remote_gateway_from_home_reads_the_token() {
         Err(GatewayError::Remote { status: 401, .. })
     ));
     served.stop().await;
+}
+
+/// A gateway whose agents cover every link mode: `a` the default (`unix`), `b`
+/// `attach`, `c` `off`, and `r` a root sandbox (always `off`). The fake sandbox has no
+/// link, so every link is down.
+async fn link_modes_gateway(dir: &std::path::Path) -> Option<LocalGateway> {
+    let shim = shim_or_skip()?;
+    let agent = |sandbox: Value| {
+        let mut sb = json!({"image": super::support::test_image(), "memoryLimit": "256m"});
+        for (k, v) in sandbox.as_object().unwrap() {
+            sb[k] = v.clone();
+        }
+        json!({
+            "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+            "tools": [],
+            "sandbox": sb,
+        })
+    };
+    let config: Config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": KEY, "baseUrl": "http://127.0.0.1:9"}}},
+        "agents": {
+            "a": agent(json!({})),
+            "b": agent(json!({"link": "attach"})),
+            "c": agent(json!({"link": "off"})),
+            "r": agent(json!({"user": "root"})),
+        },
+    }))
+    .unwrap();
+    Some(
+        GatewayBuilder::new(config, BeigeHome::new(dir.join("home")))
+            .shim(shim)
+            .sandbox(Arc::new(FakeSandbox))
+            .build()
+            .await
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn sandbox_route_reports_the_link_of_each_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(gw) = link_modes_gateway(dir.path()).await else {
+        return;
+    };
+    let gw = Arc::new(gw);
+    let container = |agent: &str| {
+        gw.specs()
+            .iter()
+            .find(|s| s.agent == agent)
+            .map(|s| s.name.clone())
+            .unwrap()
+    };
+    let app = router(ApiState::new(gw.clone(), Some(TOKEN.to_string())));
+    let get = |path: &str| req("GET", path).body(Body::empty()).unwrap();
+
+    // A link mode with no link up: the link is reported down, with its counters.
+    for (agent, mode) in [("a", "unix"), ("b", "attach")] {
+        let (status, body) = send(&app, get(&format!("/api/agents/{agent}/sandbox"))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body,
+            json!({
+                "agent": agent,
+                "container": container(agent),
+                "linkMode": mode,
+                "link": {
+                    "agent": agent,
+                    "connected": false,
+                    "connects": 0,
+                    "rejectedPeers": 0,
+                    "opsLink": 0,
+                    "opsFallback": 0,
+                    "duplicatesDropped": 0,
+                },
+                "pingUs": null,
+            })
+        );
+        let typed: SandboxStatus = serde_json::from_value(body).unwrap();
+        assert_eq!(typed, gw.sandbox_status(agent).await.unwrap());
+    }
+    // `off`, configured or forced by a root sandbox: no link at all.
+    for agent in ["c", "r"] {
+        let (status, body) = send(&app, get(&format!("/api/agents/{agent}/sandbox"))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body,
+            json!({
+                "agent": agent,
+                "container": container(agent),
+                "linkMode": "off",
+                "link": null,
+                "pingUs": null,
+            })
+        );
+    }
+
+    // Unknown agents are 404 like on every per-agent route, in process and typed.
+    let (status, body) = send(&app, get("/api/agents/x/sandbox")).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::NOT_FOUND, json!({"error": "Unknown agent: x"}))
+    );
+    assert!(matches!(
+        gw.sandbox_status("x").await,
+        Err(GatewayError::UnknownAgent { .. })
+    ));
+
+    // The token is needed.
+    for auth in [None, Some("Bearer wrong-token")] {
+        let mut b = Request::builder()
+            .uri("/api/agents/a/sandbox")
+            .header(header::HOST, "localhost:7433");
+        if let Some(a) = auth {
+            b = b.header(header::AUTHORIZATION, a);
+        }
+        let (status, body) = send(&app, b.body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            (status, body),
+            (
+                StatusCode::UNAUTHORIZED,
+                json!({"error": UNAUTHORIZED_MESSAGE})
+            ),
+            "{auth:?}"
+        );
+    }
+}
+
+#[test]
+fn sandbox_status_parses_older_and_newer_answers() {
+    // A link reported with only some fields (an older gateway) and with fields this
+    // build does not know (a newer one).
+    let older: SandboxStatus = serde_json::from_value(json!({
+        "agent": "a",
+        "container": "beige-x-a",
+        "linkMode": "unix",
+        "link": {"connected": true, "carrier": "attach"},
+    }))
+    .unwrap();
+    let link = older.link.unwrap();
+    assert!(link.connected);
+    assert_eq!(link.ops_link, 0);
+    assert_eq!(older.ping_us, None);
+    let newer: SandboxStatus = serde_json::from_value(json!({
+        "agent": "a",
+        "container": "beige-x-a",
+        "linkMode": "attach",
+        "link": {"agent": "a", "connected": false, "connects": 3, "opsLink": 7, "opsFallback": 2,
+                 "rejectedPeers": 0, "duplicatesDropped": 0, "somethingNew": {"x": 1}},
+        "pingUs": null,
+        "alsoNew": true,
+    }))
+    .unwrap();
+    let link = newer.link.unwrap();
+    assert_eq!((link.connects, link.ops_link, link.ops_fallback), (3, 7, 2));
+    // And what the gateway writes reads back the same.
+    let off = SandboxStatus {
+        agent: "r".into(),
+        container: "beige-x-r".into(),
+        link_mode: beige_core::config::LinkMode::Off,
+        link: None,
+        ping_us: None,
+    };
+    let text = serde_json::to_value(&off).unwrap();
+    assert_eq!(text["linkMode"], "off");
+    assert_eq!(serde_json::from_value::<SandboxStatus>(text).unwrap(), off);
 }

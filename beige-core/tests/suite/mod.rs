@@ -2,6 +2,7 @@ mod agent;
 mod core_tools;
 mod hooks;
 mod http_api;
+mod link;
 mod plugins_external;
 mod sandbox_docker;
 mod support;

@@ -53,9 +53,14 @@ async fn container_is_hardened() {
     let cfg = info.config.unwrap();
 
     assert_eq!(hc.network_mode.as_deref(), Some("none"));
-    assert_eq!(cfg.user.as_deref(), Some("1000:1000"));
+    // The container runs as root holding only what PID 1 needs to start the agent's
+    // processes; those run as 1000:1000 with nothing (checked from inside below).
+    assert_eq!(cfg.user.as_deref(), Some("0:0"));
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
-    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert_eq!(
+        hc.cap_add.unwrap_or_default(),
+        ["SETUID", "SETGID", "KILL", "SETPCAP"]
+    );
     assert!(hc
         .security_opt
         .unwrap_or_default()
@@ -116,11 +121,20 @@ async fn container_is_hardened() {
     assert!(text.contains("GREETING=hello"));
     assert!(text.contains("\n1000\n1000"), "{text}");
 
-    // No privilege inside: writing outside /workspace and the read-only mounts fails.
-    let out = exec(&gw, "hardy", "touch /tools/bin/x 2>&1; touch /beige/run/x 2>&1; touch /data/x 2>&1; grep CapEff /proc/self/status").await;
+    // No privilege inside: writing outside /workspace and the read-only mounts fails,
+    // and the agent's process holds no capability in any set.
+    let out = exec(&gw, "hardy", "touch /tools/bin/x 2>&1; touch /beige/run/x 2>&1; touch /data/x 2>&1; touch /etc/x 2>&1; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status").await;
     let text = out.joined_text();
     assert!(text.matches("Read-only file system").count() >= 3, "{text}");
-    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("touch: /etc/x: Permission denied"), "{text}");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            text.contains(&format!("{set}:\t0000000000000000")),
+            "{set} not empty: {text}"
+        );
+    }
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
 
     gw.shutdown().await.unwrap();
     assert!(t.containers().await.is_empty());

@@ -213,6 +213,7 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
                 stderr_omitted: 0,
                 timed_out: false,
                 duration_ms: 0,
+                survivors: Vec::new(),
             }),
             OpRequest::Write(w) => OpReply::Write(WriteReply {
                 bytes: w.content.len() as u64,
@@ -230,6 +231,7 @@ impl beige_core::sandbox::Sandbox for FakeSandbox {
         Ok(beige_core::sandbox::OpOutcome {
             reply,
             restarted: None,
+            transport: beige_core::sandbox::Transport::Direct,
         })
     }
 

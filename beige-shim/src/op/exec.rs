@@ -1,15 +1,21 @@
 //! `exec`: runs `/bin/sh -c <command>` in a new process group, captures its output
 //! within a cap, enforces the timeout, and leaves nothing of the group behind.
 //!
-//! Threads, no async: two pump threads move stdout and stderr into a shared
-//! [`Capture`]; a waiter thread blocks until the shell has exited *without reaping it*
-//! (so its pid, which is the group id, cannot be reused); an optional signal thread
-//! passes SIGTERM/SIGINT/SIGHUP sent to the shim on to the group. The calling thread
-//! supervises: on timeout it sends SIGTERM to the group and SIGKILL after
-//! [`EXEC_KILL_GRACE_SECS`]. Whenever the shell is gone — normally or not — the whole
-//! group gets SIGKILL, so background children (`sleep 100 &`) do not survive, and the
-//! pipes are drained for at most [`DRAIN_GRACE`]: a process that left the group
-//! (`setsid`) and still holds them open cannot keep the reply waiting.
+//! One thread, no async — each running `exec` costs the container's pids limit one
+//! task plus the command's own: a `poll(2)` loop moves stdout and stderr into a
+//! [`Capture`], learns of the shell's exit from a pidfd (without reaping it, so its
+//! pid, which is the group id, cannot be reused; kernels before 5.3 have no pidfd and
+//! are asked every [`EXIT_TICK`] instead), and, when asked to, reads SIGTERM/SIGINT/SIGHUP
+//! sent to the shim from a signalfd and passes them on to the group. On timeout it
+//! sends SIGTERM to the group and SIGKILL after [`EXEC_KILL_GRACE_SECS`]. Whenever the
+//! shell is gone — normally or not — the whole group gets SIGKILL, so background
+//! children (`sleep 100 &`) do not survive, and the pipes are drained for at most
+//! [`DRAIN_GRACE`]: a process that left the group (`setsid`) and still holds them open
+//! cannot keep the reply waiting.
+//!
+//! Once the command has ended and its group is killed, processes it started that left
+//! the group and still run are reported as `survivors` ([`super::survivors`]); they are
+//! not killed.
 //!
 //! With an `execId`, the command runs with `BEIGE_EXEC_ID=<id>` in its environment, so
 //! a second `beige-shim op kill` can find its processes (see [`super::kill`]); the
@@ -17,12 +23,10 @@
 
 use std::fs;
 use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread;
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use beige_protocol::op::{
@@ -30,8 +34,9 @@ use beige_protocol::op::{
 };
 
 use super::capture::{Capture, Stream};
+use super::survivors::Baseline;
 use super::{op_error, Context};
-use crate::sys::{self, SignalSet};
+use crate::sys::{self, SignalFd, SignalSet};
 
 /// The shell every command runs under.
 pub const SHELL: &str = "/bin/sh";
@@ -39,6 +44,9 @@ pub const SHELL: &str = "/bin/sh";
 /// How long to wait for the pipes to reach end-of-file once the shell is dead and its
 /// group killed.
 pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// Without a pidfd, how often to look whether the shell has exited.
+pub const EXIT_TICK: Duration = Duration::from_millis(10);
 
 /// How long to wait for the shell to die after SIGKILL before giving up on it (a
 /// process stuck in uninterruptible sleep).
@@ -54,15 +62,6 @@ const PIPE_CHUNK: usize = 64 * 1024;
 /// Signals sent to the shim that are passed on to the command's process group.
 const FORWARDED: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 
-/// What the supervisor hears about.
-#[derive(Debug)]
-enum Event {
-    /// The shell exited (not yet reaped).
-    Exited,
-    /// The shim received this signal.
-    Signal(libc::c_int),
-}
-
 /// How the supervision ended.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -72,7 +71,8 @@ struct Outcome {
 }
 
 /// Performs an `exec` request. With `forward_signals`, termination signals the shim
-/// receives while the command runs are passed on to its process group.
+/// receives while the command runs are passed on to its process group (only sensible
+/// in a single-threaded shim process: the signals are blocked in the calling thread).
 pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<ExecReply, OpError> {
     validate_env(&req.env)?;
     if let Some(id) = &req.exec_id {
@@ -92,10 +92,11 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
             ),
         ));
     }
-    // Block before any thread exists so every thread inherits the mask; the command
-    // itself starts with an empty mask (`reset_signals_on_exec`).
+    // The command itself starts with an empty mask (`reset_signals_on_exec`).
     let signals = if forward_signals {
-        SignalSet::block(&FORWARDED).ok()
+        SignalSet::block(&FORWARDED)
+            .and_then(|set| SignalFd::new(&set))
+            .ok()
     } else {
         None
     };
@@ -116,46 +117,26 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
     }
     sys::reset_signals_on_exec(&mut command);
 
+    let baseline = Baseline::take();
     let started = Instant::now();
     let mut child = command.spawn().map_err(|e| spawn_error(&e))?;
     let pgid = child.id();
-
-    let cap = usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX);
-    let capture = Arc::new(Mutex::new(Capture::new(cap)));
-    let (drained_tx, drained_rx) = mpsc::channel::<()>();
-    let mut pumps = 0;
-    if let Some(out) = child.stdout.take() {
-        spawn_pump(out, Stream::Stdout, &capture, drained_tx.clone());
-        pumps += 1;
-    }
-    if let Some(err) = child.stderr.take() {
-        spawn_pump(err, Stream::Stderr, &capture, drained_tx);
-        pumps += 1;
-    }
-
-    let (events_tx, events) = mpsc::channel::<Event>();
-    let waiter_tx = events_tx.clone();
-    thread::spawn(move || {
-        // An error here means the child is already gone (or was reaped): exited too.
-        let _ = sys::wait_exit_keep_zombie(pgid);
-        let _ = waiter_tx.send(Event::Exited);
-    });
-    if let Some(signals) = signals {
-        thread::spawn(move || loop {
-            match signals.wait(None) {
-                Ok(Some(signal)) => {
-                    if events_tx.send(Event::Signal(signal)).is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => {}
-                Err(_) => return,
-            }
-        });
-    }
+    let mut pipes = Pipes {
+        stdout: child.stdout.take(),
+        stderr: child.stderr.take(),
+        capture: Capture::new(usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX)),
+    };
+    pipes.set_nonblocking();
+    let exit_fd = sys::pidfd_open(pgid).ok();
 
     let timeout = Duration::from_secs(req.timeout_secs.clamp(1, MAX_TIMEOUT_SECS));
-    let outcome = supervise(pgid, &events, timeout);
+    let outcome = supervise(
+        pgid,
+        &mut pipes,
+        exit_fd.as_ref(),
+        signals.as_ref(),
+        timeout,
+    );
     let duration = started.elapsed();
 
     // Nothing of the group may outlive the command. The shell is still an unreaped
@@ -166,18 +147,11 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
     } else {
         None
     };
+    pipes.drain(Instant::now() + DRAIN_GRACE);
 
-    let deadline = Instant::now() + DRAIN_GRACE;
-    for _ in 0..pumps {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if drained_rx.recv_timeout(left).is_err() {
-            break;
-        }
-    }
-
-    let capture = capture.lock().unwrap_or_else(PoisonError::into_inner);
-    let stdout = capture.finish(Stream::Stdout);
-    let stderr = capture.finish(Stream::Stderr);
+    let survivors = baseline.map(|b| b.survivors(pgid)).unwrap_or_default();
+    let stdout = pipes.capture.finish(Stream::Stdout);
+    let stderr = pipes.capture.finish(Stream::Stderr);
     Ok(ExecReply {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
@@ -187,7 +161,99 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
         stderr_omitted: stderr.omitted,
         timed_out: outcome.timed_out,
         duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+        survivors,
     })
+}
+
+/// The command's output pipes (each open until end-of-file) and what came through.
+#[derive(Debug)]
+struct Pipes {
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    capture: Capture,
+}
+
+impl Pipes {
+    fn set_nonblocking(&mut self) {
+        // A pipe left blocking is only read after poll said it is readable.
+        if let Some(p) = &self.stdout {
+            let _ = sys::set_nonblocking(p.as_fd());
+        }
+        if let Some(p) = &self.stderr {
+            let _ = sys::set_nonblocking(p.as_fd());
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.stdout.is_some() || self.stderr.is_some()
+    }
+
+    /// Appends pollfds for the open pipes (stdout first) and returns how many.
+    fn watch(&self, fds: &mut Vec<libc::pollfd>) -> usize {
+        let before = fds.len();
+        let raw = [
+            self.stdout.as_ref().map(|p| p.as_raw_fd()),
+            self.stderr.as_ref().map(|p| p.as_raw_fd()),
+        ];
+        for fd in raw.into_iter().flatten() {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        fds.len() - before
+    }
+
+    /// Reads the pipes whose pollfds (as added by [`Pipes::watch`]) have events.
+    fn pump(&mut self, fds: &[libc::pollfd], buf: &mut [u8]) {
+        let mut ready = fds.iter().map(|f| f.revents != 0);
+        if self.stdout.is_some() && ready.next() == Some(true) {
+            if let Some(p) = self.stdout.as_mut() {
+                if !read_into(p, Stream::Stdout, &mut self.capture, buf) {
+                    self.stdout = None;
+                }
+            }
+        }
+        if self.stderr.is_some() && ready.next() == Some(true) {
+            if let Some(p) = self.stderr.as_mut() {
+                if !read_into(p, Stream::Stderr, &mut self.capture, buf) {
+                    self.stderr = None;
+                }
+            }
+        }
+    }
+
+    /// Reads the pipes until both end or `deadline` passes.
+    fn drain(&mut self, deadline: Instant) {
+        let mut buf = vec![0u8; PIPE_CHUNK];
+        let mut fds = Vec::with_capacity(2);
+        while self.is_open() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            fds.clear();
+            self.watch(&mut fds);
+            if sys::poll(&mut fds, Some(left)).is_err() {
+                return;
+            }
+            self.pump(&fds, &mut buf);
+        }
+    }
+}
+
+/// Reads what `pipe` has into the capture; returns whether it is still open.
+fn read_into(pipe: &mut impl Read, stream: Stream, capture: &mut Capture, buf: &mut [u8]) -> bool {
+    loop {
+        match pipe.read(buf) {
+            Ok(0) => return false,
+            Ok(n) => capture.push(stream, &buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Where the supervisor is in killing the command.
@@ -200,40 +266,83 @@ enum Stage {
     Killed,
 }
 
-/// Waits for the shell to exit, enforcing the timeout and forwarding signals.
-fn supervise(pgid: u32, events: &mpsc::Receiver<Event>, timeout: Duration) -> Outcome {
+/// Waits for the shell to exit while pumping its output, enforcing the timeout and
+/// forwarding signals.
+fn supervise(
+    pgid: u32,
+    pipes: &mut Pipes,
+    exit_fd: Option<&OwnedFd>,
+    signals: Option<&SignalFd>,
+    timeout: Duration,
+) -> Outcome {
     let grace = Duration::from_secs(EXEC_KILL_GRACE_SECS);
     let mut outcome = Outcome::default();
     let mut deadline = Instant::now() + timeout;
     let mut stage = Stage::Running;
+    let mut buf = vec![0u8; PIPE_CHUNK];
+    let mut fds = Vec::with_capacity(4);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => {
-                outcome.exited = true;
-                return outcome;
-            }
-            Ok(Event::Signal(signal)) => {
-                let _ = sys::kill_process_group(pgid, signal);
-                if stage == Stage::Running {
-                    stage = Stage::Terminating;
-                    deadline = Instant::now() + grace;
+        // An error means the child is already gone (or was reaped): exited too.
+        if exit_fd.is_none() && sys::has_exited(pgid).unwrap_or(true) {
+            outcome.exited = true;
+            return outcome;
+        }
+        fds.clear();
+        let piped = pipes.watch(&mut fds);
+        for fd in [
+            exit_fd.map(|f| f.as_raw_fd()),
+            signals.map(|s| s.as_fd().as_raw_fd()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let mut wait = deadline.saturating_duration_since(Instant::now());
+        if exit_fd.is_none() {
+            wait = wait.min(EXIT_TICK);
+        }
+        if sys::poll(&mut fds, Some(wait)).is_err() {
+            // Cannot wait any more: treat as ended; the caller kills the group.
+            return outcome;
+        }
+        pipes.pump(&fds[..piped], &mut buf);
+        let mut extra = fds[piped..].iter();
+        if exit_fd.is_some() && extra.next().is_some_and(|f| f.revents != 0) {
+            outcome.exited = true;
+            return outcome;
+        }
+        if let Some(signals) = signals {
+            if extra.next().is_some_and(|f| f.revents != 0) {
+                while let Ok(Some(received)) = signals.read() {
+                    let _ = sys::kill_process_group(pgid, received.signal);
+                    if stage == Stage::Running {
+                        stage = Stage::Terminating;
+                        deadline = Instant::now() + grace;
+                    }
                 }
             }
-            Err(RecvTimeoutError::Timeout) => match stage {
-                Stage::Running => {
-                    outcome.timed_out = true;
-                    let _ = sys::kill_process_group(pgid, libc::SIGTERM);
-                    stage = Stage::Terminating;
-                    deadline = Instant::now() + grace;
-                }
-                Stage::Terminating => {
-                    let _ = sys::kill_process_group(pgid, libc::SIGKILL);
-                    stage = Stage::Killed;
-                    deadline = Instant::now() + KILL_WAIT;
-                }
-                Stage::Killed => return outcome,
-            },
+        }
+        if Instant::now() < deadline {
+            continue;
+        }
+        match stage {
+            Stage::Running => {
+                outcome.timed_out = true;
+                let _ = sys::kill_process_group(pgid, libc::SIGTERM);
+                stage = Stage::Terminating;
+                deadline = Instant::now() + grace;
+            }
+            Stage::Terminating => {
+                let _ = sys::kill_process_group(pgid, libc::SIGKILL);
+                stage = Stage::Killed;
+                deadline = Instant::now() + KILL_WAIT;
+            }
+            Stage::Killed => return outcome,
         }
     }
 }
@@ -246,30 +355,6 @@ fn reap(child: &mut Child) -> Option<ExitStatus> {
             Err(_) => return None,
         }
     }
-}
-
-fn spawn_pump(
-    mut pipe: impl Read + Send + 'static,
-    stream: Stream,
-    capture: &Arc<Mutex<Capture>>,
-    drained: mpsc::Sender<()>,
-) {
-    let capture = Arc::clone(capture);
-    thread::spawn(move || {
-        let mut buf = vec![0u8; PIPE_CHUNK];
-        loop {
-            match pipe.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => capture
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(stream, &buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        let _ = drained.send(());
-    });
 }
 
 fn validate_env(env: &[(String, String)]) -> Result<(), OpError> {
@@ -450,6 +535,33 @@ mod tests {
         );
     }
 
+    /// Kernels without pidfds: the exit is noticed by asking every tick.
+    #[test]
+    fn exit_is_noticed_without_a_pidfd() {
+        let mut child = Command::new(SHELL)
+            .args(["-c", "echo out; echo err >&2; exit 3"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut pipes = Pipes {
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            capture: Capture::new(1024),
+        };
+        pipes.set_nonblocking();
+        let started = Instant::now();
+        let outcome = supervise(child.id(), &mut pipes, None, None, Duration::from_secs(10));
+        assert!(outcome.exited && !outcome.timed_out);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(reap(&mut child).and_then(|s| s.code()), Some(3));
+        pipes.drain(Instant::now() + DRAIN_GRACE);
+        assert_eq!(pipes.capture.finish(Stream::Stdout).text, "out\n");
+        assert_eq!(pipes.capture.finish(Stream::Stderr).text, "err\n");
+    }
+
     /// Whether the process is gone (or a zombie waiting for its new parent).
     fn gone(pid: &str) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -465,7 +577,7 @@ mod tests {
             if Instant::now() > deadline {
                 return false;
             }
-            thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }

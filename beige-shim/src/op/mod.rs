@@ -9,12 +9,20 @@
 //! resolution against the workspace and the mapping of I/O errors to [`OpError`]s. The
 //! operations themselves live in the submodules; none of them ever runs a shell except
 //! `exec`, whose whole purpose is to run one.
+//!
+//! `beige-shim op <name> --drop UID:GID` (the `docker exec` fallback, run as root)
+//! first applies the agent's privilege drop in-process ([`crate::privdrop`]), before
+//! reading the request; if that fails nothing runs (exit code 1, an `io` error reply).
+//! Every op process makes itself non-dumpable, so a concurrent agent process of the
+//! same uid cannot read or change its memory while it works (the commands `exec` starts
+//! are dumpable again).
 
 mod capture;
 mod exec;
 mod kill;
 mod patch;
 mod read;
+mod survivors;
 mod write;
 
 use std::ffi::OsString;
@@ -22,6 +30,9 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use beige_protocol::op::{OpError, OpErrorKind, OpReply, OpRequest};
+
+use crate::privdrop::{AgentUser, PrivDrop};
+use crate::sys;
 
 /// Environment variable that overrides the workspace directory (tests use a temp dir).
 pub const WORKSPACE_ENV: &str = "BEIGE_WORKSPACE";
@@ -33,6 +44,8 @@ pub const NAMES: [&str; 5] = ["read", "write", "patch", "exec", "kill"];
 
 /// Exit code for a request that could not be decoded or did not match the op name.
 const EXIT_BAD_REQUEST: i32 = 2;
+/// Exit code when `--drop` could not be applied.
+const EXIT_DROP_FAILED: i32 = 1;
 
 /// Where an operation runs: the base for relative paths.
 #[derive(Debug, Clone)]
@@ -84,8 +97,10 @@ impl Context {
     }
 }
 
-/// Runs `beige-shim op <name>` with the process's stdin and stdout; returns the exit code.
-pub fn run(name: Option<&str>) -> i32 {
+/// Runs `beige-shim op <name> [--drop UID:GID]` (`args` after `op`) with the
+/// process's stdin and stdout; returns the exit code.
+pub fn run(args: &[String]) -> i32 {
+    let name = args.first().map(String::as_str);
     let Some(name) = name.filter(|n| NAMES.contains(n)) else {
         let given = name.unwrap_or("");
         return bad_request(&format!(
@@ -93,6 +108,33 @@ pub fn run(name: Option<&str>) -> i32 {
             NAMES.join(", ")
         ));
     };
+    let mut drop_to: Option<AgentUser> = None;
+    let mut rest = args[1..].iter();
+    while let Some(arg) = rest.next() {
+        match (arg.as_str(), rest.next()) {
+            ("--drop", Some(user)) => match user.parse() {
+                Ok(user) => drop_to = Some(user),
+                Err(err) => return bad_request(&format!("--drop: {err}")),
+            },
+            ("--drop", None) => return bad_request("--drop needs UID:GID"),
+            (other, _) => return bad_request(&format!("unexpected argument {other:?}")),
+        }
+    }
+    // Best effort: it only shields this process from same-uid neighbours.
+    let _ = sys::set_non_dumpable();
+    if let Some(user) = drop_to {
+        let dropped = PrivDrop::prepare(user)
+            .and_then(|plan| plan.apply().map_err(|failure| format!("{failure}")));
+        if let Err(err) = dropped {
+            let message =
+                format!("Cannot drop privileges to {user} for the {name} operation: {err}");
+            eprintln!("beige-shim op: {message}");
+            if let Err(err) = write_reply(&OpReply::Error(op_error(OpErrorKind::Io, message))) {
+                eprintln!("beige-shim op: cannot write the reply: {err}");
+            }
+            return EXIT_DROP_FAILED;
+        }
+    }
     let mut input = Vec::new();
     if let Err(err) = io::stdin().lock().read_to_end(&mut input) {
         return bad_request(&format!("cannot read the request from stdin: {err}"));

@@ -172,3 +172,115 @@ fn escaped_daemon_holding_the_pipe_cannot_hold_the_reply() {
             .status();
     }
 }
+
+/// Runs `command` (which starts `setsid sleep <secs>` detached) and returns the reply
+/// with the pid of that survivor, which the caller must kill.
+fn run_with_survivor(command: &str, timeout_secs: u64) -> (ExecReply, Option<u32>) {
+    let ws = tempfile::tempdir().unwrap();
+    let r = run_exec(ws.path(), exec(command, timeout_secs));
+    let pid = r
+        .survivors
+        .iter()
+        .find(|s| s.command.contains("sleep 31"))
+        .map(|s| s.pid);
+    (r, pid)
+}
+
+fn kill_survivor(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+#[test]
+fn escaped_daemon_is_reported_as_survivor() {
+    if std::process::Command::new("setsid")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return;
+    }
+    let (r, pid) = run_with_survivor(
+        "setsid sleep 31 >/dev/null 2>&1 < /dev/null & sleep 0.3; echo done",
+        10,
+    );
+    kill_survivor(pid);
+    assert_eq!(r.exit_code, Some(0));
+    assert!(pid.is_some(), "no survivor in {:?}", r.survivors);
+    // The shell and its group members are not survivors.
+    assert!(r.survivors.iter().all(|s| !s.command.contains("sleep 0.3")));
+}
+
+#[test]
+fn survivor_of_a_timed_out_command_is_reported() {
+    if std::process::Command::new("setsid")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return;
+    }
+    let (r, pid) = run_with_survivor("setsid sleep 31 >/dev/null 2>&1 < /dev/null & sleep 100", 1);
+    kill_survivor(pid);
+    assert!(r.timed_out);
+    assert!(pid.is_some(), "no survivor in {:?}", r.survivors);
+    assert!(r.survivors.iter().all(|s| !s.command.contains("sleep 100")));
+}
+
+#[test]
+fn no_survivors_without_escape() {
+    let ws = tempfile::tempdir().unwrap();
+    let r = run_exec(ws.path(), exec("sleep 97 & echo started", 10));
+    assert!(
+        r.survivors.iter().all(|s| !s.command.contains("sleep 97")),
+        "{:?}",
+        r.survivors
+    );
+}
+
+#[test]
+fn signals_to_the_shim_reach_the_command() {
+    use std::io::Write;
+    let ws = tempfile::tempdir().unwrap();
+    let request = OpRequest::Exec(exec(
+        "trap 'echo got TERM; exit 5' TERM; echo ready > ready; sleep 30 & wait",
+        20,
+    ));
+    let mut child = super::shim()
+        .args(["op", "exec"])
+        .env("BEIGE_WORKSPACE", ws.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&request).unwrap())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ws.path().join("ready").exists() {
+        assert!(Instant::now() < deadline, "the command did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(0));
+    match serde_json::from_slice(&out.stdout).unwrap() {
+        OpReply::Exec(r) => {
+            assert_eq!(r.exit_code, Some(5), "{r:?}");
+            assert_eq!(r.stdout, "got TERM\n");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}

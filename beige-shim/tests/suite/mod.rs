@@ -1,8 +1,10 @@
 //! Shared helpers for running the shim binary.
 
 mod cli;
+mod drop;
 mod exec;
 mod kill;
+mod link;
 mod patch;
 mod read;
 mod tool_client;

@@ -9,13 +9,14 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use beige_core::agent::events::AgentEvent;
 use beige_core::agent::router::ModelHealth;
-use beige_core::config::ThinkingLevel;
+use beige_core::config::{LinkMode, ThinkingLevel};
 use beige_core::gateway::{
-    AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest,
+    AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest, SandboxStatus,
 };
 use beige_core::hooks::HookName;
 use beige_core::llm::catalog::ModelInfo;
 use beige_core::llm::{Message, Usage};
+use beige_core::sandbox::LinkStatus;
 use beige_core::store::{SessionRecord, SessionSettings, SettingsPatch};
 use beige_core::tools::{CoreToolCall, ToolContext, ToolOutput};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -389,5 +390,31 @@ impl Gateway for FakeGateway {
     ) -> Result<serde_json::Value, GatewayError> {
         self.check()?;
         Ok(serde_json::json!({}))
+    }
+
+    /// A healthy link over the Unix carrier.
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+        self.check()?;
+        self.unknown_agent(agent)?;
+        Ok(SandboxStatus {
+            agent: agent.into(),
+            container: format!("beige-fake-{agent}"),
+            link_mode: LinkMode::Unix,
+            // Through JSON: the carrier type lives in beige-protocol, no dependency here.
+            link: Some(
+                serde_json::from_value::<LinkStatus>(serde_json::json!({
+                    "agent": agent,
+                    "connected": true,
+                    "carrier": "unix",
+                    "bootId": "fake-boot",
+                    "connectedSecs": 60,
+                    "lastPingUs": 150,
+                    "connects": 1,
+                    "opsLink": 3,
+                }))
+                .unwrap(),
+            ),
+            ping_us: Some(150),
+        })
     }
 }

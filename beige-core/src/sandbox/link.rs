@@ -1,0 +1,1206 @@
+//! The gateway side of the shim link: one authenticated, persistent connection to the
+//! shim running as PID 1 in each sandbox, carrying core-tool operations without
+//! `docker exec` (design: `spec/link.md`; frames: [`beige_protocol::link`]).
+//!
+//! This module owns the conversation over *any* carrier (a byte stream in each
+//! direction): the hello exchange, op ids, waiting for results across reconnects,
+//! acknowledging and de-duplicating results replayed after a gateway restart, keepalive,
+//! and the per-agent health figures. It also owns the Unix carrier's listener at
+//! `run/<agent>/ctl.sock`, which accepts only the peer whose `SO_PEERCRED` pid is the
+//! container's PID 1 (asked of a [`PeerVerifier`]) and uid is root, and audits every
+//! other peer as `security.link_reject`. It never decides whether an op may run (the
+//! gateway's guarded path did) and never talks to Docker itself: the Docker backend
+//! supplies the verifier and the attach streams.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use beige_protocol::link::{
+    encode, Carrier, FrameDecoder, LinkMessage, Role, CTL_SOCKET_NAME, PING_INTERVAL_SECS,
+};
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase, Target};
+
+/// How long the shim has to answer the gateway's hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a connection drops under a running op, how long to wait for PID 1 to dial again.
+const RECONNECT_GRACE: Duration = Duration::from_secs(3);
+/// Ops in flight per agent over the link (each is a process in the sandbox; the
+/// container's pids limit must not be exhausted by the gateway alone).
+const MAX_IN_FLIGHT: usize = 64;
+/// Results nobody waited for (replayed after a restart) kept for [`LinkHub::take_recovered`].
+const MAX_RECOVERED: usize = 64;
+/// Result ids remembered for de-duplication.
+const MAX_DELIVERED: usize = 4096;
+/// Bytes read from a carrier per step.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Why an op could not be completed over the link.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// No link is up for the agent: take the fallback path.
+    #[error("no link to the sandbox")]
+    NotConnected,
+    /// The link dropped while the op ran and did not come back with its result (the
+    /// container may have died).
+    #[error("the link to the sandbox dropped while the operation ran{}", if *rebooted { " and the sandbox restarted" } else { "" })]
+    Lost { rebooted: bool },
+    /// No result within the op's time limit.
+    #[error("no result within the time limit")]
+    Timeout,
+}
+
+/// Health of one agent's link, for `beige doctor` and the HTTP API.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkStatus {
+    #[serde(default)]
+    pub agent: String,
+    #[serde(default)]
+    pub connected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<Carrier>,
+    /// PID 1's boot id (changes when the container restarts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// Seconds since the current connection was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connected_secs: Option<u64>,
+    /// Round trip of the last keepalive, in microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_ping_us: Option<u64>,
+    /// Connections made since the gateway started (1 when it never dropped).
+    #[serde(default)]
+    pub connects: u64,
+    /// Peers refused on the control socket (each one audited).
+    #[serde(default)]
+    pub rejected_peers: u64,
+    /// Operations run over the link and over the `docker exec` fallback.
+    #[serde(default)]
+    pub ops_link: u64,
+    #[serde(default)]
+    pub ops_fallback: u64,
+    /// Results that arrived a second time after a reconnect and were dropped.
+    #[serde(default)]
+    pub duplicates_dropped: u64,
+}
+
+/// Tells the Unix listener which host pid PID 1 of an agent's container has.
+#[async_trait]
+pub trait PeerVerifier: Send + Sync + std::fmt::Debug {
+    /// The host pid of the agent's PID 1, or `None` when its container is not running.
+    async fn init_pid(&self, agent: &str) -> Option<u32>;
+}
+
+#[derive(Debug)]
+struct Conn {
+    gen: u64,
+    boot_id: String,
+    carrier: Carrier,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    since: Instant,
+    /// Ids the shim reported as running or unacknowledged in its hello.
+    pending: HashSet<String>,
+    /// Ends the connection's tasks when it is replaced.
+    close: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    conn: Option<Conn>,
+    waiters: HashMap<String, oneshot::Sender<Vec<u8>>>,
+    recovered: VecDeque<(String, Vec<u8>)>,
+    delivered: VecDeque<String>,
+    delivered_set: HashSet<String>,
+    next_gen: u64,
+    status: LinkStatus,
+    /// Pings in flight: when sent, and who waits for the pong.
+    pings: HashMap<u64, (Instant, Option<oneshot::Sender<()>>)>,
+    next_ping: u64,
+}
+
+impl State {
+    fn mark_delivered(&mut self, id: &str) -> bool {
+        if !self.delivered_set.insert(id.to_string()) {
+            return false;
+        }
+        self.delivered.push_back(id.to_string());
+        if self.delivered.len() > MAX_DELIVERED {
+            if let Some(old) = self.delivered.pop_front() {
+                self.delivered_set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+/// One agent's link.
+#[derive(Debug)]
+struct AgentLink {
+    agent: String,
+    state: Mutex<State>,
+    /// `(generation, boot id)` of the current connection; generation 0 = none.
+    current: watch::Sender<(u64, String)>,
+    slots: Semaphore,
+}
+
+impl AgentLink {
+    fn new(agent: &str) -> Self {
+        Self {
+            agent: agent.to_string(),
+            state: Mutex::new(State {
+                status: LinkStatus {
+                    agent: agent.to_string(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            current: watch::channel((0, String::new())).0,
+            slots: Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// All links of one gateway.
+#[derive(Debug, Clone)]
+pub struct LinkHub {
+    inner: Arc<HubInner>,
+}
+
+#[derive(Debug)]
+struct HubInner {
+    /// Random per gateway start, so op ids never repeat across restarts.
+    instance: String,
+    next_id: AtomicU64,
+    agents: Mutex<HashMap<String, Arc<AgentLink>>>,
+    audit: std::sync::RwLock<Option<Arc<dyn AuditSink>>>,
+}
+
+impl Default for LinkHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LinkHub {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(HubInner {
+                instance: format!("g{:08x}", rand::random::<u32>()),
+                next_id: AtomicU64::new(1),
+                agents: Mutex::default(),
+                audit: std::sync::RwLock::default(),
+            }),
+        }
+    }
+
+    /// Where rejected peers are recorded.
+    pub fn set_audit(&self, audit: Arc<dyn AuditSink>) {
+        *self
+            .inner
+            .audit
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(audit);
+    }
+
+    fn link(&self, agent: &str) -> Arc<AgentLink> {
+        let mut agents = self
+            .inner
+            .agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        agents
+            .entry(agent.to_string())
+            .or_insert_with(|| Arc::new(AgentLink::new(agent)))
+            .clone()
+    }
+
+    /// Whether a link to the agent's PID 1 is up.
+    pub fn is_connected(&self, agent: &str) -> bool {
+        self.link(agent).state().conn.is_some()
+    }
+
+    /// The carrier of the agent's current link.
+    pub fn carrier(&self, agent: &str) -> Option<Carrier> {
+        self.link(agent).state().conn.as_ref().map(|c| c.carrier)
+    }
+
+    /// Waits up to `timeout` for the agent's link to come up; returns whether it is up.
+    pub async fn wait_connected(&self, agent: &str, timeout: Duration) -> bool {
+        let link = self.link(agent);
+        let mut rx = link.current.subscribe();
+        let wait = async {
+            loop {
+                if rx.borrow_and_update().0 != 0 {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.is_ok() && self.is_connected(agent)
+    }
+
+    /// Counts an op that took the `docker exec` path.
+    pub fn count_fallback(&self, agent: &str) {
+        self.link(agent).state().status.ops_fallback += 1;
+    }
+
+    /// Health of every link this hub knows.
+    pub fn status(&self) -> Vec<LinkStatus> {
+        let agents: Vec<Arc<AgentLink>> = self
+            .inner
+            .agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut all: Vec<LinkStatus> = agents.iter().map(|l| status_of(&l.state())).collect();
+        all.sort_by(|a, b| a.agent.cmp(&b.agent));
+        all
+    }
+
+    /// Health of one agent's link.
+    pub fn status_of(&self, agent: &str) -> LinkStatus {
+        status_of(&self.link(agent).state())
+    }
+
+    /// A result that arrived (replayed after a reconnect) with nobody waiting for it.
+    pub fn take_recovered(&self, agent: &str, id: &str) -> Option<Vec<u8>> {
+        let link = self.link(agent);
+        let mut st = link.state();
+        let pos = st.recovered.iter().position(|(i, _)| i == id)?;
+        st.recovered.remove(pos).map(|(_, p)| p)
+    }
+
+    /// Ids of the results recovered so far (oldest first).
+    pub fn recovered_ids(&self, agent: &str) -> Vec<String> {
+        let link = self.link(agent);
+        let st = link.state();
+        st.recovered.iter().map(|(i, _)| i.clone()).collect()
+    }
+
+    /// Forgets an agent's link state (its connection ends).
+    pub fn drop_agent(&self, agent: &str) {
+        let removed = self
+            .inner
+            .agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(agent);
+        if let Some(link) = removed {
+            let mut st = link.state();
+            if let Some(mut conn) = st.conn.take() {
+                if let Some(close) = conn.close.take() {
+                    let _ = close.send(());
+                }
+            }
+        }
+    }
+
+    /// Ends every link (the gateway lets go of its sandboxes).
+    pub fn close_all(&self) {
+        let agents: Vec<String> = self
+            .inner
+            .agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        for agent in agents {
+            self.drop_agent(&agent);
+        }
+    }
+
+    /// A new op id, unique across gateway restarts.
+    pub fn new_id(&self) -> String {
+        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.inner.instance)
+    }
+
+    /// Runs one op over the link: sends `payload` (the `OpRequest` JSON) as `name` and
+    /// returns the reply's JSON bytes. Waits across a dropped connection as long as PID
+    /// 1 comes back with the same boot id and still knows the op.
+    pub async fn call(
+        &self,
+        agent: &str,
+        id: &str,
+        name: &str,
+        payload: &[u8],
+        limit: Duration,
+    ) -> Result<Vec<u8>, LinkError> {
+        let link = self.link(agent);
+        let deadline = tokio::time::Instant::now() + limit;
+        let _slot = tokio::time::timeout_at(deadline, link.slots.acquire())
+            .await
+            .map_err(|_| LinkError::Timeout)?
+            .map_err(|_| LinkError::NotConnected)?;
+        let (tx, mut rx) = oneshot::channel();
+        let mut current = link.current.subscribe();
+        let (mut gen, boot) = {
+            let mut st = link.state();
+            let Some(conn) = st.conn.as_ref() else {
+                return Err(LinkError::NotConnected);
+            };
+            let frame = encode(
+                &LinkMessage::Op {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                },
+                payload,
+            );
+            if conn.tx.send(frame).is_err() {
+                return Err(LinkError::NotConnected);
+            }
+            let ids = (conn.gen, conn.boot_id.clone());
+            st.waiters.insert(id.to_string(), tx);
+            st.status.ops_link += 1;
+            ids
+        };
+        current.borrow_and_update();
+        let cleanup = Cleanup {
+            link: &link,
+            id: id.to_string(),
+        };
+        let mut grace: Option<tokio::time::Instant> = None;
+        let result = loop {
+            let grace_sleep = async {
+                match grace {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                r = &mut rx => break r.map_err(|_| LinkError::Lost { rebooted: false }),
+                changed = current.changed() => {
+                    if changed.is_err() {
+                        break Err(LinkError::Lost { rebooted: false });
+                    }
+                    let (now_gen, now_boot) = current.borrow_and_update().clone();
+                    if now_gen == 0 {
+                        grace = Some(tokio::time::Instant::now() + RECONNECT_GRACE);
+                    } else if now_boot != boot {
+                        break Err(LinkError::Lost { rebooted: true });
+                    } else if now_gen != gen {
+                        // Same boot: PID 1 still runs the op or holds its result, unless
+                        // its hello says otherwise.
+                        let known = link
+                            .state()
+                            .conn
+                            .as_ref()
+                            .map(|c| c.pending.contains(id))
+                            .unwrap_or(false);
+                        if !known {
+                            // The replayed result may already be in `rx`.
+                            if let Ok(r) = rx.try_recv() {
+                                break Ok(r);
+                            }
+                            break Err(LinkError::Lost { rebooted: false });
+                        }
+                        gen = now_gen;
+                        grace = None;
+                    }
+                }
+                _ = grace_sleep => break Err(LinkError::Lost { rebooted: false }),
+                _ = tokio::time::sleep_until(deadline) => break Err(LinkError::Timeout),
+            }
+        };
+        drop(cleanup);
+        result
+    }
+
+    /// Serves one connection to an agent's PID 1 over any carrier until it ends: the
+    /// gateway's hello, the shim's answer, then results, acknowledgements and
+    /// keepalives. A newer connection of the same agent replaces an older one.
+    pub async fn serve<R, W>(&self, agent: &str, carrier: Carrier, mut reader: R, mut writer: W)
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let link = self.link(agent);
+        let hello = encode(
+            &LinkMessage::GatewayHello {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            b"",
+        );
+        if writer.write_all(&hello).await.is_err() || writer.flush().await.is_err() {
+            return;
+        }
+        let mut decoder = FrameDecoder::new();
+        let mut buf = vec![0u8; READ_CHUNK];
+        let shim_hello = tokio::time::timeout(HELLO_TIMEOUT, async {
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(f)) => return Some(f.message),
+                    Ok(None) => {}
+                    Err(_) => return None,
+                }
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => decoder.push(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(LinkMessage::ShimHello {
+            role: Role::Control,
+            boot_id,
+            pending,
+            version,
+            ..
+        }) = shim_hello
+        else {
+            tracing::warn!(
+                agent,
+                carrier = carrier.as_str(),
+                "the sandbox's PID 1 did not answer the link hello; using docker exec"
+            );
+            return;
+        };
+
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (close_tx, mut close_rx) = oneshot::channel();
+        let gen = {
+            let mut st = link.state();
+            st.next_gen += 1;
+            let gen = st.next_gen;
+            if let Some(mut old) = st.conn.take() {
+                if let Some(close) = old.close.take() {
+                    let _ = close.send(());
+                }
+            }
+            st.conn = Some(Conn {
+                gen,
+                boot_id: boot_id.clone(),
+                carrier,
+                tx: tx.clone(),
+                since: Instant::now(),
+                pending: pending.into_iter().collect(),
+                close: Some(close_tx),
+            });
+            st.status.connects += 1;
+            st.pings.clear();
+            gen
+        };
+        link.current.send_replace((gen, boot_id.clone()));
+        tracing::info!(
+            agent,
+            carrier = carrier.as_str(),
+            boot_id,
+            shim = version,
+            "sandbox link up"
+        );
+
+        let writer_task = tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                if writer.write_all(&frame).await.is_err() || writer.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut ping = tokio::time::interval(Duration::from_secs(PING_INTERVAL_SECS));
+        ping.tick().await;
+        let mut last_heard = Instant::now();
+        let silence = Duration::from_secs(PING_INTERVAL_SECS * 3);
+        'conn: loop {
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => {
+                        last_heard = Instant::now();
+                        self.on_frame(&link, &tx, frame.message, frame.payload);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(agent, error = %e, "sandbox link sent a bad frame; dropping it");
+                        break 'conn;
+                    }
+                }
+            }
+            tokio::select! {
+                read = reader.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => decoder.push(&buf[..n]),
+                },
+                _ = ping.tick() => {
+                    if last_heard.elapsed() > silence {
+                        tracing::warn!(agent, "sandbox link silent for {} s; dropping it", silence.as_secs());
+                        break;
+                    }
+                    let mut st = link.state();
+                    let seq = st.next_ping;
+                    st.next_ping += 1;
+                    st.pings.insert(seq, (Instant::now(), None));
+                    let _ = tx.send(encode(&LinkMessage::Ping { seq }, b""));
+                }
+                _ = &mut close_rx => break,
+            }
+        }
+        writer_task.abort();
+        let still_current = {
+            let mut st = link.state();
+            if st.conn.as_ref().map(|c| c.gen) == Some(gen) {
+                st.conn = None;
+                true
+            } else {
+                false
+            }
+        };
+        if still_current {
+            link.current.send_replace((0, String::new()));
+            tracing::info!(agent, carrier = carrier.as_str(), "sandbox link down");
+        }
+    }
+
+    fn on_frame(
+        &self,
+        link: &AgentLink,
+        tx: &mpsc::UnboundedSender<Vec<u8>>,
+        message: LinkMessage,
+        payload: Vec<u8>,
+    ) {
+        match message {
+            LinkMessage::Result { id } => {
+                let _ = tx.send(encode(&LinkMessage::Ack { id: id.clone() }, b""));
+                let mut st = link.state();
+                if !st.mark_delivered(&id) {
+                    st.status.duplicates_dropped += 1;
+                    return;
+                }
+                if let Some(conn) = st.conn.as_mut() {
+                    conn.pending.remove(&id);
+                }
+                match st.waiters.remove(&id) {
+                    Some(waiter) => {
+                        let _ = waiter.send(payload);
+                    }
+                    None => {
+                        tracing::warn!(agent = %link.agent, op = %id, "a result arrived after a reconnect with nobody waiting for it (its caller was a previous gateway); recorded in the audit log");
+                        self.audit_recovered(&link.agent, &id, &payload);
+                        st.recovered.push_back((id, payload));
+                        if st.recovered.len() > MAX_RECOVERED {
+                            st.recovered.pop_front();
+                        }
+                    }
+                }
+            }
+            LinkMessage::Ping { seq } => {
+                let _ = tx.send(encode(&LinkMessage::Pong { seq }, b""));
+            }
+            LinkMessage::Pong { seq } => {
+                let mut st = link.state();
+                if let Some((at, done)) = st.pings.remove(&seq) {
+                    st.status.last_ping_us =
+                        Some(u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX));
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                }
+            }
+            other => {
+                tracing::debug!(agent = %link.agent, message = ?other, "unexpected frame on the sandbox link; ignored");
+            }
+        }
+    }
+
+    /// Measures one keepalive round trip now (`None`: no link, or no answer in time).
+    pub async fn ping(&self, agent: &str, timeout: Duration) -> Option<Duration> {
+        let link = self.link(agent);
+        let (done_tx, done_rx) = oneshot::channel();
+        let started = Instant::now();
+        {
+            let mut st = link.state();
+            let seq = st.next_ping;
+            st.next_ping += 1;
+            let conn = st.conn.as_ref()?;
+            conn.tx.send(encode(&LinkMessage::Ping { seq }, b"")).ok()?;
+            st.pings.insert(seq, (started, Some(done_tx)));
+        }
+        tokio::time::timeout(timeout, done_rx).await.ok()?.ok()?;
+        Some(started.elapsed())
+    }
+
+    /// Listens on `run_dir/ctl.sock` for the agent's PID 1 (the Unix carrier). Every
+    /// connection is checked with `SO_PEERCRED` against `verifier` before a single byte
+    /// is read; any other peer is refused and audited.
+    pub fn listen_unix(
+        &self,
+        agent: &str,
+        run_dir: &Path,
+        verifier: Arc<dyn PeerVerifier>,
+    ) -> std::io::Result<UnixListenerHandle> {
+        let path = run_dir.join(CTL_SOCKET_NAME);
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path)?;
+        // Everyone may connect: the peer check below is the authentication, and an
+        // agent's attempt must reach it to be audited.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        let hub = self.clone();
+        let agent = agent.to_string();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let hub = hub.clone();
+                let agent = agent.clone();
+                let verifier = verifier.clone();
+                tokio::spawn(async move { hub.accept_unix(&agent, stream, verifier).await });
+            }
+        });
+        Ok(UnixListenerHandle {
+            path,
+            task: Some(task),
+        })
+    }
+
+    async fn accept_unix(
+        &self,
+        agent: &str,
+        mut stream: tokio::net::UnixStream,
+        verifier: Arc<dyn PeerVerifier>,
+    ) {
+        let cred = stream.peer_cred().ok();
+        let pid = cred
+            .as_ref()
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok());
+        let uid = cred.as_ref().map(|c| c.uid());
+        let expected = verifier.init_pid(agent).await;
+        let reason = match (pid, uid, expected) {
+            (Some(p), Some(0), Some(e)) if p == e => None,
+            (_, _, None) => Some("the agent's container is not running".to_string()),
+            (Some(_), Some(0), Some(_)) => {
+                Some("the peer is not the container's PID 1".to_string())
+            }
+            (_, Some(u), _) if u != 0 => Some(format!("the peer runs as uid {u}, not root")),
+            _ => Some("the peer's credentials are unknown".to_string()),
+        };
+        if let Some(reason) = reason {
+            self.reject(agent, pid, uid, &reason).await;
+            let refused = encode(&LinkMessage::Refused { reason }, b"");
+            let _ = tokio::time::timeout(Duration::from_millis(200), async {
+                stream.write_all(&refused).await?;
+                stream.shutdown().await?;
+                // Discard what the peer sent (never parsed), so closing does not reset
+                // the connection before it has read the refusal.
+                let mut sink = [0u8; 4096];
+                let mut budget: usize = 64 * 1024;
+                while budget > 0 {
+                    let n = stream.read(&mut sink).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    budget = budget.saturating_sub(n);
+                }
+                Ok::<(), std::io::Error>(())
+            })
+            .await;
+            return;
+        }
+        let (r, w) = stream.into_split();
+        self.serve(agent, Carrier::Unix, r, w).await;
+    }
+
+    /// Records the `finished` line a previous gateway could not write: the op's
+    /// outcome, marked `recovered`, with the op id.
+    fn audit_recovered(&self, agent: &str, id: &str, payload: &[u8]) {
+        let Some(audit) = self.audit_sink() else {
+            return;
+        };
+        use beige_protocol::op::OpReply;
+        let reply = serde_json::from_slice::<OpReply>(payload).ok();
+        let (tool, exit_code, output_bytes, duration_ms, error) = match &reply {
+            Some(OpReply::Exec(e)) => (
+                "exec",
+                e.exit_code.or(e.signal.map(|s| 128 + s)),
+                Some((e.stdout.len() + e.stderr.len()) as u64),
+                Some(e.duration_ms),
+                e.timed_out.then(|| "timed out".to_string()),
+            ),
+            Some(OpReply::Read(_)) => ("read", Some(0), None, None, None),
+            Some(OpReply::Write(_)) => ("write", Some(0), None, None, None),
+            Some(OpReply::Patch(_)) => ("patch", Some(0), None, None, None),
+            Some(OpReply::Kill(_)) => ("kill", Some(0), None, None, None),
+            Some(OpReply::Error(e)) => ("op", Some(1), None, None, Some(e.message.clone())),
+            None => ("op", None, None, None, Some("unreadable reply".to_string())),
+        };
+        let record = AuditRecord {
+            ts: now_ts(),
+            agent: agent.to_string(),
+            session: None,
+            model: None,
+            channel: None,
+            phase: Phase::Finished,
+            kind: AuditType::CoreTool,
+            tool: tool.to_string(),
+            args: vec!["recovered-after-restart".to_string(), id.to_string()],
+            decision: AuditDecision::Allowed,
+            target: Some(Target::Sandbox),
+            duration_ms,
+            exit_code,
+            output_bytes,
+            error,
+        };
+        let agent = agent.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = audit.record(&record).await {
+                tracing::error!(agent, error = %e, "could not audit a recovered result");
+            }
+        });
+    }
+
+    fn audit_sink(&self) -> Option<Arc<dyn AuditSink>> {
+        self.inner
+            .audit
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn reject(&self, agent: &str, pid: Option<u32>, uid: Option<u32>, reason: &str) {
+        self.link(agent).state().status.rejected_peers += 1;
+        tracing::warn!(
+            agent,
+            ?pid,
+            ?uid,
+            reason,
+            "refused a connection to the sandbox control socket"
+        );
+        let Some(audit) = self.audit_sink() else {
+            return;
+        };
+        let show = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+        let record = AuditRecord {
+            ts: now_ts(),
+            agent: agent.to_string(),
+            session: None,
+            model: None,
+            channel: None,
+            phase: Phase::Finished,
+            kind: AuditType::Security,
+            tool: "security.link_reject".to_string(),
+            args: vec![format!("pid={}", show(pid)), format!("uid={}", show(uid))],
+            decision: AuditDecision::Denied,
+            target: Some(Target::Gateway),
+            duration_ms: None,
+            exit_code: None,
+            output_bytes: None,
+            error: Some(reason.to_string()),
+        };
+        if let Err(e) = audit.record(&record).await {
+            tracing::error!(agent, error = %e, "could not audit a refused link peer");
+        }
+    }
+}
+
+fn status_of(st: &State) -> LinkStatus {
+    let mut s = st.status.clone();
+    match &st.conn {
+        Some(c) => {
+            s.connected = true;
+            s.carrier = Some(c.carrier);
+            s.boot_id = Some(c.boot_id.clone());
+            s.connected_secs = Some(c.since.elapsed().as_secs());
+        }
+        None => {
+            s.connected = false;
+            s.carrier = None;
+            s.connected_secs = None;
+        }
+    }
+    s
+}
+
+/// Removes a waiter when its call ends (also when the call's future is dropped).
+struct Cleanup<'a> {
+    link: &'a AgentLink,
+    id: String,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.link.state().waiters.remove(&self.id);
+    }
+}
+
+/// The Unix listener of one agent; dropping it stops listening and removes the socket.
+#[derive(Debug)]
+pub struct UnixListenerHandle {
+    path: PathBuf,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl UnixListenerHandle {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for UnixListenerHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use beige_protocol::link::Frame;
+    use tokio::io::DuplexStream;
+
+    /// The shim's end of a link, driven by the test.
+    struct FakeShim {
+        io: DuplexStream,
+        decoder: FrameDecoder,
+    }
+
+    impl FakeShim {
+        async fn next(&mut self) -> Frame {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                if let Some(f) = self.decoder.next_frame().unwrap() {
+                    return f;
+                }
+                let n = self.io.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the gateway closed the link");
+                self.decoder.push(&buf[..n]);
+            }
+        }
+
+        async fn send(&mut self, m: LinkMessage, payload: &[u8]) {
+            self.io.write_all(&encode(&m, payload)).await.unwrap();
+        }
+
+        async fn hello(&mut self, boot: &str, pending: &[&str]) {
+            let f = self.next().await;
+            assert!(
+                matches!(f.message, LinkMessage::GatewayHello { .. }),
+                "{f:?}"
+            );
+            self.send(
+                LinkMessage::ShimHello {
+                    role: Role::Control,
+                    boot_id: boot.into(),
+                    version: "test".into(),
+                    carrier: Carrier::Unix,
+                    pending: pending.iter().map(|s| s.to_string()).collect(),
+                },
+                b"",
+            )
+            .await;
+        }
+    }
+
+    fn connect(hub: &LinkHub, agent: &str) -> FakeShim {
+        let (gw, shim) = tokio::io::duplex(1 << 20);
+        let hub = hub.clone();
+        let agent = agent.to_string();
+        tokio::spawn(async move {
+            let (r, w) = tokio::io::split(gw);
+            hub.serve(&agent, Carrier::Unix, r, w).await;
+        });
+        FakeShim {
+            io: shim,
+            decoder: FrameDecoder::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn op_round_trip_ack_and_duplicate_dropped() {
+        let hub = LinkHub::new();
+        assert_eq!(
+            hub.call("a", "x-1", "exec", b"{}", Duration::from_secs(1))
+                .await,
+            Err(LinkError::NotConnected)
+        );
+        let mut shim = connect(&hub, "a");
+        shim.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        assert_eq!(hub.carrier("a"), Some(Carrier::Unix));
+
+        let call = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                hub.call(
+                    "a",
+                    "x-1",
+                    "exec",
+                    br#"{"op":"exec"}"#,
+                    Duration::from_secs(5),
+                )
+                .await
+            })
+        };
+        let op = shim.next().await;
+        assert_eq!(
+            op.message,
+            LinkMessage::Op {
+                id: "x-1".into(),
+                name: "exec".into()
+            }
+        );
+        assert_eq!(op.payload, br#"{"op":"exec"}"#);
+        shim.send(LinkMessage::Result { id: "x-1".into() }, b"REPLY")
+            .await;
+        assert_eq!(call.await.unwrap().unwrap(), b"REPLY");
+        assert_eq!(
+            shim.next().await.message,
+            LinkMessage::Ack { id: "x-1".into() }
+        );
+
+        // The same result again (as after a reconnect): acknowledged, not delivered.
+        shim.send(LinkMessage::Result { id: "x-1".into() }, b"REPLY")
+            .await;
+        assert_eq!(
+            shim.next().await.message,
+            LinkMessage::Ack { id: "x-1".into() }
+        );
+        let status = hub.status_of("a");
+        assert_eq!(status.duplicates_dropped, 1);
+        assert!(hub.recovered_ids("a").is_empty());
+        assert_eq!(status.ops_link, 1);
+        assert!(status.connected);
+
+        shim.send(LinkMessage::Ping { seq: 9 }, b"").await;
+        assert_eq!(shim.next().await.message, LinkMessage::Pong { seq: 9 });
+    }
+
+    #[tokio::test]
+    async fn result_survives_a_reconnect_of_the_same_boot() {
+        let hub = LinkHub::new();
+        let mut first = connect(&hub, "a");
+        first.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        let call = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                hub.call("a", "x-2", "exec", b"{}", Duration::from_secs(10))
+                    .await
+            })
+        };
+        let _op = first.next().await;
+        drop(first);
+        // PID 1 dials again, still running the op, and then delivers it.
+        let mut second = connect(&hub, "a");
+        second.hello("boot1", &["x-2"]).await;
+        second
+            .send(LinkMessage::Result { id: "x-2".into() }, b"LATE")
+            .await;
+        assert_eq!(call.await.unwrap().unwrap(), b"LATE");
+        assert_eq!(hub.status_of("a").connects, 2);
+    }
+
+    #[tokio::test]
+    async fn a_new_boot_or_a_forgotten_op_is_lost_and_orphans_are_recovered() {
+        let hub = LinkHub::new();
+        let mut first = connect(&hub, "a");
+        first.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        let call = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                hub.call("a", "x-3", "exec", b"{}", Duration::from_secs(10))
+                    .await
+            })
+        };
+        let _ = first.next().await;
+        drop(first);
+        let mut second = connect(&hub, "a");
+        second.hello("boot2", &[]).await;
+        assert_eq!(call.await.unwrap(), Err(LinkError::Lost { rebooted: true }));
+
+        // A result nobody waits for (sent by a previous gateway) is kept once.
+        second
+            .send(LinkMessage::Result { id: "old-7".into() }, b"R")
+            .await;
+        assert_eq!(
+            second.next().await.message,
+            LinkMessage::Ack { id: "old-7".into() }
+        );
+        second
+            .send(LinkMessage::Result { id: "old-7".into() }, b"R")
+            .await;
+        assert_eq!(
+            second.next().await.message,
+            LinkMessage::Ack { id: "old-7".into() }
+        );
+        assert_eq!(hub.recovered_ids("a"), vec!["old-7".to_string()]);
+        assert_eq!(hub.take_recovered("a", "old-7").as_deref(), Some(&b"R"[..]));
+        assert_eq!(hub.take_recovered("a", "old-7"), None);
+    }
+
+    #[tokio::test]
+    async fn link_drop_without_return_is_lost_after_the_grace() {
+        let hub = LinkHub::new();
+        let mut shim = connect(&hub, "a");
+        shim.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        let started = Instant::now();
+        let call = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                hub.call("a", "x-4", "read", b"{}", Duration::from_secs(30))
+                    .await
+            })
+        };
+        let _ = shim.next().await;
+        drop(shim);
+        assert_eq!(
+            call.await.unwrap(),
+            Err(LinkError::Lost { rebooted: false })
+        );
+        assert!(started.elapsed() >= RECONNECT_GRACE);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(!hub.is_connected("a"));
+    }
+
+    #[derive(Debug)]
+    struct Fixed(Option<u32>);
+
+    #[async_trait]
+    impl PeerVerifier for Fixed {
+        async fn init_pid(&self, _agent: &str) -> Option<u32> {
+            self.0
+        }
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorded(Mutex<Vec<AuditRecord>>);
+
+    #[async_trait]
+    impl AuditSink for Recorded {
+        async fn record(&self, r: &AuditRecord) -> Result<(), crate::audit::AuditError> {
+            self.0.lock().unwrap().push(r.clone());
+            Ok(())
+        }
+    }
+
+    /// Connects to `path`, sends a shim hello, and returns every frame the gateway sent
+    /// before closing.
+    async fn knock(path: &Path) -> Vec<LinkMessage> {
+        let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+        let hello = LinkMessage::ShimHello {
+            role: Role::Control,
+            boot_id: "intruder".into(),
+            version: "x".into(),
+            carrier: Carrier::Unix,
+            pending: vec![],
+        };
+        let _ = s.write_all(&encode(&hello, b"")).await;
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut got)).await;
+        let mut d = FrameDecoder::new();
+        d.push(&got);
+        let mut out = Vec::new();
+        while let Ok(Some(f)) = d.next_frame() {
+            out.push(f.message);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn unix_listener_refuses_and_audits_any_peer_but_pid_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = LinkHub::new();
+        let audit = Arc::new(Recorded::default());
+        hub.set_audit(audit.clone());
+        // "PID 1" is some other process: this test process is refused.
+        let l = hub
+            .listen_unix("a", dir.path(), Arc::new(Fixed(Some(1))))
+            .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(l.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666);
+        let got = knock(l.path()).await;
+        assert!(
+            matches!(got.as_slice(), [LinkMessage::Refused { .. }]),
+            "no hello may reach a refused peer: {got:?}"
+        );
+        assert!(!hub.is_connected("a"));
+        assert_eq!(hub.status_of("a").rejected_peers, 1);
+        let records = audit.0.lock().unwrap().clone();
+        assert_eq!(records.len(), 1);
+        let r = &records[0];
+        assert_eq!(r.tool, "security.link_reject");
+        assert_eq!(r.kind, AuditType::Security);
+        assert_eq!(r.decision, AuditDecision::Denied);
+        assert!(
+            r.args.contains(&format!("pid={}", std::process::id())),
+            "{r:?}"
+        );
+        drop(l);
+        assert!(!dir.path().join(CTL_SOCKET_NAME).exists());
+    }
+
+    #[tokio::test]
+    async fn unix_listener_accepts_the_verified_pid_as_root() {
+        if effective_uid() != 0 {
+            return; // the uid check needs root, as PID 1 of a sandbox is
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let hub = LinkHub::new();
+        let l = hub
+            .listen_unix("a", dir.path(), Arc::new(Fixed(Some(std::process::id()))))
+            .unwrap();
+        let stream = tokio::net::UnixStream::connect(l.path()).await.unwrap();
+        let mut shim = FakeShim {
+            io: {
+                // Bridge the socket into the duplex-based helper.
+                let (a, b) = tokio::io::duplex(1 << 16);
+                let (mut sr, mut sw) = stream.into_split();
+                let (mut ar, mut aw) = tokio::io::split(a);
+                tokio::spawn(async move { tokio::io::copy(&mut sr, &mut aw).await });
+                tokio::spawn(async move { tokio::io::copy(&mut ar, &mut sw).await });
+                b
+            },
+            decoder: FrameDecoder::new(),
+        };
+        shim.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        let ping = {
+            let hub = hub.clone();
+            tokio::spawn(async move { hub.ping("a", Duration::from_secs(2)).await })
+        };
+        let LinkMessage::Ping { seq } = shim.next().await.message else {
+            panic!("expected a ping");
+        };
+        shim.send(LinkMessage::Pong { seq }, b"").await;
+        assert!(ping.await.unwrap().is_some());
+        assert!(hub.status_of("a").last_ping_us.is_some());
+    }
+
+    fn effective_uid() -> u32 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+            })
+            .and_then(|u| u.parse().ok())
+            .unwrap_or(u32::MAX)
+    }
+}

@@ -1,0 +1,282 @@
+//! The shim link on the real Docker engine: what an agent's process can and cannot do
+//! to PID 1 and to its siblings (`link.md` §2.5, run as the agent from inside the
+//! sandbox), and how the link behaves when things die: PID 1 killed, an escaped daemon
+//! after a timeout, a flood of output.
+
+use std::time::Duration;
+
+use beige_core::audit::AuditRecord;
+use beige_core::sandbox::docker::DockerSandbox;
+use beige_core::sandbox::Transport;
+use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use beige_core::{Gateway, GatewayBuilder, LocalGateway};
+use serde_json::json;
+
+use super::support::TestHome;
+use crate::docker_or_skip;
+
+/// An image with python3 for the syscall probes (built by `scripts/setup-docker
+/// --debian-base`, which CI runs).
+const PROBE_IMAGE: &str = "beige-test-debian:bookworm";
+
+async fn exec_t(gw: &LocalGateway, agent: &str, command: &str, timeout: u64) -> ToolOutput {
+    gw.call_tool(
+        agent,
+        CoreToolCall::Exec(ExecParams {
+            command: command.into(),
+            timeout: Some(timeout),
+        }),
+        ToolContext::default(),
+    )
+    .await
+    .unwrap()
+}
+
+async fn gateway_with(
+    t: &TestHome,
+    env: &super::support::DockerEnv,
+    config: beige_core::config::Config,
+) -> (LocalGateway, DockerSandbox) {
+    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let gw = GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(std::sync::Arc::new(docker.clone()))
+        .build()
+        .await
+        .unwrap();
+    (gw, docker)
+}
+
+async fn probe_image_present(docker: &DockerSandbox) -> bool {
+    if docker.client().inspect_image(PROBE_IMAGE).await.is_ok() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{PROBE_IMAGE} missing in CI: scripts/setup-docker --debian-base builds it");
+    }
+    eprintln!("SKIPPED (not in CI): {PROBE_IMAGE} missing; run scripts/setup-docker --debian-base");
+    false
+}
+
+fn audit_records(t: &TestHome) -> Vec<AuditRecord> {
+    std::fs::read_to_string(t.home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Python run as the agent: every probe prints `name: errno-name` (or `ok`).
+const PROBES: &str = r#"
+import ctypes, errno, os, socket, struct, json, time, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def res(r):
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+def opener(path):
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            open(path, "rb").read(1)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+for f in ["environ", "fd", "mem", "maps"]:
+    print("proc1-" + f + ":", opener("/proc/1/" + f))
+sib = subprocess.Popen(["sleep", "30"])
+time.sleep(0.1)
+print("ptrace-attach:", res(libc.syscall(101, 16, sib.pid, 0, 0)))
+print("ptrace-traceme:", res(libc.syscall(101, 0, 0, 0, 0)))
+print("process_vm_readv:", res(libc.syscall(310, sib.pid, 0, 0, 0, 0, 0)))
+pidfd = libc.syscall(434, sib.pid, 0)
+print("pidfd_open:", "ok" if pidfd >= 0 else res(pidfd))
+print("pidfd_getfd:", res(libc.syscall(438, pidfd, 0, 0)))
+sib.kill()
+for sig in ["TERM", "9"]:
+    r = subprocess.run(["kill", "-" + sig, "1"], capture_output=True)
+    print("kill-" + sig + ":", r.returncode)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("/beige/run/ctl.sock")
+    hello = json.dumps({"t": "shim_hello", "role": "control", "boot_id": "fake", "version": "x", "carrier": "unix", "pending": []}).encode()
+    s.sendall(b"BGL1" + struct.pack(">II", len(hello), 0) + hello)
+    s.settimeout(5)
+    got = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    print("ctl:", "refused" if b'"refused"' in got else ("hello" if b"gateway_hello" in got else repr(got)))
+except OSError as e:
+    print("ctl: connect", errno.errorcode[e.errno])
+"#;
+
+#[tokio::test]
+async fn the_agent_cannot_reach_pid_1_or_its_siblings() {
+    let env = docker_or_skip!();
+    let probe = DockerSandbox::connect("probe").await.unwrap();
+    if !probe_image_present(&probe).await {
+        return;
+    }
+    let t = TestHome::new();
+    let config = t.config(
+        &env,
+        &[("probe", json!({"sandbox": {"image": PROBE_IMAGE}}))],
+    );
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    assert!(
+        docker
+            .link_hub()
+            .wait_connected("probe", Duration::from_secs(5))
+            .await
+    );
+    let boot = docker.link_hub().status_of("probe").boot_id;
+
+    std::fs::write(t.home.default_workspace("probe").join("probes.py"), PROBES).unwrap();
+    let out = exec_t(&gw, "probe", "python3 probes.py 2>&1", 60).await;
+    let text = out.joined_text();
+    assert_eq!(out.transport, Some(Transport::LinkUnix), "{text}");
+    for expected in [
+        "proc1-environ: EACCES",
+        "proc1-fd: EACCES",
+        "proc1-mem: EACCES",
+        "proc1-maps: EACCES",
+        "ptrace-attach: EPERM",
+        "ptrace-traceme: EPERM",
+        "process_vm_readv: EPERM",
+        "pidfd_open: ok",
+        "pidfd_getfd: EPERM",
+        "ctl: refused",
+    ] {
+        assert!(text.contains(expected), "expected `{expected}` in:\n{text}");
+    }
+    // `kill` fails (exit code 1) and PID 1 is unchanged: same boot, link still up.
+    assert!(text.contains("kill-TERM: 1"), "{text}");
+    assert!(text.contains("kill-9: 1"), "{text}");
+    let after = exec_t(&gw, "probe", "echo alive", 10).await;
+    assert!(after.joined_text().contains("alive"));
+    assert_eq!(after.transport, Some(Transport::LinkUnix));
+    let status = docker.link_hub().status_of("probe");
+    assert_eq!(status.boot_id, boot, "PID 1 restarted");
+    assert_eq!(status.connects, 1, "the link dropped: {status:?}");
+    assert!(status.rejected_peers >= 1, "{status:?}");
+
+    // The refused peer is in the audit log, with the agent's uid.
+    let rejects: Vec<AuditRecord> = audit_records(&t)
+        .into_iter()
+        .filter(|r| r.tool == "security.link_reject")
+        .collect();
+    assert_eq!(rejects.len(), 1, "{rejects:?}");
+    assert!(
+        rejects[0].args.contains(&"uid=1000".to_string()),
+        "{rejects:?}"
+    );
+    assert_eq!(rejects[0].agent, "probe");
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn escaped_daemon_is_a_survivor_and_a_flood_is_capped_in_the_sandbox() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(&env, &[("tough", json!({}))]);
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    assert!(
+        docker
+            .link_hub()
+            .wait_connected("tough", Duration::from_secs(5))
+            .await
+    );
+
+    let out = exec_t(
+        &gw,
+        "tough",
+        "setsid sleep 300 >/dev/null 2>&1 </dev/null & sleep 30",
+        1,
+    )
+    .await;
+    let text = out.joined_text();
+    assert!(out.is_error, "{text}");
+    assert!(text.contains("timed out after 1 s"), "{text}");
+    assert!(text.contains("still running: pid "), "{text}");
+    assert!(text.contains("`sleep 300`"), "{text}");
+    assert_eq!(out.transport, Some(Transport::LinkUnix));
+    let ps = exec_t(&gw, "tough", "ps -o pid,args | grep -c '[s]leep 300'", 10).await;
+    assert!(ps.joined_text().contains('1'), "{}", ps.joined_text());
+
+    // 1 GiB of output: the cap applies inside the sandbox, so the gateway never holds it.
+    let before = rss_kib();
+    let out = exec_t(
+        &gw,
+        "tough",
+        "head -c 1073741824 /dev/zero | tr '\\0' a",
+        120,
+    )
+    .await;
+    let text = out.joined_text();
+    let grown_mib = rss_kib().saturating_sub(before) / 1024;
+    assert!(
+        text.len() < 200 * 1024,
+        "{} bytes reached the model",
+        text.len()
+    );
+    assert!(
+        text.contains("bytes omitted"),
+        "{}",
+        &text[..text.len().min(400)]
+    );
+    assert!(grown_mib < 64, "gateway memory grew by {grown_mib} MiB");
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn killed_pid_1_is_recreated_with_the_reason_and_the_link_returns() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(&env, &[("phoenix", json!({}))]);
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    let hub = docker.link_hub();
+    assert!(hub.wait_connected("phoenix", Duration::from_secs(5)).await);
+    let boot = hub.status_of("phoenix").boot_id;
+    let name = gw.specs()[0].name.clone();
+    docker
+        .client()
+        .kill_container(
+            &name,
+            Some(bollard::query_parameters::KillContainerOptions {
+                signal: "SIGKILL".into(),
+            }),
+        )
+        .await
+        .unwrap();
+    // The link notices PID 1 is gone.
+    for _ in 0..100 {
+        if !hub.is_connected("phoenix") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = exec_t(&gw, "phoenix", "echo back", 30).await;
+    let text = out.joined_text();
+    assert!(text.contains("The sandbox was restarted before this call because its container had stopped (exit code 137)"), "{text}");
+    assert!(text.contains("back"), "{text}");
+    let next = exec_t(&gw, "phoenix", "echo again", 30).await;
+    assert_eq!(
+        next.transport,
+        Some(Transport::LinkUnix),
+        "{}",
+        next.joined_text()
+    );
+    assert_ne!(hub.status_of("phoenix").boot_id, boot);
+    gw.shutdown().await.unwrap();
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}

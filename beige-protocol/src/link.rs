@@ -1,0 +1,316 @@
+//! The shim link: frames exchanged between the gateway and the shim running as PID 1.
+//!
+//! One link per container carries every core-tool operation without `docker exec`. It
+//! runs over a *carrier*: a Unix connection that PID 1 dials to `/beige/run/ctl.sock`
+//! (authenticated by the gateway with `SO_PEERCRED`), or the container's own stdin and
+//! stdout through the Engine API's attach endpoint. The frames are the same on both.
+//!
+//! A frame is `magic (4 bytes) | header length (u32 BE) | payload length (u32 BE) |
+//! header (JSON) | payload (raw bytes)`. The header is a [`LinkMessage`]; the payload
+//! carries op requests and replies as the exact JSON the `beige-shim op` contract uses
+//! (see [`crate::op`]), so the shim forwards them without re-encoding.
+//!
+//! Conversation:
+//!
+//! 1. the gateway speaks first with [`LinkMessage::GatewayHello`] (on the attach carrier,
+//!    output written while nobody listens is lost, so the shim never speaks unasked);
+//! 2. the shim answers [`LinkMessage::ShimHello`] with its boot id, then re-sends every
+//!    [`LinkMessage::Result`] the gateway has not acknowledged yet;
+//! 3. the gateway sends [`LinkMessage::Op`]s (any number in flight, each with a unique
+//!    id); the shim answers each with one [`LinkMessage::Result`] carrying the same id;
+//!    the gateway acknowledges it with [`LinkMessage::Ack`], after which the shim forgets
+//!    it. A result can therefore arrive twice (once before and once after a gateway
+//!    restart); the gateway delivers it once, by id;
+//! 4. either side may send [`LinkMessage::Ping`]; the other answers
+//!    [`LinkMessage::Pong`] with the same number.
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the control socket in an agent's run directory (`/beige/run` inside).
+pub const CTL_SOCKET_NAME: &str = "ctl.sock";
+/// Where PID 1 dials the control socket inside the container.
+pub const CTL_SOCKET_PATH: &str = "/beige/run/ctl.sock";
+/// First four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"BGL1";
+/// Bytes before the header: magic and the two lengths.
+pub const PREFIX_LEN: usize = 12;
+/// Largest header accepted.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Largest payload accepted (an 8 MiB `write` is about 11 MiB of JSON after escaping; a
+/// reply is at most 16 MiB).
+pub const MAX_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
+/// Seconds between pings from the gateway; a link silent for three intervals is dead.
+pub const PING_INTERVAL_SECS: u64 = 10;
+/// Longest accepted op id, in bytes.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Which carrier a link runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Carrier {
+    /// PID 1 dialled `/beige/run/ctl.sock`.
+    Unix,
+    /// The container's stdin and stdout, through the engine's attach endpoint.
+    Attach,
+}
+
+impl Carrier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Carrier::Unix => "unix",
+            Carrier::Attach => "attach",
+        }
+    }
+}
+
+/// What a stream is for. Only `control` exists today; egress and relay streams will
+/// pass the same peer check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Control,
+}
+
+/// The header of a frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum LinkMessage {
+    /// Gateway → shim, first frame of every session.
+    GatewayHello {
+        version: String,
+    },
+    /// Shim → gateway, the answer to [`LinkMessage::GatewayHello`].
+    ShimHello {
+        role: Role,
+        /// Random per start of PID 1: a new value means a new container boot.
+        boot_id: String,
+        version: String,
+        carrier: Carrier,
+        /// Ids of ops still running or whose results are not yet acknowledged.
+        #[serde(default)]
+        pending: Vec<String>,
+    },
+    /// Gateway → shim: run one operation. Payload: the [`crate::op::OpRequest`] JSON.
+    Op {
+        id: String,
+        name: String,
+    },
+    /// Shim → gateway: an operation's outcome. Payload: the [`crate::op::OpReply`] JSON.
+    Result {
+        id: String,
+    },
+    /// Gateway → shim: the result `id` was received; the shim may forget it.
+    Ack {
+        id: String,
+    },
+    Ping {
+        seq: u64,
+    },
+    Pong {
+        seq: u64,
+    },
+    /// Sent before closing a connection that is not accepted.
+    Refused {
+        reason: String,
+    },
+}
+
+/// Whether `id` is acceptable as an op id: 1 to [`MAX_ID_LEN`] bytes of
+/// `[A-Za-z0-9_-]`.
+pub fn is_valid_id(id: &str) -> bool {
+    crate::op::is_valid_exec_id(id) && id.len() <= MAX_ID_LEN
+}
+
+/// Why bytes are not a valid frame. Any of these ends the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    BadMagic,
+    HeaderTooLarge(usize),
+    PayloadTooLarge(usize),
+    BadHeader(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::BadMagic => write!(f, "the stream is not a beige link (bad magic)"),
+            FrameError::HeaderTooLarge(n) => {
+                write!(f, "frame header of {n} bytes exceeds {MAX_HEADER_BYTES}")
+            }
+            FrameError::PayloadTooLarge(n) => {
+                write!(f, "frame payload of {n} bytes exceeds {MAX_PAYLOAD_BYTES}")
+            }
+            FrameError::BadHeader(e) => write!(f, "unreadable frame header: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub message: LinkMessage,
+    pub payload: Vec<u8>,
+}
+
+/// Encodes one frame.
+pub fn encode(message: &LinkMessage, payload: &[u8]) -> Vec<u8> {
+    // Serializing a plain enum of strings and numbers cannot fail.
+    let header = serde_json::to_vec(message).unwrap_or_default();
+    let mut out = Vec::with_capacity(PREFIX_LEN + header.len() + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(
+        &u32::try_from(header.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(
+        &u32::try_from(payload.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(&header);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Reads the lengths from a frame prefix, checking magic and limits.
+pub fn parse_prefix(prefix: &[u8; PREFIX_LEN]) -> Result<(usize, usize), FrameError> {
+    if prefix[..4] != MAGIC {
+        return Err(FrameError::BadMagic);
+    }
+    let len = |b: &[u8]| -> usize {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(b);
+        u32::from_be_bytes(a) as usize
+    };
+    let header = len(&prefix[4..8]);
+    let payload = len(&prefix[8..12]);
+    if header > MAX_HEADER_BYTES {
+        return Err(FrameError::HeaderTooLarge(header));
+    }
+    if payload > MAX_PAYLOAD_BYTES {
+        return Err(FrameError::PayloadTooLarge(payload));
+    }
+    Ok((header, payload))
+}
+
+/// Decodes a header.
+pub fn parse_header(header: &[u8]) -> Result<LinkMessage, FrameError> {
+    serde_json::from_slice(header).map_err(|e| FrameError::BadHeader(e.to_string()))
+}
+
+/// An incremental decoder: feed it bytes as they arrive, take frames out.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+}
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes received but not yet part of a returned frame.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete frame, if one has arrived.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        if self.buf.len() < PREFIX_LEN {
+            // A wrong magic is reported as soon as its bytes are here.
+            let n = self.buf.len().min(4);
+            if self.buf[..n] != MAGIC[..n] {
+                return Err(FrameError::BadMagic);
+            }
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        prefix.copy_from_slice(&self.buf[..PREFIX_LEN]);
+        let (header_len, payload_len) = parse_prefix(&prefix)?;
+        let total = PREFIX_LEN + header_len + payload_len;
+        if self.buf.len() < total {
+            return Ok(None);
+        }
+        let message = parse_header(&self.buf[PREFIX_LEN..PREFIX_LEN + header_len])?;
+        let payload = self.buf[PREFIX_LEN + header_len..total].to_vec();
+        self.buf.drain(..total);
+        Ok(Some(Frame { message, payload }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_in_any_split() {
+        let a = encode(
+            &LinkMessage::Op {
+                id: "g1-1".into(),
+                name: "exec".into(),
+            },
+            br#"{"op":"exec","command":"true"}"#,
+        );
+        let b = encode(&LinkMessage::Ping { seq: 7 }, b"");
+        let mut all = a.clone();
+        all.extend_from_slice(&b);
+        for split in 0..all.len() {
+            let mut d = FrameDecoder::new();
+            d.push(&all[..split]);
+            let mut frames = Vec::new();
+            while let Some(f) = d.next_frame().unwrap() {
+                frames.push(f);
+            }
+            d.push(&all[split..]);
+            while let Some(f) = d.next_frame().unwrap() {
+                frames.push(f);
+            }
+            assert_eq!(frames.len(), 2, "split at {split}");
+            assert_eq!(frames[1].message, LinkMessage::Ping { seq: 7 });
+            assert_eq!(frames[0].payload, br#"{"op":"exec","command":"true"}"#);
+            assert_eq!(d.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn garbage_and_oversize_are_refused() {
+        let mut d = FrameDecoder::new();
+        d.push(b"GET / HTTP/1.1\r\n");
+        assert_eq!(d.next_frame(), Err(FrameError::BadMagic));
+        let mut d = FrameDecoder::new();
+        d.push(b"BX");
+        assert_eq!(d.next_frame(), Err(FrameError::BadMagic));
+        let mut big = MAGIC.to_vec();
+        big.extend_from_slice(&(MAX_HEADER_BYTES as u32 + 1).to_be_bytes());
+        big.extend_from_slice(&0u32.to_be_bytes());
+        let mut d = FrameDecoder::new();
+        d.push(&big);
+        assert!(matches!(d.next_frame(), Err(FrameError::HeaderTooLarge(_))));
+    }
+
+    #[test]
+    fn wire_shape_is_stable() {
+        let hello = LinkMessage::ShimHello {
+            role: Role::Control,
+            boot_id: "b1".into(),
+            version: "0.1.0".into(),
+            carrier: Carrier::Unix,
+            pending: vec!["g-1".into()],
+        };
+        assert_eq!(
+            serde_json::to_string(&hello).unwrap(),
+            r#"{"t":"shim_hello","role":"control","boot_id":"b1","version":"0.1.0","carrier":"unix","pending":["g-1"]}"#
+        );
+        assert!(is_valid_id("gA1-2_x"));
+        assert!(!is_valid_id("a b"));
+        assert!(!is_valid_id(""));
+    }
+}

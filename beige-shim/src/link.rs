@@ -1,0 +1,861 @@
+//! PID 1's side of the shim link (design: `spec/link.md` §1–§2; frames:
+//! [`beige_protocol::link`]).
+//!
+//! [`Link`] holds one connection to the gateway and runs core-tool operations for it.
+//! It owns no thread and never blocks except for bounded writes: [`crate::init`]'s
+//! `poll(2)` loop asks it which descriptors to watch ([`Link::prepare`]) and hands it
+//! what became ready ([`Link::dispatch`]).
+//!
+//! - *Carriers.* `unix`: dial the control socket, again after a failure or disconnect
+//!   with a backoff from [`BACKOFF_MIN`] doubling to [`BACKOFF_MAX`] (driven by the poll
+//!   timeout). `attach`: the process's own stdin and stdout (moved out of reach of
+//!   children by `sys::take_stdio`); EOF on stdin ends the link for good.
+//! - *Conversation.* Nothing is sent before the gateway's `GatewayHello`; it is answered
+//!   with `ShimHello` (boot id, version, carrier, pending ids) followed by every
+//!   unacknowledged `Result`, in order. A later hello (a new gateway session on the
+//!   attach stream) is answered the same way. `Op` starts an op child unless one with
+//!   the id runs (ignored) or its result is still held (re-sent). Results are kept until
+//!   `Ack`, at most [`MAX_UNACKED_BYTES`] (oldest dropped). `Ping` → `Pong`. `Refused`
+//!   or a bad frame drops the connection (on attach, where nothing can be dropped, the
+//!   reader skips to the next frame start and waits for a new hello).
+//! - *Op children.* `<shim> op <name>` as the agent user ([`crate::privdrop::command`]),
+//!   the request written to its stdin, its stdout read to EOF: those bytes are the
+//!   result. Their exit status is not needed; the caller reaps them.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{ChildStdin, ChildStdout};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use beige_protocol::link::{
+    self as wire, Carrier, Frame, FrameError, LinkMessage, Role, MAGIC, MAX_PAYLOAD_BYTES,
+    PREFIX_LEN,
+};
+use beige_protocol::op::{OpError, OpErrorKind, OpReply};
+
+use crate::privdrop::{self, PrivDrop};
+use crate::{op, sys};
+
+/// First pause before dialling again.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest pause between two dials.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long one frame may take to write before the connection counts as lost.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of unacknowledged results kept; the oldest are dropped beyond.
+pub const MAX_UNACKED_BYTES: usize = 64 * 1024 * 1024;
+/// Op children running at once; further ops fail at once.
+pub const MAX_RUNNING: usize = 256;
+/// Bytes read per step, from the link or an op's stdout.
+const READ_CHUNK: usize = 64 * 1024;
+/// Steps of reading the link per wake-up, so op children are not starved.
+const READS_PER_WAKE: usize = 16;
+
+/// Where the link runs.
+#[derive(Debug)]
+pub enum CarrierSpec {
+    /// Dial this Unix socket.
+    Unix(PathBuf),
+    /// Read frames from `input`, write them to `output` (the former stdin and stdout).
+    Attach { input: OwnedFd, output: OwnedFd },
+}
+
+/// How to run the link.
+#[derive(Debug)]
+pub struct LinkConfig {
+    pub carrier: CarrierSpec,
+    /// The shim binary, run as `<program> op <name>` for each op.
+    pub program: PathBuf,
+    /// The op children's working directory.
+    pub workdir: PathBuf,
+    /// The privilege drop of every op child.
+    pub plan: PrivDrop,
+}
+
+/// Where PID 1 logs when its stderr was moved away from descriptor 2 (attach carrier).
+static LOG: OnceLock<File> = OnceLock::new();
+
+/// Makes [`log`] write to `fd` (the original stderr, kept close-on-exec) instead of
+/// descriptor 2.
+pub fn log_to(fd: OwnedFd) {
+    let _ = LOG.set(File::from(fd));
+}
+
+/// Logs one line of PID 1 (`beige-shim init: …`) to the container's stderr.
+pub fn log(message: std::fmt::Arguments<'_>) {
+    match LOG.get() {
+        Some(mut file) => {
+            let _ = writeln!(file, "beige-shim init: {message}");
+        }
+        None => eprintln!("beige-shim init: {message}"),
+    }
+}
+
+/// PID 1's link to the gateway.
+#[derive(Debug)]
+pub struct Link {
+    boot_id: String,
+    program: PathBuf,
+    workdir: PathBuf,
+    plan: PrivDrop,
+    wire: Wire,
+    ops: Vec<RunningOp>,
+    results: ResultStore,
+    /// What each descriptor handed out by the last [`Link::prepare`] belongs to.
+    slots: Vec<Slot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Conn,
+    Stdin(usize),
+    Stdout(usize),
+}
+
+impl Link {
+    pub fn new(config: LinkConfig) -> Self {
+        let now = Instant::now();
+        let wire = match config.carrier {
+            CarrierSpec::Unix(path) => Wire {
+                carrier: Carrier::Unix,
+                dial: Some(path),
+                conn: None,
+                retry_at: now,
+                backoff: BACKOFF_MIN,
+                gone: false,
+            },
+            CarrierSpec::Attach { input, output } => {
+                let conn = Conn::new(input, output);
+                if let Err(err) = &conn {
+                    log(format_args!("cannot use stdin/stdout as the link: {err}"));
+                }
+                Wire {
+                    carrier: Carrier::Attach,
+                    dial: None,
+                    gone: conn.is_err(),
+                    conn: conn.ok(),
+                    retry_at: now,
+                    backoff: BACKOFF_MIN,
+                }
+            }
+        };
+        Self {
+            boot_id: new_boot_id(),
+            program: config.program,
+            workdir: config.workdir,
+            plan: config.plan,
+            wire,
+            ops: Vec::new(),
+            results: ResultStore::new(MAX_UNACKED_BYTES),
+            slots: Vec::new(),
+        }
+    }
+
+    /// Whether the link is gone for good (the attach stream ended): the caller may drop
+    /// it and go on as a pure init.
+    pub fn is_gone(&self) -> bool {
+        self.wire.gone
+    }
+
+    /// Dials when due, then appends the descriptors to watch to `fds` and returns the
+    /// longest the caller may sleep (`None`: no limit).
+    pub fn prepare(&mut self, now: Instant, fds: &mut Vec<libc::pollfd>) -> Option<Duration> {
+        self.slots.clear();
+        let timeout = self.wire.redial(now);
+        let mut watch = |fd: i32, events: libc::c_short, slot: Slot| {
+            fds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+            self.slots.push(slot);
+        };
+        if let Some(conn) = &self.wire.conn {
+            watch(conn.input.as_raw_fd(), libc::POLLIN, Slot::Conn);
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Some(stdin) = &op.stdin {
+                watch(stdin.as_raw_fd(), libc::POLLOUT, Slot::Stdin(i));
+            }
+            if let Some(stdout) = &op.stdout {
+                watch(stdout.as_raw_fd(), libc::POLLIN, Slot::Stdout(i));
+            }
+        }
+        timeout
+    }
+
+    /// Handles the events of the descriptors from the last [`Link::prepare`], in the
+    /// same order.
+    pub fn dispatch(&mut self, fds: &[libc::pollfd]) {
+        let slots = std::mem::take(&mut self.slots);
+        let mut conn_ready = false;
+        for (slot, pfd) in slots.iter().zip(fds) {
+            if pfd.revents == 0 {
+                continue;
+            }
+            match *slot {
+                Slot::Conn => conn_ready = true,
+                Slot::Stdin(i) => self.ops[i].feed(),
+                Slot::Stdout(i) => self.ops[i].drain(),
+            }
+        }
+        self.finish_ops();
+        if conn_ready {
+            self.receive();
+        }
+    }
+
+    /// Turns every op whose stdout ended into a result.
+    fn finish_ops(&mut self) {
+        let mut i = 0;
+        while i < self.ops.len() {
+            if self.ops[i].stdout.is_some() {
+                i += 1;
+                continue;
+            }
+            let mut op = self.ops.swap_remove(i);
+            let id = std::mem::take(&mut op.id);
+            self.complete(id, op.reply_payload());
+        }
+    }
+
+    /// Stores a result and sends it when the gateway listens.
+    fn complete(&mut self, id: String, payload: Vec<u8>) {
+        let message = LinkMessage::Result { id: id.clone() };
+        self.wire.send(&message, &payload);
+        self.results.insert(id, payload);
+    }
+
+    /// Reads what the connection has and handles the frames in it.
+    fn receive(&mut self) {
+        let mut ended = None;
+        if let Some(conn) = self.wire.conn.as_mut() {
+            let mut buf = vec![0u8; READ_CHUNK];
+            for _ in 0..READS_PER_WAKE {
+                match conn.input.read(&mut buf) {
+                    Ok(0) => {
+                        ended = Some("the gateway closed the link".to_string());
+                        break;
+                    }
+                    Ok(n) => conn.inbox.push(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        ended = Some(format!("reading the link failed: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        // Frames that arrived before the end still count.
+        loop {
+            let Some(conn) = self.wire.conn.as_mut() else {
+                return;
+            };
+            match conn.inbox.next_frame() {
+                Ok(Some(frame)) => self.on_frame(frame),
+                Ok(None) => break,
+                Err(err) => self.bad_frame(&err),
+            }
+        }
+        if let Some(why) = ended {
+            self.wire.lost(&why, Loss::Closed);
+        }
+    }
+
+    fn bad_frame(&mut self, err: &FrameError) {
+        match self.wire.carrier {
+            Carrier::Unix => self.wire.lost(&format!("bad frame: {err}"), Loss::Closed),
+            Carrier::Attach => {
+                log(format_args!(
+                    "bad frame on the attach stream ({err}); waiting for a new gateway hello"
+                ));
+                if let Some(conn) = self.wire.conn.as_mut() {
+                    conn.inbox.resync();
+                    conn.greeted = false;
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, frame: Frame) {
+        let greeted = self.wire.conn.as_ref().is_some_and(|c| c.greeted);
+        match frame.message {
+            LinkMessage::GatewayHello { .. } => self.hello(),
+            LinkMessage::Refused { reason } => {
+                self.wire.lost(
+                    &format!("the gateway refused the link: {reason}"),
+                    Loss::Refused,
+                );
+            }
+            // Nothing counts before the gateway has said who it is.
+            _ if !greeted => {}
+            LinkMessage::Op { id, name } => self.start_op(id, name, frame.payload),
+            LinkMessage::Ack { id } => self.results.remove(&id),
+            LinkMessage::Ping { seq } => self.wire.send(&LinkMessage::Pong { seq }, b""),
+            LinkMessage::Pong { .. }
+            | LinkMessage::ShimHello { .. }
+            | LinkMessage::Result { .. } => {}
+        }
+    }
+
+    /// Answers a gateway hello and re-sends every unacknowledged result.
+    fn hello(&mut self) {
+        let Some(conn) = self.wire.conn.as_mut() else {
+            return;
+        };
+        conn.greeted = true;
+        self.wire.backoff = BACKOFF_MIN;
+        let pending = self
+            .ops
+            .iter()
+            .map(|op| op.id.clone())
+            .chain(self.results.ids().map(str::to_string))
+            .collect();
+        let hello = LinkMessage::ShimHello {
+            role: Role::Control,
+            boot_id: self.boot_id.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            carrier: self.wire.carrier,
+            pending,
+        };
+        self.wire.send(&hello, b"");
+        for (id, payload) in self.results.iter() {
+            self.wire
+                .send(&LinkMessage::Result { id: id.to_string() }, payload);
+        }
+    }
+
+    fn start_op(&mut self, id: String, name: String, request: Vec<u8>) {
+        if !wire::is_valid_id(&id) {
+            log(format_args!("ignoring an op with an invalid id"));
+            return;
+        }
+        if self.ops.iter().any(|op| op.id == id) {
+            return;
+        }
+        if let Some(payload) = self.results.get(&id) {
+            self.wire.send(&LinkMessage::Result { id }, payload);
+            return;
+        }
+        let Some(name) = op::NAMES.iter().copied().find(|n| *n == name) else {
+            let message = format!(
+                "Unknown operation {name:?}; expected one of: {}.",
+                op::NAMES.join(", ")
+            );
+            self.complete(id, error_reply(OpErrorKind::BadRequest, message));
+            return;
+        };
+        if self.ops.len() >= MAX_RUNNING {
+            let message = format!(
+                "Too many operations are running in the sandbox ({MAX_RUNNING}); the {name} \
+                 operation was not started."
+            );
+            self.complete(id, error_reply(OpErrorKind::Io, message));
+            return;
+        }
+        match self.spawn(id.clone(), name, request) {
+            Ok(op) => self.ops.push(op),
+            Err(err) => {
+                let message = format!("Cannot start the process for the {name} operation: {err}");
+                self.complete(id, error_reply(OpErrorKind::Io, message));
+            }
+        }
+    }
+
+    fn spawn(&self, id: String, name: &'static str, request: Vec<u8>) -> io::Result<RunningOp> {
+        let mut command =
+            privdrop::command(&self.program, &["op", name], &self.workdir, &self.plan)?;
+        let mut child = command.spawn()?;
+        // The child is never waited for here: the init loop reaps every child.
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        for fd in [
+            stdin.as_ref().map(AsFd::as_fd),
+            stdout.as_ref().map(AsFd::as_fd),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            sys::set_nonblocking(fd)?;
+        }
+        let mut op = RunningOp {
+            id,
+            name,
+            pid: child.id(),
+            stdin,
+            request,
+            written: 0,
+            stdout,
+            reply: Vec::new(),
+            too_large: false,
+        };
+        op.feed();
+        Ok(op)
+    }
+}
+
+/// One op child.
+#[derive(Debug)]
+struct RunningOp {
+    id: String,
+    name: &'static str,
+    pid: u32,
+    /// Open until the whole request is written.
+    stdin: Option<ChildStdin>,
+    request: Vec<u8>,
+    written: usize,
+    /// Open until end-of-file.
+    stdout: Option<ChildStdout>,
+    reply: Vec<u8>,
+    /// The reply grew beyond [`MAX_PAYLOAD_BYTES`]; the child was killed.
+    too_large: bool,
+}
+
+impl RunningOp {
+    /// Writes as much of the request as the pipe takes; closes it when done or broken.
+    fn feed(&mut self) {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return;
+        };
+        while self.written < self.request.len() {
+            match stdin.write(&self.request[self.written..]) {
+                Ok(0) => break,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // EPIPE: the child is gone; its (missing) reply tells.
+                Err(_) => break,
+            }
+        }
+        self.stdin = None;
+        self.request = Vec::new();
+    }
+
+    /// Reads what the child wrote; at end-of-file (or error) closes stdout.
+    fn drain(&mut self) {
+        let Some(stdout) = self.stdout.as_mut() else {
+            return;
+        };
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) if self.reply.len() + n > MAX_PAYLOAD_BYTES => {
+                    self.too_large = true;
+                    let _ = sys::kill_process(self.pid, libc::SIGKILL);
+                    break;
+                }
+                Ok(n) => self.reply.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.stdout = None;
+        self.stdin = None;
+    }
+
+    /// The result's payload: the child's reply, or an error when it is missing.
+    fn reply_payload(self) -> Vec<u8> {
+        if self.too_large {
+            let message = format!(
+                "The {} operation's reply exceeded {MAX_PAYLOAD_BYTES} bytes; it was stopped.",
+                self.name
+            );
+            return error_reply(OpErrorKind::Io, message);
+        }
+        let readable = !self.reply.is_empty()
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&self.reply).is_ok();
+        if !readable {
+            let message = format!(
+                "The {} operation ended without a readable reply (its process failed or \
+                 was killed).",
+                self.name
+            );
+            return error_reply(OpErrorKind::Io, message);
+        }
+        self.reply
+    }
+}
+
+/// An [`OpReply::Error`] as the JSON line an op child would have written.
+fn error_reply(kind: OpErrorKind, message: String) -> Vec<u8> {
+    let mut line =
+        serde_json::to_vec(&OpReply::Error(OpError { kind, message })).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// A random hex id, new for every start of PID 1.
+fn new_boot_id() -> String {
+    let mut bytes = [0u8; 16];
+    if sys::fill_random(&mut bytes).is_err() {
+        // Only uniqueness matters: fall back on the clock.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = nanos.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How a connection was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Closed, broken or unreadable.
+    Closed,
+    /// A write did not finish in time.
+    Timeout,
+    /// The gateway sent `Refused`.
+    Refused,
+}
+
+/// The carrier and the current connection over it.
+#[derive(Debug)]
+struct Wire {
+    carrier: Carrier,
+    /// The Unix socket to dial (none on attach).
+    dial: Option<PathBuf>,
+    conn: Option<Conn>,
+    retry_at: Instant,
+    backoff: Duration,
+    /// The attach stream ended: no link any more.
+    gone: bool,
+}
+
+impl Wire {
+    /// Dials the Unix socket when disconnected and due; returns how long until the next
+    /// attempt when still disconnected.
+    fn redial(&mut self, now: Instant) -> Option<Duration> {
+        if self.conn.is_some() {
+            return None;
+        }
+        let path = self.dial.as_ref()?;
+        if now >= self.retry_at {
+            match sys::connect_unix(path).and_then(|fd| {
+                let output = fd.try_clone()?;
+                Conn::new(fd, output)
+            }) {
+                Ok(conn) => {
+                    self.conn = Some(conn);
+                    return None;
+                }
+                Err(_) => self.schedule(now),
+            }
+        }
+        Some(self.retry_at.saturating_duration_since(now))
+    }
+
+    fn schedule(&mut self, now: Instant) {
+        self.retry_at = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// Writes one frame if the gateway has said hello; a failed write loses the
+    /// connection.
+    fn send(&mut self, message: &LinkMessage, payload: &[u8]) {
+        let Some(conn) = self.conn.as_mut().filter(|c| c.greeted) else {
+            return;
+        };
+        let frame = wire::encode(message, payload);
+        if let Err(loss) = conn.write_frame(&frame) {
+            self.lost("writing to the link failed", loss);
+        }
+    }
+
+    /// Ends the connection (Unix: dial again after the backoff; attach: wait for a new
+    /// hello, or give up when the stream is closed).
+    fn lost(&mut self, why: &str, loss: Loss) {
+        match self.carrier {
+            Carrier::Unix => {
+                if self.conn.take().is_some() {
+                    log(format_args!("link down: {why}"));
+                }
+                self.schedule(Instant::now());
+            }
+            Carrier::Attach if loss == Loss::Closed => {
+                log(format_args!(
+                    "link down for good: {why}; going on as a plain init"
+                ));
+                self.conn = None;
+                self.gone = true;
+            }
+            Carrier::Attach => {
+                log(format_args!("{why}; waiting for a new gateway hello"));
+                if let Some(conn) = self.conn.as_mut() {
+                    conn.greeted = false;
+                }
+            }
+        }
+    }
+}
+
+/// One connection: the two directions of the carrier and what was read so far.
+#[derive(Debug)]
+struct Conn {
+    input: File,
+    output: File,
+    inbox: Inbox,
+    /// The gateway said hello on this connection.
+    greeted: bool,
+}
+
+impl Conn {
+    fn new(input: OwnedFd, output: OwnedFd) -> io::Result<Self> {
+        sys::set_nonblocking(input.as_fd())?;
+        sys::set_nonblocking(output.as_fd())?;
+        Ok(Self {
+            input: File::from(input),
+            output: File::from(output),
+            inbox: Inbox::default(),
+            greeted: false,
+        })
+    }
+
+    /// Writes the whole frame within [`WRITE_TIMEOUT`].
+    fn write_frame(&mut self, frame: &[u8]) -> Result<(), Loss> {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        let mut done = 0;
+        while done < frame.len() {
+            match self.output.write(&frame[done..]) {
+                Ok(0) => return Err(Loss::Closed),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Loss::Timeout);
+                    }
+                    let mut pfd = [libc::pollfd {
+                        fd: self.output.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    }];
+                    sys::poll(&mut pfd, Some(left)).map_err(|_| Loss::Closed)?;
+                }
+                Err(_) => return Err(Loss::Closed),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Received bytes not yet decoded into frames.
+///
+/// Decodes like [`beige_protocol::link::FrameDecoder`] (through the same
+/// `parse_prefix`/`parse_header`), but can skip ahead to the next frame start after an
+/// error, which the attach stream needs: it cannot be dropped and dialled again.
+#[derive(Debug, Default)]
+struct Inbox {
+    buf: Vec<u8>,
+}
+
+impl Inbox {
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let Some(prefix) = self.buf.first_chunk::<PREFIX_LEN>() else {
+            let n = self.buf.len().min(MAGIC.len());
+            if self.buf[..n] != MAGIC[..n] {
+                return Err(FrameError::BadMagic);
+            }
+            return Ok(None);
+        };
+        let (header_len, payload_len) = wire::parse_prefix(prefix)?;
+        let total = PREFIX_LEN + header_len + payload_len;
+        if self.buf.len() < total {
+            return Ok(None);
+        }
+        let message = wire::parse_header(&self.buf[PREFIX_LEN..PREFIX_LEN + header_len])?;
+        let payload = self.buf[PREFIX_LEN + header_len..total].to_vec();
+        self.buf.drain(..total);
+        Ok(Some(Frame { message, payload }))
+    }
+
+    /// Drops at least one byte, then everything up to the next [`MAGIC`] (keeping a
+    /// possible start of one at the end).
+    fn resync(&mut self) {
+        let next = self
+            .buf
+            .windows(MAGIC.len())
+            .skip(1)
+            .position(|w| w == MAGIC)
+            .map(|p| p + 1);
+        let cut = next.unwrap_or_else(|| self.buf.len().saturating_sub(MAGIC.len() - 1).max(1));
+        let cut = cut.min(self.buf.len());
+        self.buf.drain(..cut);
+    }
+}
+
+/// Results waiting for the gateway's `Ack`, oldest first, bounded in bytes.
+#[derive(Debug)]
+struct ResultStore {
+    items: VecDeque<(String, Vec<u8>)>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl ResultStore {
+    fn new(limit: usize) -> Self {
+        Self {
+            items: VecDeque::new(),
+            bytes: 0,
+            limit,
+        }
+    }
+
+    fn insert(&mut self, id: String, payload: Vec<u8>) {
+        self.remove(&id);
+        self.bytes += payload.len();
+        self.items.push_back((id, payload));
+        while self.bytes > self.limit && self.items.len() > 1 {
+            if let Some((old, payload)) = self.items.pop_front() {
+                self.bytes -= payload.len();
+                log(format_args!(
+                    "dropped the unacknowledged result of op {old} ({} bytes): more than \
+                     {} bytes of results are waiting for the gateway",
+                    payload.len(),
+                    self.limit
+                ));
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(pos) = self.items.iter().position(|(i, _)| i == id) {
+            if let Some((_, payload)) = self.items.remove(pos) {
+                self.bytes -= payload.len();
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<&[u8]> {
+        self.items
+            .iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, p)| p.as_slice())
+    }
+
+    fn ids(&self) -> impl Iterator<Item = &str> {
+        self.items.iter().map(|(i, _)| i.as_str())
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.items.iter().map(|(i, p)| (i.as_str(), p.as_slice()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use beige_protocol::link::encode;
+
+    #[test]
+    fn inbox_decodes_and_resyncs() {
+        let ping = encode(&LinkMessage::Ping { seq: 3 }, b"");
+        let hello = encode(
+            &LinkMessage::GatewayHello {
+                version: "1".into(),
+            },
+            b"",
+        );
+        let mut inbox = Inbox::default();
+        inbox.push(b"junk BG");
+        inbox.push(&hello);
+        inbox.push(&ping[..5]);
+        assert_eq!(inbox.next_frame(), Err(FrameError::BadMagic));
+        inbox.resync();
+        let frame = inbox.next_frame().unwrap().unwrap();
+        assert!(matches!(frame.message, LinkMessage::GatewayHello { .. }));
+        assert_eq!(inbox.next_frame(), Ok(None));
+        inbox.push(&ping[5..]);
+        assert_eq!(
+            inbox.next_frame().unwrap().unwrap().message,
+            LinkMessage::Ping { seq: 3 }
+        );
+        assert_eq!(inbox.next_frame(), Ok(None));
+
+        // Garbage without any frame start: dropped, except a possible start at the end.
+        let mut inbox = Inbox::default();
+        inbox.push(b"xxxxxxxxBGL");
+        assert!(inbox.next_frame().is_err());
+        inbox.resync();
+        assert_eq!(inbox.buf, b"BGL");
+        assert_eq!(inbox.next_frame(), Ok(None));
+        // An unreadable header after a good prefix: skipped as a whole frame start.
+        let mut bad = MAGIC.to_vec();
+        bad.extend_from_slice(&2u32.to_be_bytes());
+        bad.extend_from_slice(&0u32.to_be_bytes());
+        bad.extend_from_slice(b"{{");
+        let mut inbox = Inbox::default();
+        inbox.push(&bad);
+        inbox.push(&ping);
+        assert!(matches!(inbox.next_frame(), Err(FrameError::BadHeader(_))));
+        inbox.resync();
+        assert_eq!(
+            inbox.next_frame().unwrap().unwrap().message,
+            LinkMessage::Ping { seq: 3 }
+        );
+    }
+
+    #[test]
+    fn resync_always_makes_progress() {
+        for junk in [&b"x"[..], b"BG", b"BGL1", b"zzzzzz"] {
+            let mut inbox = Inbox::default();
+            inbox.push(junk);
+            let mut rounds = 0;
+            while inbox.next_frame().is_err() {
+                inbox.resync();
+                rounds += 1;
+                assert!(rounds <= junk.len(), "{junk:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn result_store_is_bounded_and_ordered() {
+        let mut store = ResultStore::new(10);
+        store.insert("a".into(), vec![0; 4]);
+        store.insert("b".into(), vec![0; 4]);
+        assert_eq!(store.ids().collect::<Vec<_>>(), ["a", "b"]);
+        store.insert("c".into(), vec![0; 4]);
+        assert_eq!(store.ids().collect::<Vec<_>>(), ["b", "c"]);
+        assert_eq!(store.bytes, 8);
+        store.remove("b");
+        assert_eq!(store.get("c").map(<[u8]>::len), Some(4));
+        assert_eq!(store.get("b"), None);
+        // A single result larger than the limit is still kept (it is the newest).
+        store.insert("d".into(), vec![0; 20]);
+        assert_eq!(store.ids().collect::<Vec<_>>(), ["d"]);
+        store.remove("d");
+        assert_eq!(store.bytes, 0);
+    }
+
+    #[test]
+    fn error_replies_are_op_replies() {
+        let line = error_reply(OpErrorKind::Io, "boom".into());
+        assert!(line.ends_with(b"\n"));
+        match serde_json::from_slice::<OpReply>(&line).unwrap() {
+            OpReply::Error(e) => {
+                assert_eq!((e.kind, e.message.as_str()), (OpErrorKind::Io, "boom"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn boot_ids_are_random_hex() {
+        let (a, b) = (new_boot_id(), new_boot_id());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}
