@@ -18,7 +18,7 @@ use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::sandbox::Transport;
+use beige_core::sandbox::{Sandbox as _, Transport};
 use beige_core::tools::{CoreToolCall, ToolContext};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
@@ -94,13 +94,24 @@ async fn gateway(
     shim: &PathBuf,
     link: &str,
 ) -> anyhow::Result<LocalGateway> {
+    Ok(gateway_and_sandbox(home, image, shim, link).await?.0)
+}
+
+/// The gateway and (a handle on) its sandbox backend.
+async fn gateway_and_sandbox(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+    link: &str,
+) -> anyhow::Result<(LocalGateway, DockerSandbox)> {
     let docker = DockerSandbox::connect(home.hash()).await?;
-    Ok(GatewayBuilder::new(config(image, link)?, home.clone())
+    let gw = GatewayBuilder::new(config(image, link)?, home.clone())
         .shim(shim)
-        .sandbox(Arc::new(docker))
+        .sandbox(Arc::new(docker.clone()))
         .plugin(Arc::new(NoopPlugin))
         .build()
-        .await?)
+        .await?;
+    Ok((gw, docker))
 }
 
 fn exec_true() -> anyhow::Result<CoreToolCall> {
@@ -157,7 +168,7 @@ async fn exec_roundtrip(
         ("attach", "exec_roundtrip_attach"),
         ("off", "exec_roundtrip_docker_exec"),
     ] {
-        let gw = gateway(home, image, shim, link).await?;
+        let (gw, docker) = gateway_and_sandbox(home, image, shim, link).await?;
         let samples = core_roundtrips(&gw, &exec_true()?, link).await?;
         figures.push(Figure {
             name,
@@ -176,6 +187,28 @@ async fn exec_roundtrip(
                 name: "read_4k_roundtrip",
                 unit: "ms",
                 samples: core_roundtrips(&gw, &read, link).await?,
+            });
+            // The same op straight on the sandbox, without the gateway's guarded path
+            // (policy, hooks, two audit lines): where the time goes.
+            let op = beige_core::tools::to_request(
+                "bench",
+                &gw.config().agents["bench"].sandbox,
+                &read,
+                &ToolContext::default(),
+            );
+            let mut samples = Vec::new();
+            for i in 0..210 {
+                let t = Instant::now();
+                let out = docker.run_op("bench", &op).await?;
+                if i >= 10 {
+                    samples.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                anyhow::ensure!(out.transport == Transport::LinkUnix, "{:?}", out.transport);
+            }
+            figures.push(Figure {
+                name: "read_4k_op_only",
+                unit: "ms",
+                samples,
             });
         }
         gw.shutdown().await?;

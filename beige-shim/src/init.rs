@@ -49,9 +49,6 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// processes are not our children, so their exit sends us no SIGCHLD.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
 
-/// Where the shim is mounted in every sandbox, used when its own path is unknown.
-const DEFAULT_PROGRAM: &str = "/beige/shim";
-
 /// Exit code for unusable arguments.
 const EXIT_USAGE: i32 = 2;
 
@@ -277,22 +274,9 @@ fn start_link(options: &Options, attach_fds: Option<(OwnedFd, OwnedFd)>) -> Opti
     }
     Some(Link::new(LinkConfig {
         carrier,
-        program: own_program(),
         workdir: crate::op::Context::from_env().workspace().to_path_buf(),
         plan,
     }))
-}
-
-/// The path this binary was started from, for running `op` children.
-fn own_program() -> PathBuf {
-    if let Ok(exe) = std::env::current_exe() {
-        return exe;
-    }
-    std::env::args_os()
-        .next()
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_PROGRAM))
 }
 
 /// Whether any other process we may signal still exists (signal 0 only checks).

@@ -18,16 +18,19 @@
 //!   `Ack`, at most [`MAX_UNACKED_BYTES`] (oldest dropped). `Ping` → `Pong`. `Refused`
 //!   or a bad frame drops the connection (on attach, where nothing can be dropped, the
 //!   reader skips to the next frame start and waits for a new hello).
-//! - *Op children.* `<shim> op <name>` as the agent user ([`crate::privdrop::command`]),
-//!   the request written to its stdin, its stdout read to EOF: those bytes are the
-//!   result. Their exit status is not needed; the caller reaps them.
+//! - *Op children.* A fork of PID 1 that becomes the agent user and performs the op in
+//!   process ([`sys::fork_agent_child`], then [`op::serve`]) — the same code as `op
+//!   <name>`, without the cost of executing a second shim. Its stdout (a pipe) is read to
+//!   EOF: those bytes are the result. Their exit status is not needed; the caller reaps
+//!   them.
 
 use std::collections::VecDeque;
+use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::process::{ChildStdin, ChildStdout};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -37,7 +40,7 @@ use beige_protocol::link::{
 };
 use beige_protocol::op::{OpError, OpErrorKind, OpReply};
 
-use crate::privdrop::{self, PrivDrop};
+use crate::privdrop::PrivDrop;
 use crate::{op, sys};
 
 /// First pause before dialling again.
@@ -68,8 +71,6 @@ pub enum CarrierSpec {
 #[derive(Debug)]
 pub struct LinkConfig {
     pub carrier: CarrierSpec,
-    /// The shim binary, run as `<program> op <name>` for each op.
-    pub program: PathBuf,
     /// The op children's working directory.
     pub workdir: PathBuf,
     /// The privilege drop of every op child.
@@ -99,8 +100,7 @@ pub fn log(message: std::fmt::Arguments<'_>) {
 #[derive(Debug)]
 pub struct Link {
     boot_id: String,
-    program: PathBuf,
-    workdir: PathBuf,
+    workdir: CString,
     plan: PrivDrop,
     wire: Wire,
     ops: Vec<RunningOp>,
@@ -145,8 +145,9 @@ impl Link {
         };
         Self {
             boot_id: new_boot_id(),
-            program: config.program,
-            workdir: config.workdir,
+            // A path with a NUL cannot come from the environment; `/` is the fallback.
+            workdir: CString::new(config.workdir.as_os_str().as_bytes())
+                .unwrap_or_else(|_| CString::from(c"/")),
             plan: config.plan,
             wire,
             ops: Vec::new(),
@@ -368,34 +369,40 @@ impl Link {
     }
 
     fn spawn(&self, id: String, name: &'static str, request: Vec<u8>) -> io::Result<RunningOp> {
-        let mut command =
-            privdrop::command(&self.program, &["op", name], &self.workdir, &self.plan)?;
-        let mut child = command.spawn()?;
-        // The child is never waited for here: the init loop reaps every child.
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        for fd in [
-            stdin.as_ref().map(AsFd::as_fd),
-            stdout.as_ref().map(AsFd::as_fd),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            sys::set_nonblocking(fd)?;
+        let (reply_read, reply_write) = sys::pipe()?;
+        match sys::fork_agent_child(&self.plan, &self.workdir, &reply_write)? {
+            sys::Forked::Child(setup) => {
+                // The agent user now, in a copy of PID 1 with only stdin, stdout (the
+                // reply pipe) and stderr open. Never returns to the loop.
+                let code = match setup {
+                    Ok(()) => op::serve(name, &request),
+                    Err(failure) => {
+                        let message = format!(
+                            "Cannot become the agent user for the {name} operation: {failure}"
+                        );
+                        let _ = io::stdout().write_all(&error_reply(OpErrorKind::Io, message));
+                        let _ = io::stdout().flush();
+                        1
+                    }
+                };
+                sys::exit_now(code)
+            }
+            sys::Forked::Parent(pid) => {
+                drop(reply_write);
+                sys::set_nonblocking(reply_read.as_fd())?;
+                Ok(RunningOp {
+                    id,
+                    name,
+                    pid,
+                    stdin: None,
+                    request: Vec::new(),
+                    written: 0,
+                    stdout: Some(File::from(reply_read)),
+                    reply: Vec::new(),
+                    too_large: false,
+                })
+            }
         }
-        let mut op = RunningOp {
-            id,
-            name,
-            pid: child.id(),
-            stdin,
-            request,
-            written: 0,
-            stdout,
-            reply: Vec::new(),
-            too_large: false,
-        };
-        op.feed();
-        Ok(op)
     }
 }
 
@@ -406,11 +413,11 @@ struct RunningOp {
     name: &'static str,
     pid: u32,
     /// Open until the whole request is written.
-    stdin: Option<ChildStdin>,
+    stdin: Option<File>,
     request: Vec<u8>,
     written: usize,
     /// Open until end-of-file.
-    stdout: Option<ChildStdout>,
+    stdout: Option<File>,
     reply: Vec<u8>,
     /// The reply grew beyond [`MAX_PAYLOAD_BYTES`]; the child was killed.
     too_large: bool,

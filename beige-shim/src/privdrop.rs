@@ -22,13 +22,7 @@
 //! applies the same steps in-process ([`PrivDrop::apply`]), so agent processes are
 //! identical on both transports.
 
-use std::ffi::CString;
 use std::fmt;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::str::FromStr;
 
 use crate::sys::{self, DropFailure};
@@ -153,14 +147,20 @@ fn last_cap() -> Result<u32, String> {
 /// stderr inherited, the container's environment, the privilege drop of `plan` and then
 /// `chdir(workdir)` (or `/` when that fails) between fork and exec, and an empty signal
 /// mask. The same path starts every op child of PID 1.
+#[cfg(test)]
 pub fn command(
-    program: &Path,
+    program: &std::path::Path,
     args: &[&str],
-    workdir: &Path,
+    workdir: &std::path::Path,
     plan: &PrivDrop,
-) -> io::Result<Command> {
-    let workdir = CString::new(workdir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the working dir"))?;
+) -> std::io::Result<std::process::Command> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let workdir = CString::new(workdir.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in the working dir")
+    })?;
     let mut command = Command::new(program);
     command
         .arg0(program)
@@ -291,6 +291,8 @@ pub fn child_filter() -> Result<Vec<libc::sock_filter>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+    use std::process::Stdio;
 
     /// Runs a classic BPF program over `(arch, nr)` (only the instructions it uses).
     fn eval(prog: &[libc::sock_filter], arch: u32, nr: u32) -> u32 {

@@ -139,7 +139,13 @@ pub fn run(args: &[String]) -> i32 {
     if let Err(err) = io::stdin().lock().read_to_end(&mut input) {
         return bad_request(&format!("cannot read the request from stdin: {err}"));
     }
-    let request: OpRequest = match serde_json::from_slice(&input) {
+    serve(name, &input)
+}
+
+/// Decodes `input` as a `name` request, performs it and writes the reply to stdout;
+/// returns the exit code. Shared by `op <name>` and PID 1's forked op children.
+pub fn serve(name: &str, input: &[u8]) -> i32 {
+    let request: OpRequest = match serde_json::from_slice(input) {
         Ok(request) => request,
         Err(err) => return bad_request(&format!("invalid {name} request: {err}")),
     };
