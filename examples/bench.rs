@@ -205,6 +205,20 @@ async fn exec_roundtrip(
                 }
                 anyhow::ensure!(out.transport == Transport::LinkUnix, "{:?}", out.transport);
             }
+            let mut pings = Vec::new();
+            for _ in 0..200 {
+                let rtt = docker
+                    .link_hub()
+                    .ping("bench", std::time::Duration::from_secs(2))
+                    .await
+                    .context("the link did not answer a ping")?;
+                pings.push(rtt.as_secs_f64() * 1000.0);
+            }
+            figures.push(Figure {
+                name: "link_ping",
+                unit: "ms",
+                samples: pings,
+            });
             figures.push(Figure {
                 name: "read_4k_op_only",
                 unit: "ms",
