@@ -2,7 +2,7 @@
 //! with `BEIGE_SHIM` and `BEIGE_TEST_IMAGE` set and a Docker engine running).
 //!
 //! The benchmark harness. Prints one line per figure,
-//! `BENCH <name> median=<x> p95=<y> unit=<ms|MiB|calls/s> n=<samples>`, and writes the
+//! `BENCH <name> median=<x> p95=<y> p99=<z> unit=<ms|MiB|calls/s> n=<samples>`, and writes the
 //! same data to `target/bench/results.json`. Pass figure names to run only those.
 
 use std::path::PathBuf;

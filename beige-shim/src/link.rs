@@ -55,6 +55,10 @@ pub const MAX_UNACKED_BYTES: usize = 64 * 1024 * 1024;
 pub const MAX_RUNNING: usize = 256;
 /// Bytes read per step, from the link or an op's stdout.
 const READ_CHUNK: usize = 64 * 1024;
+/// An incomplete frame that receives no byte for this long is a leftover of a gateway
+/// that died while writing it (the gateway writes each frame in one go): it is dropped,
+/// so the next gateway's hello is not swallowed as its payload.
+pub const STALL: Duration = Duration::from_secs(2);
 /// Steps of reading the link per wake-up, so op children are not starved.
 const READS_PER_WAKE: usize = 16;
 
@@ -166,7 +170,10 @@ impl Link {
     /// longest the caller may sleep (`None`: no limit).
     pub fn prepare(&mut self, now: Instant, fds: &mut Vec<libc::pollfd>) -> Option<Duration> {
         self.slots.clear();
-        let timeout = self.wire.redial(now);
+        let mut timeout = self.wire.redial(now);
+        if let Some(wait) = self.drop_stalled(now) {
+            timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+        }
         let mut watch = |fd: i32, events: libc::c_short, slot: Slot| {
             fds.push(libc::pollfd {
                 fd,
@@ -231,6 +238,31 @@ impl Link {
         self.results.insert(id, payload);
     }
 
+    /// Drops an incomplete frame that stalled for [`STALL`] (see there); returns how
+    /// long until the current one would count as stalled.
+    fn drop_stalled(&mut self, now: Instant) -> Option<Duration> {
+        let conn = self.wire.conn.as_mut()?;
+        let since = conn.inbox.partial_since?;
+        let stalled_for = now.saturating_duration_since(since);
+        if stalled_for < STALL {
+            return Some(STALL - stalled_for);
+        }
+        log(format_args!(
+            "dropping {} bytes of an incomplete frame nothing was added to for {} s",
+            conn.inbox.buf.len(),
+            STALL.as_secs()
+        ));
+        match self.wire.carrier {
+            Carrier::Unix => self.wire.lost("a frame stalled halfway", Loss::Closed),
+            Carrier::Attach => {
+                conn.inbox.buf.clear();
+                conn.inbox.partial_since = None;
+                conn.greeted = false;
+            }
+        }
+        None
+    }
+
     /// Reads what the connection has and handles the frames in it.
     fn receive(&mut self) {
         let mut ended = None;
@@ -242,7 +274,10 @@ impl Link {
                         ended = Some("the gateway closed the link".to_string());
                         break;
                     }
-                    Ok(n) => conn.inbox.push(&buf[..n]),
+                    Ok(n) => {
+                        conn.inbox.push(&buf[..n]);
+                        conn.inbox.partial_since = Some(Instant::now());
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
@@ -261,6 +296,11 @@ impl Link {
                 Ok(Some(frame)) => self.on_frame(frame),
                 Ok(None) => break,
                 Err(err) => self.bad_frame(&err),
+            }
+        }
+        if let Some(conn) = self.wire.conn.as_mut() {
+            if conn.inbox.buf.is_empty() {
+                conn.inbox.partial_since = None;
             }
         }
         if let Some(why) = ended {
@@ -661,6 +701,8 @@ impl Conn {
 #[derive(Debug, Default)]
 struct Inbox {
     buf: Vec<u8>,
+    /// When bytes last arrived while a frame is incomplete.
+    partial_since: Option<Instant>,
 }
 
 impl Inbox {

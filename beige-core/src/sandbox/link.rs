@@ -345,10 +345,18 @@ impl LinkHub {
     ) -> Result<Vec<u8>, LinkError> {
         let link = self.link(agent);
         let deadline = tokio::time::Instant::now() + limit;
-        let _slot = tokio::time::timeout_at(deadline, link.slots.acquire())
-            .await
-            .map_err(|_| LinkError::Timeout)?
-            .map_err(|_| LinkError::NotConnected)?;
+        // `kill` never waits for a slot: it must get through when every slot holds a
+        // long `exec`, which is exactly when someone wants to stop one.
+        let _slot = if name == "kill" {
+            None
+        } else {
+            Some(
+                tokio::time::timeout_at(deadline, link.slots.acquire())
+                    .await
+                    .map_err(|_| LinkError::Timeout)?
+                    .map_err(|_| LinkError::NotConnected)?,
+            )
+        };
         let (tx, mut rx) = oneshot::channel();
         let mut current = link.current.subscribe();
         let (mut gen, boot) = {
@@ -590,6 +598,10 @@ impl LinkHub {
                 match st.waiters.remove(&id) {
                     Some(waiter) => {
                         let _ = waiter.send(payload);
+                    }
+                    None if id.starts_with(&format!("{}-", self.inner.instance)) => {
+                        // Ours, but its caller gave up (timed out or was dropped).
+                        tracing::debug!(agent = %link.agent, op = %id, "a result arrived after its caller stopped waiting");
                     }
                     None => {
                         tracing::warn!(agent = %link.agent, op = %id, "a result arrived after a reconnect with nobody waiting for it (its caller was a previous gateway); recorded in the audit log");
@@ -1050,6 +1062,15 @@ mod tests {
         assert_eq!(hub.recovered_ids("a"), vec!["old-7".to_string()]);
         assert_eq!(hub.take_recovered("a", "old-7").as_deref(), Some(&b"R"[..]));
         assert_eq!(hub.take_recovered("a", "old-7"), None);
+
+        // A late result of this gateway's own op (its caller gave up) is acknowledged
+        // and dropped, not taken for a previous gateway's.
+        let own = hub.new_id();
+        second
+            .send(LinkMessage::Result { id: own.clone() }, b"L")
+            .await;
+        assert_eq!(second.next().await.message, LinkMessage::Ack { id: own });
+        assert!(hub.recovered_ids("a").is_empty());
     }
 
     #[tokio::test]

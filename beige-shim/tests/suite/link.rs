@@ -479,6 +479,17 @@ fn attach_carrier() {
         LinkMessage::Pong { seq: 5 }
     );
 
+    // A gateway that died halfway through a frame whose header was complete: the
+    // payload never comes, so the frame would swallow the next hello. Once it has
+    // stalled for STALL it is dropped and the next hello is answered.
+    let big = encode(&op("half"), &vec![b'x'; 5000]);
+    gw.send_raw(&big[..big.len() - 4000]);
+    std::thread::sleep(Duration::from_millis(2500));
+    gw.send(gateway_hello(), b"");
+    let (boot3, pending) = shim_hello(next(Duration::from_secs(10)).unwrap(), Carrier::Attach);
+    assert_eq!(boot3, boot);
+    assert!(pending.is_empty(), "{pending:?}");
+
     // Children cannot reach the link: PID 1's stdio is /dev/null, the link's
     // descriptors are 100 and up (close-on-exec).
     let fd_dir = PathBuf::from(format!("/proc/{}/fd", init.0.id()));
