@@ -21,7 +21,9 @@
 //!    the gateway acknowledges it with [`LinkMessage::Ack`], after which the shim forgets
 //!    it. A result can therefore arrive twice (once before and once after a gateway
 //!    restart); the gateway delivers it once, by id;
-//! 4. either side may send [`LinkMessage::Ping`]; the other answers
+//! 4. while an `exec` runs, the shim may send [`LinkMessage::Output`] pieces of its
+//!    output before the `Result` (progress for a live view; never acknowledged);
+//! 5. either side may send [`LinkMessage::Ping`]; the other answers
 //!    [`LinkMessage::Pong`] with the same number.
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +45,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
 pub const PING_INTERVAL_SECS: u64 = 10;
 /// Longest accepted op id, in bytes.
 pub const MAX_ID_LEN: usize = 64;
+/// Most output bytes of one `exec` sent as [`LinkMessage::Output`] progress.
+pub const MAX_STREAMED_BYTES: usize = 256 * 1024;
 
 /// Which carrier a link runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -98,6 +102,16 @@ pub enum LinkMessage {
     /// Shim → gateway: an operation's outcome. Payload: the [`crate::op::OpReply`] JSON.
     Result {
         id: String,
+    },
+    /// Shim → gateway, while an `exec` runs: the next piece of its output (payload: the
+    /// raw bytes; `stream` 1 = stdout, 2 = stderr; `seq` counts from 0 per op). Progress
+    /// only, best effort: at most [`MAX_STREAMED_BYTES`] per op, pieces may be skipped
+    /// when the sandbox cannot keep up, and they are not replayed after a reconnect. The
+    /// `Result` always carries the output (capped head and tail) in full.
+    Output {
+        id: String,
+        stream: u8,
+        seq: u64,
     },
     /// Gateway → shim: the result `id` was received; the shim may forget it.
     Ack {

@@ -23,6 +23,27 @@
 //!   <name>`, without the cost of executing a second shim. Its stdout (a pipe) is read to
 //!   EOF: those bytes are the result. Their exit status is not needed; the caller reaps
 //!   them.
+//! - *Progress* (`exec` only). The op child also gets a second pipe, the *progress
+//!   pipe*, as descriptor 3 (close-on-exec: the command never sees it). While the
+//!   command runs, the op writes each piece of its output there (without ever blocking:
+//!   a piece the pipe cannot take is skipped), as records of
+//!
+//!   ```text
+//!   stream: u8 (1 = stdout, 2 = stderr) | len: u32 BE | len bytes of output
+//!   ```
+//!
+//!   with `len` at most [`MAX_PROGRESS_RECORD`] (larger pieces are split) and at most
+//!   [`MAX_STREAMED_BYTES`] output bytes per op in all. PID 1 reads the pipe as it
+//!   becomes readable and sends each record as one [`LinkMessage::Output`] (`seq`
+//!   counting the records of the op from 0) on the current connection if the gateway
+//!   has said hello on it, else drops it: progress is never queued, stored, replayed
+//!   or acknowledged. A record it cannot trust (a stream other than 1 or 2, a `len`
+//!   above the bound) ends progress for that op (the pipe is closed; the op's writes
+//!   then fail and it stops streaming), as does reaching [`MAX_STREAMED_BYTES`]; an
+//!   incomplete record at end-of-file is dropped. Since the op writes all its progress
+//!   before its reply, the progress pipe is drained once more when the reply is
+//!   complete, so every `Output` of an op goes out before its `Result`, which stays
+//!   exactly what the op replied.
 
 use std::collections::VecDeque;
 use std::ffi::CString;
@@ -36,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use beige_protocol::link::{
     self as wire, Carrier, Frame, FrameError, LinkMessage, Role, MAGIC, MAX_PAYLOAD_BYTES,
-    PREFIX_LEN,
+    MAX_STREAMED_BYTES, PREFIX_LEN,
 };
 use beige_protocol::op::{OpError, OpErrorKind, OpReply};
 
@@ -61,6 +82,45 @@ const READ_CHUNK: usize = 64 * 1024;
 pub const STALL: Duration = Duration::from_secs(2);
 /// Steps of reading the link per wake-up, so op children are not starved.
 const READS_PER_WAKE: usize = 16;
+/// Bytes before the output in a progress record: the stream and the length.
+pub const PROGRESS_HEADER_LEN: usize = 5;
+/// Largest output of one progress record; a longer length means the pipe cannot be
+/// trusted.
+pub const MAX_PROGRESS_RECORD: usize = 64 * 1024;
+/// The stream byte of a progress record (and of [`LinkMessage::Output`]) for stdout.
+pub const PROGRESS_STDOUT: u8 = 1;
+/// The stream byte for stderr.
+pub const PROGRESS_STDERR: u8 = 2;
+
+/// The header of a progress record of `len` (at most [`MAX_PROGRESS_RECORD`]) bytes
+/// of `stream` (see the module documentation).
+pub fn progress_header(stream: u8, len: usize) -> [u8; PROGRESS_HEADER_LEN] {
+    let len = u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes();
+    [stream, len[0], len[1], len[2], len[3]]
+}
+
+/// The stream and length of the first record in `buf`: `Ok(None)` while it is
+/// incomplete, `Err` when its header cannot be trusted.
+fn progress_record(buf: &[u8]) -> Result<Option<(u8, usize)>, String> {
+    let Some(header) = buf.first_chunk::<PROGRESS_HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let stream = header[0];
+    if stream != PROGRESS_STDOUT && stream != PROGRESS_STDERR {
+        return Err(format!("unknown stream {stream}"));
+    }
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > MAX_PROGRESS_RECORD {
+        return Err(format!(
+            "a record of {len} bytes exceeds {MAX_PROGRESS_RECORD}"
+        ));
+    }
+    if buf.len() - PROGRESS_HEADER_LEN < len {
+        return Ok(None);
+    }
+    Ok(Some((stream, len)))
+}
 
 /// Where the link runs.
 #[derive(Debug)]
@@ -118,6 +178,7 @@ enum Slot {
     Conn,
     Stdin(usize),
     Stdout(usize),
+    Progress(usize),
 }
 
 impl Link {
@@ -192,6 +253,9 @@ impl Link {
             if let Some(stdout) = &op.stdout {
                 watch(stdout.as_raw_fd(), libc::POLLIN, Slot::Stdout(i));
             }
+            if let Some(progress) = &op.progress {
+                watch(progress.file.as_raw_fd(), libc::POLLIN, Slot::Progress(i));
+            }
         }
         timeout
     }
@@ -209,6 +273,7 @@ impl Link {
                 Slot::Conn => conn_ready = true,
                 Slot::Stdin(i) => self.ops[i].feed(),
                 Slot::Stdout(i) => self.ops[i].drain(),
+                Slot::Progress(i) => self.ops[i].pump_progress(&mut self.wire),
             }
         }
         self.finish_ops();
@@ -217,7 +282,7 @@ impl Link {
         }
     }
 
-    /// Turns every op whose stdout ended into a result.
+    /// Turns every op whose stdout ended into a result, after the last of its progress.
     fn finish_ops(&mut self) {
         let mut i = 0;
         while i < self.ops.len() {
@@ -226,6 +291,10 @@ impl Link {
                 continue;
             }
             let mut op = self.ops.swap_remove(i);
+            // The op wrote all its progress before its reply: what is left is in the
+            // pipe already, and goes out before the result.
+            op.pump_progress(&mut self.wire);
+            op.progress = None;
             let id = std::mem::take(&mut op.id);
             self.complete(id, op.reply_payload());
         }
@@ -340,7 +409,8 @@ impl Link {
             LinkMessage::Ping { seq } => self.wire.send(&LinkMessage::Pong { seq }, b""),
             LinkMessage::Pong { .. }
             | LinkMessage::ShimHello { .. }
-            | LinkMessage::Result { .. } => {}
+            | LinkMessage::Result { .. }
+            | LinkMessage::Output { .. } => {}
         }
     }
 
@@ -410,12 +480,29 @@ impl Link {
 
     fn spawn(&self, id: String, name: &'static str, request: Vec<u8>) -> io::Result<RunningOp> {
         let (reply_read, reply_write) = sys::pipe()?;
-        match sys::fork_agent_child(&self.plan, &self.workdir, &reply_write)? {
+        // Best effort: an exec runs without progress when the pipe cannot be had.
+        let progress = (name == "exec")
+            .then(|| {
+                let (read, write) = sys::pipe()?;
+                sys::set_nonblocking(read.as_fd())?;
+                sys::set_nonblocking(write.as_fd())?;
+                io::Result::Ok((read, write))
+            })
+            .and_then(Result::ok);
+        let progress_write = progress.as_ref().map(|(_, write)| write);
+        match sys::fork_agent_child(&self.plan, &self.workdir, &reply_write, progress_write)? {
             sys::Forked::Child(setup) => {
                 // The agent user now, in a copy of PID 1 with only stdin, stdout (the
-                // reply pipe) and stderr open. Never returns to the loop.
-                let code = match setup {
-                    Ok(()) => op::serve(name, &request),
+                // reply pipe), stderr and, for exec, descriptor 3 (the progress pipe)
+                // open. PID 1's handles name closed descriptors here: forgotten, never
+                // closed. Never returns to the loop.
+                std::mem::forget(reply_read);
+                std::mem::forget(reply_write);
+                std::mem::forget(progress);
+                // A panic must end this child, never unwind into the copy of PID 1's
+                // loop (the release shim aborts anyway; test builds unwind).
+                let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match setup {
+                    Ok(progress) => op::serve(name, &request, progress),
                     Err(failure) => {
                         let message = format!(
                             "Cannot become the agent user for the {name} operation: {failure}"
@@ -424,11 +511,16 @@ impl Link {
                         let _ = io::stdout().flush();
                         1
                     }
-                };
+                }))
+                .unwrap_or(1);
                 sys::exit_now(code)
             }
             sys::Forked::Parent(pid) => {
                 drop(reply_write);
+                let progress = progress.map(|(read, write)| {
+                    drop(write);
+                    ProgressIn::new(read)
+                });
                 sys::set_nonblocking(reply_read.as_fd())?;
                 Ok(RunningOp {
                     id,
@@ -440,6 +532,7 @@ impl Link {
                     stdout: Some(File::from(reply_read)),
                     reply: Vec::new(),
                     too_large: false,
+                    progress,
                 })
             }
         }
@@ -461,6 +554,8 @@ struct RunningOp {
     reply: Vec<u8>,
     /// The reply grew beyond [`MAX_PAYLOAD_BYTES`]; the child was killed.
     too_large: bool,
+    /// The progress pipe (`exec` only), until it ends or cannot be trusted.
+    progress: Option<ProgressIn>,
 }
 
 impl RunningOp {
@@ -481,6 +576,16 @@ impl RunningOp {
         }
         self.stdin = None;
         self.request = Vec::new();
+    }
+
+    /// Forwards what the progress pipe has; closes it when it ended or is done with.
+    fn pump_progress(&mut self, wire: &mut Wire) {
+        let Some(progress) = self.progress.as_mut() else {
+            return;
+        };
+        if !progress.pump(&self.id, wire) {
+            self.progress = None;
+        }
     }
 
     /// Reads what the child wrote; at end-of-file (or error) closes stdout.
@@ -527,6 +632,86 @@ impl RunningOp {
             return error_reply(OpErrorKind::Io, message);
         }
         self.reply
+    }
+}
+
+/// PID 1's end of an `exec` op's progress pipe (see the module documentation).
+#[derive(Debug)]
+struct ProgressIn {
+    file: File,
+    /// Bytes read but not yet forwarded: at most one incomplete record.
+    buf: Vec<u8>,
+    /// The `seq` of the next [`LinkMessage::Output`].
+    seq: u64,
+    /// Output bytes forwarded (or dropped while no gateway listened) so far.
+    streamed: usize,
+}
+
+impl ProgressIn {
+    fn new(fd: OwnedFd) -> Self {
+        Self {
+            file: File::from(fd),
+            buf: Vec::new(),
+            seq: 0,
+            streamed: 0,
+        }
+    }
+
+    /// Reads what the pipe has and forwards every complete record; returns whether the
+    /// pipe is still worth watching (not at end-of-file, broken, untrustworthy or
+    /// spent).
+    fn pump(&mut self, id: &str, wire: &mut Wire) -> bool {
+        let mut chunk = vec![0u8; READ_CHUNK];
+        for _ in 0..READS_PER_WAKE {
+            match self.file.read(&mut chunk) {
+                // An incomplete record at the end is dropped.
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    if !self.forward(id, wire) {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Sends the complete records in the buffer; returns whether more may follow.
+    fn forward(&mut self, id: &str, wire: &mut Wire) -> bool {
+        loop {
+            let (stream, len) = match progress_record(&self.buf) {
+                Ok(Some(record)) => record,
+                Ok(None) => return true,
+                Err(why) => {
+                    log(format_args!(
+                        "op {id}: unreadable progress ({why}); no more of its output is \
+                         streamed"
+                    ));
+                    return false;
+                }
+            };
+            let end = PROGRESS_HEADER_LEN + len;
+            let room = MAX_STREAMED_BYTES.saturating_sub(self.streamed);
+            let piece = &self.buf[PROGRESS_HEADER_LEN..PROGRESS_HEADER_LEN + len.min(room)];
+            if !piece.is_empty() {
+                let message = LinkMessage::Output {
+                    id: id.to_string(),
+                    stream,
+                    seq: self.seq,
+                };
+                wire.send_progress(&message, piece);
+                self.seq += 1;
+                self.streamed += piece.len();
+            }
+            self.buf.drain(..end);
+            if self.streamed >= MAX_STREAMED_BYTES {
+                return false;
+            }
+        }
     }
 }
 
@@ -611,7 +796,20 @@ impl Wire {
             return;
         };
         let frame = wire::encode(message, payload);
-        if let Err(loss) = conn.write_frame(&frame) {
+        if let Err(loss) = conn.write_frame(&frame, false) {
+            self.lost("writing to the link failed", loss);
+        }
+    }
+
+    /// Writes a progress frame if the gateway has said hello and the connection takes
+    /// it without waiting: a frame that cannot even start (the socket is full) is
+    /// dropped, one that started is completed like any other. Progress is never queued.
+    fn send_progress(&mut self, message: &LinkMessage, payload: &[u8]) {
+        let Some(conn) = self.conn.as_mut().filter(|c| c.greeted) else {
+            return;
+        };
+        let frame = wire::encode(message, payload);
+        if let Err(loss) = conn.write_frame(&frame, true) {
             self.lost("writing to the link failed", loss);
         }
     }
@@ -665,8 +863,9 @@ impl Conn {
         })
     }
 
-    /// Writes the whole frame within [`WRITE_TIMEOUT`].
-    fn write_frame(&mut self, frame: &[u8]) -> Result<(), Loss> {
+    /// Writes the whole frame within [`WRITE_TIMEOUT`]; with `skippable`, writes
+    /// nothing when not even its first byte can be written at once.
+    fn write_frame(&mut self, frame: &[u8], skippable: bool) -> Result<(), Loss> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
         let mut done = 0;
         while done < frame.len() {
@@ -674,6 +873,9 @@ impl Conn {
                 Ok(0) => return Err(Loss::Closed),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && skippable && done == 0 => {
+                    return Ok(());
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -898,6 +1100,203 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn progress_records_are_checked() {
+        let mut rec = progress_header(PROGRESS_STDERR, 3).to_vec();
+        assert_eq!(rec, [2, 0, 0, 0, 3]);
+        for n in 0..rec.len() + 2 {
+            assert_eq!(
+                progress_record(&[rec.as_slice(), b"ab"].concat()[..n]),
+                Ok(None)
+            );
+        }
+        rec.extend_from_slice(b"abc");
+        assert_eq!(progress_record(&rec), Ok(Some((PROGRESS_STDERR, 3))));
+        rec.extend_from_slice(b"next");
+        assert_eq!(progress_record(&rec), Ok(Some((PROGRESS_STDERR, 3))));
+        let full = progress_header(PROGRESS_STDOUT, MAX_PROGRESS_RECORD);
+        assert_eq!(progress_record(&full), Ok(None));
+        let huge = progress_header(PROGRESS_STDOUT, MAX_PROGRESS_RECORD + 1);
+        assert!(progress_record(&huge).is_err());
+        assert!(progress_record(&[0xff; 5]).is_err());
+        assert!(progress_record(&[0, 0, 0, 0, 1, b'x']).is_err());
+        assert!(progress_record(&[3, 0, 0, 0, 1, b'x']).is_err());
+    }
+
+    /// A greeted connection over a socket pair, and its far end.
+    fn greeted_wire() -> (Wire, std::os::unix::net::UnixStream) {
+        let (near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+        let input = OwnedFd::from(near);
+        let output = input.try_clone().unwrap();
+        let mut conn = Conn::new(input, output).unwrap();
+        conn.greeted = true;
+        let wire = Wire {
+            carrier: Carrier::Unix,
+            dial: None,
+            conn: Some(conn),
+            retry_at: Instant::now(),
+            backoff: BACKOFF_MIN,
+            gone: false,
+        };
+        (wire, far)
+    }
+
+    /// The frames the far end received so far.
+    fn received(far: &mut std::os::unix::net::UnixStream) -> Vec<Frame> {
+        far.set_nonblocking(true).unwrap();
+        let mut decoder = beige_protocol::link::FrameDecoder::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match far.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut frames = Vec::new();
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            frames.push(frame);
+        }
+        assert_eq!(decoder.buffered(), 0);
+        frames
+    }
+
+    fn record(stream: u8, data: &[u8]) -> Vec<u8> {
+        [&progress_header(stream, data.len())[..], data].concat()
+    }
+
+    #[test]
+    fn progress_becomes_output_frames() {
+        let (mut wire, mut far) = greeted_wire();
+        let (read, mut write) = {
+            let (r, w) = sys::pipe().unwrap();
+            sys::set_nonblocking(r.as_fd()).unwrap();
+            (r, File::from(w))
+        };
+        let mut progress = ProgressIn::new(read);
+        write.write_all(&record(1, b"one\n")).unwrap();
+        write.write_all(&record(2, b"two\n")).unwrap();
+        // Half a record: kept until the rest comes.
+        write.write_all(&record(1, b"three\n")[..7]).unwrap();
+        assert!(progress.pump("x1", &mut wire));
+        let frames = received(&mut far);
+        let got: Vec<_> = frames
+            .iter()
+            .map(|f| (f.message.clone(), f.payload.as_slice()))
+            .collect();
+        let output = |stream, seq| LinkMessage::Output {
+            id: "x1".into(),
+            stream,
+            seq,
+        };
+        assert_eq!(
+            got,
+            [(output(1, 0), &b"one\n"[..]), (output(2, 1), &b"two\n"[..])]
+        );
+        write.write_all(&record(1, b"three\n")[7..]).unwrap();
+        assert!(progress.pump("x1", &mut wire));
+        let frames = received(&mut far);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].message, output(1, 2));
+        assert_eq!(frames[0].payload, b"three\n");
+        // An incomplete record at the end is dropped.
+        write.write_all(&record(2, b"lost")[..6]).unwrap();
+        drop(write);
+        assert!(!progress.pump("x1", &mut wire));
+        assert!(received(&mut far).is_empty());
+
+        // Not greeted: pieces are dropped, not queued.
+        wire.conn.as_mut().unwrap().greeted = false;
+        let (read, write) = sys::pipe().unwrap();
+        sys::set_nonblocking(read.as_fd()).unwrap();
+        let mut progress = ProgressIn::new(read);
+        File::from(write).write_all(&record(1, b"dropped")).unwrap();
+        assert!(!progress.pump("x2", &mut wire));
+        wire.conn.as_mut().unwrap().greeted = true;
+        assert!(received(&mut far).is_empty());
+        assert_eq!(progress.seq, 1);
+    }
+
+    #[test]
+    fn untrusted_or_excess_progress_ends_it() {
+        let (mut wire, mut far) = greeted_wire();
+        for bad in [
+            progress_header(1, MAX_PROGRESS_RECORD + 1).to_vec(),
+            record(9, b"x"),
+        ] {
+            let (read, write) = sys::pipe().unwrap();
+            sys::set_nonblocking(read.as_fd()).unwrap();
+            let mut progress = ProgressIn::new(read);
+            let mut write = File::from(write);
+            write.write_all(&record(1, b"fine")).unwrap();
+            write.write_all(&bad).unwrap();
+            write.write_all(&record(1, b"after")).unwrap();
+            // Still open for writing, yet done with.
+            assert!(!progress.pump("b", &mut wire));
+            let frames = received(&mut far);
+            assert_eq!(frames.len(), 1);
+            assert_eq!(frames[0].payload, b"fine");
+        }
+
+        // At most MAX_STREAMED_BYTES per op, the last piece cut to fit.
+        let (read, write) = sys::pipe().unwrap();
+        sys::set_nonblocking(read.as_fd()).unwrap();
+        let mut progress = ProgressIn::new(read);
+        let writer = std::thread::spawn(move || {
+            let mut write = File::from(write);
+            let piece = vec![7u8; MAX_PROGRESS_RECORD];
+            for _ in 0..MAX_STREAMED_BYTES / MAX_PROGRESS_RECORD + 2 {
+                if write
+                    .write_all(&record(1, &piece[..MAX_PROGRESS_RECORD - 1]))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let collector = std::thread::spawn(move || {
+            far.set_nonblocking(false).unwrap();
+            far.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut decoder = beige_protocol::link::FrameDecoder::new();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut total = 0;
+            let mut seqs = Vec::new();
+            loop {
+                match far.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => decoder.push(&buf[..n]),
+                }
+                while let Some(frame) = decoder.next_frame().unwrap() {
+                    let LinkMessage::Output { seq, .. } = frame.message else {
+                        panic!("{:?}", frame.message);
+                    };
+                    seqs.push(seq);
+                    total += frame.payload.len();
+                }
+            }
+            (total, seqs)
+        });
+        loop {
+            let mut pfd = [libc::pollfd {
+                fd: progress.file.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            sys::poll(&mut pfd, Some(Duration::from_secs(10))).unwrap();
+            if !progress.pump("c", &mut wire) {
+                break;
+            }
+        }
+        assert_eq!(progress.streamed, MAX_STREAMED_BYTES);
+        drop(progress);
+        writer.join().unwrap();
+        drop(wire);
+        let (total, seqs) = collector.join().unwrap();
+        assert_eq!(total, MAX_STREAMED_BYTES);
+        assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
     }
 
     #[test]

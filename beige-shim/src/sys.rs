@@ -10,10 +10,13 @@
 //!   learning of a child's exit without reaping it (pidfd, `waitid(WNOWAIT)`), making
 //!   the process non-dumpable;
 //! - file descriptors: bounded waits for readability, `poll(2)`, non-blocking mode,
-//!   moving stdin and stdout out of reach of children (the attach carrier), a
+//!   pipes, moving stdin and stdout out of reach of children (the attach carrier), a
 //!   non-blocking Unix-socket connect (the Unix carrier), random bytes;
+//! - PID 1's op children ([`fork_agent_child`]): a fork with only the reply pipe (as
+//!   stdout) and, for `exec`, the progress pipe (as descriptor [`PROGRESS_FD`],
+//!   close-on-exec) left open, then the privilege drop below;
 //! - the privilege drop of the agent's processes ([`drop_privileges`],
-//!   [`drop_privileges_on_exec`]): new session, agent uid and gid, empty capability sets
+//!   `drop_privileges_on_exec` in tests): new session, agent uid and gid, empty capability sets
 //!   (bounding, permitted, effective, inheritable, ambient), no_new_privs and the child
 //!   seccomp filter (built in [`crate::privdrop`]).
 //!
@@ -738,30 +741,43 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The descriptor number of the progress pipe in an op child of PID 1
+/// ([`fork_agent_child`] with a progress pipe).
+pub const PROGRESS_FD: RawFd = 3;
+
 /// Where [`fork_agent_child`] returns.
 #[derive(Debug)]
 pub enum Forked {
     /// In the caller, with the child's pid.
     Parent(u32),
-    /// In the child, already the agent user: `Err` names the step that failed (the
-    /// child must then report and [`exit_now`] without running anything).
-    Child(Result<(), DropFailure>),
+    /// In the child, already the agent user, with descriptor [`PROGRESS_FD`] when a
+    /// progress pipe was given: `Err` names the step that failed (the child must then
+    /// report and [`exit_now`] without running anything).
+    Child(Result<Option<OwnedFd>, DropFailure>),
 }
 
 /// Forks a child that performs an operation *in process* as the agent user, saving the
 /// `execve` of a second shim (about 0.7 ms on a small machine).
 ///
-/// In the child: `reply` becomes descriptor 1 and every descriptor above 2 is closed
-/// (the link, the signalfd, other operations' pipes — nothing of PID 1 stays reachable),
-/// the process is made non-dumpable, drops privileges per `plan` ([`drop_privileges`]),
-/// changes to `workdir` (or `/`), and unblocks every signal with SIGPIPE at its
-/// default. The caller must be single-threaded (PID 1's loop is), so the child may
-/// allocate and run ordinary code; it must end with [`exit_now`], never return to the
-/// caller's loop.
+/// In the child: `reply` becomes descriptor 1; `progress`, when given (PID 1's
+/// `exec` ops), becomes descriptor [`PROGRESS_FD`] (3), close-on-exec, so only the op
+/// process itself can write to it — never the commands it runs; every other descriptor
+/// above 2 is closed (the link, the signalfd, other operations' pipes — nothing of PID 1
+/// stays reachable). The process is made non-dumpable, drops privileges per `plan`
+/// ([`drop_privileges`]), changes to `workdir` (or `/`), and unblocks every signal.
+/// SIGPIPE is at its default, except with a progress pipe: then it is ignored, because
+/// PID 1 may stop reading that pipe at any time and a write to it must fail with EPIPE
+/// rather than kill the op (commands get SIGPIPE back, [`reset_signals_on_exec`]).
+///
+/// The caller must be single-threaded (PID 1's loop is), so the child may allocate and
+/// run ordinary code; it must end with [`exit_now`], never return to the caller's loop.
+/// In the child the caller's handles of `reply` and `progress` (and of anything else it
+/// held) name closed or reused descriptor numbers: they must be forgotten, not dropped.
 pub fn fork_agent_child(
     plan: &PrivDrop,
     workdir: &std::ffi::CStr,
     reply: &OwnedFd,
+    progress: Option<&OwnedFd>,
 ) -> io::Result<Forked> {
     // SAFETY: fork(2) in a single-threaded process (documented requirement): the child
     // owns a consistent copy of the address space, so running ordinary code is sound.
@@ -776,12 +792,36 @@ pub fn fork_agent_child(
         step,
         errno: io::Error::last_os_error().raw_os_error().unwrap_or(0),
     };
-    let setup = || -> Result<(), DropFailure> {
+    let setup = || -> Result<Option<OwnedFd>, DropFailure> {
         // SAFETY: dup2(2) of a descriptor this process owns onto descriptor 1.
         if unsafe { libc::dup2(reply.as_raw_fd(), 1) } < 0 {
             return Err(step("dup2"));
         }
-        close_from(3);
+        let progress = match progress {
+            Some(fd) => {
+                // SAFETY: dup2(2) of a descriptor this process owns onto descriptor 3
+                // (whatever was there belongs to PID 1's state and must go anyway). When
+                // `fd` already is 3 this does nothing, which is as good.
+                if unsafe { libc::dup2(fd.as_raw_fd(), PROGRESS_FD) } < 0 {
+                    return Err(step("dup2"));
+                }
+                // SAFETY: fcntl(2) F_SETFD with an integer argument on descriptor 3, open
+                // since the dup2 above. dup2 cleared close-on-exec; it must be set again
+                // so no command the op starts inherits the pipe.
+                if unsafe { libc::fcntl(PROGRESS_FD, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+                    return Err(step("fcntl(F_SETFD)"));
+                }
+                close_from(4);
+                // SAFETY: descriptor 3 is open (above) and this is its only owner in the
+                // child: the caller's handles are never dropped here (documented
+                // requirement), so nothing else closes it.
+                Some(unsafe { OwnedFd::from_raw_fd(PROGRESS_FD) })
+            }
+            None => {
+                close_from(3);
+                None
+            }
+        };
         // SAFETY: prctl(2) with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) } != 0 {
             return Err(step("PR_SET_DUMPABLE"));
@@ -792,16 +832,21 @@ pub fn fork_agent_child(
             // SAFETY: as above.
             unsafe { libc::chdir(c"/".as_ptr()) };
         }
+        let sigpipe = if progress.is_some() {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
         // SAFETY: `sigset_t` is plain old data; sigemptyset initialises it.
         let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `empty` is a valid, exclusively borrowed `sigset_t`; a null old-mask
-        // pointer is allowed; SIG_DFL is a valid disposition.
+        // pointer is allowed; SIG_IGN and SIG_DFL are valid dispositions.
         unsafe {
             libc::sigemptyset(&mut empty);
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::signal(libc::SIGPIPE, sigpipe);
         }
-        Ok(())
+        Ok(progress)
     };
     Ok(Forked::Child(setup()))
 }

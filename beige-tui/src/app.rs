@@ -55,7 +55,8 @@ impl ToolCell {
 
     /// The output without the `Exit code:` line.
     pub fn body(&self) -> &str {
-        if self.exit_code().is_some() {
+        // While it runs, the output is live output of the command, all of it.
+        if self.status != ToolStatus::Running && self.exit_code().is_some() {
             self.output.split_once('\n').map(|(_, b)| b).unwrap_or("")
         } else {
             &self.output

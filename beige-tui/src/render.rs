@@ -328,6 +328,20 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
                 Span::styled(format!("… {omitted} more lines not shown"), dim()),
             ]));
         }
+    } else if t.status == ToolStatus::Running {
+        // Live output: its last lines, like `tail`.
+        let earlier = lines.len().saturating_sub(COLLAPSED_LINES);
+        if earlier > 0 {
+            out.push(Line::from(vec![
+                Span::raw("    "),
+                Span::styled(format!("… {earlier} earlier lines"), dim()),
+            ]));
+        }
+        for line in lines.iter().skip(earlier) {
+            let mut spans = bar.to_vec();
+            spans.push(Span::raw(truncate(line, width.saturating_sub(6))));
+            out.push(Line::from(spans));
+        }
     } else {
         let more = lines.len().saturating_sub(COLLAPSED_LINES);
         for line in lines.iter().take(COLLAPSED_LINES) {

@@ -20,6 +20,9 @@ use crate::app::{
 };
 use crate::commands::{self, Command};
 
+/// Live output kept for a running tool (its tail): the final result replaces it.
+const LIVE_OUTPUT_MAX: usize = 64 * 1024;
+
 /// A second Ctrl+C within this time quits.
 pub const DOUBLE_CTRL_C: Duration = Duration::from_secs(2);
 
@@ -485,6 +488,22 @@ fn on_event(app: &mut App, event: AgentEvent) -> bool {
                 duration_ms: None,
                 expanded: false,
             }));
+        }
+        AgentEvent::ToolOutput { id, text, .. } => {
+            let running = app.cells.iter_mut().rev().find_map(|c| match c {
+                Cell::Tool(t) if t.id == id && t.status == ToolStatus::Running => Some(t),
+                _ => None,
+            });
+            if let Some(t) = running {
+                t.output.push_str(&text);
+                if t.output.len() > LIVE_OUTPUT_MAX {
+                    let mut cut = t.output.len() - LIVE_OUTPUT_MAX;
+                    while !t.output.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    t.output.drain(..cut);
+                }
+            }
         }
         AgentEvent::ToolCallFinished {
             id,

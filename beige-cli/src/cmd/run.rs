@@ -96,6 +96,8 @@ pub async fn run(target: &Target, args: RunArgs) -> Result<()> {
     };
     let mut out = std::io::stdout();
     let mut text_open = false;
+    // A line of live tool output is being printed (stderr).
+    let mut live_open = false;
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
@@ -138,6 +140,16 @@ pub async fn run(target: &Target, args: RunArgs) -> Result<()> {
                 }
                 eprintln!("→ {}", describe(&name, &args));
             }
+            AgentEvent::ToolOutput { text, .. } => {
+                // Live output of a running command, on stderr like the tool lines.
+                for piece in text.split_inclusive('\n') {
+                    if !live_open {
+                        eprint!("  │ ");
+                    }
+                    eprint!("{piece}");
+                    live_open = !piece.ends_with('\n');
+                }
+            }
             AgentEvent::ToolCallFinished {
                 name,
                 output,
@@ -145,6 +157,10 @@ pub async fn run(target: &Target, args: RunArgs) -> Result<()> {
                 duration_ms,
                 ..
             } => {
+                if live_open {
+                    eprintln!();
+                    live_open = false;
+                }
                 if is_error {
                     let first = output.lines().next().unwrap_or_default();
                     eprintln!("✗ {name} ({duration_ms} ms): {first}");

@@ -27,6 +27,14 @@ pub enum AgentEvent {
         name: String,
         args: serde_json::Value,
     },
+    /// Output of a running `exec`, as it comes (progress for a live view, best effort:
+    /// `ToolCallFinished` carries the result the model sees). `stream` is `stdout` or
+    /// `stderr`.
+    ToolOutput {
+        id: String,
+        stream: crate::sandbox::OutputStream,
+        text: String,
+    },
     /// A tool call ended (also when denied: `is_error` and the reason as output).
     ToolCallFinished {
         id: String,

@@ -930,6 +930,7 @@ impl Inner {
         call: CoreToolCall,
         ctx: ToolContext,
         cancel: Option<&CancellationToken>,
+        output: Option<crate::sandbox::OutputSink>,
     ) -> Result<ToolOutput, GatewayError> {
         let config = self.agent(agent)?;
         if let Some(key) = &ctx.session_key {
@@ -954,6 +955,7 @@ impl Inner {
                 &call,
                 &ctx,
                 cancel,
+                output,
             )
             .await
             .map_err(|e| e.to_string())
@@ -1165,7 +1167,7 @@ impl Gateway for LocalGateway {
         ctx: ToolContext,
     ) -> Result<ToolOutput, GatewayError> {
         self.inner
-            .call_core_cancellable(agent, call, ctx, None)
+            .call_core_cancellable(agent, call, ctx, None, None)
             .await
     }
 

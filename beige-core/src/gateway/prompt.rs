@@ -665,10 +665,33 @@ impl Run<'_> {
                             model: Some(used.clone()),
                             model_accepts_images: info.images,
                         };
-                        match inner
-                            .call_core_cancellable(&agent_name, call, ctx, Some(&self.cancel))
-                            .await
-                        {
+                        let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
+                        let run = inner.call_core_cancellable(
+                            &agent_name,
+                            call,
+                            ctx,
+                            Some(&self.cancel),
+                            Some(sink),
+                        );
+                        tokio::pin!(run);
+                        let mut live = LiveOutput::default();
+                        let result = loop {
+                            tokio::select! {
+                                Some(chunk) = chunks.recv() => {
+                                    if let Some(e) = live.event(&id, chunk) {
+                                        self.send(e);
+                                    }
+                                }
+                                result = &mut run => break result,
+                            }
+                        };
+                        // Pieces that arrived with the result come before its end.
+                        while let Ok(chunk) = chunks.try_recv() {
+                            if let Some(e) = live.event(&id, chunk) {
+                                self.send(e);
+                            }
+                        }
+                        match result {
                             Ok(out) => out,
                             Err(e) => ToolOutput::error(format!("Error: {e}")),
                         }
@@ -782,5 +805,106 @@ mod tests {
         let mut r = PromptRequest::new("a", "x", "hi");
         r.channel = Some("api".into());
         assert_eq!(r.channel(), "api");
+    }
+}
+
+/// Turns live output pieces into [`AgentEvent::ToolOutput`] text, holding back the
+/// start of a UTF-8 character split between two pieces.
+#[derive(Debug, Default)]
+struct LiveOutput {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl LiveOutput {
+    fn event(&mut self, id: &str, chunk: crate::sandbox::OutputChunk) -> Option<AgentEvent> {
+        use crate::sandbox::OutputStream;
+        let held = match chunk.stream {
+            OutputStream::Stdout => &mut self.stdout,
+            OutputStream::Stderr => &mut self.stderr,
+        };
+        held.extend_from_slice(&chunk.bytes);
+        let cut = utf8_prefix_len(held);
+        if cut == 0 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&held[..cut]).into_owned();
+        held.drain(..cut);
+        Some(AgentEvent::ToolOutput {
+            id: id.to_string(),
+            stream: chunk.stream,
+            text,
+        })
+    }
+}
+
+/// How much of `bytes` can be decoded now: all of it, except an incomplete UTF-8
+/// sequence at the very end (at most 3 bytes), which waits for the next piece.
+fn utf8_prefix_len(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        // Invalid bytes (not just cut short): decode everything lossily.
+        Err(_) => bytes.len(),
+    }
+}
+
+#[cfg(test)]
+mod live_output_tests {
+    use super::*;
+    use crate::sandbox::{OutputChunk, OutputStream};
+
+    #[test]
+    fn a_character_split_between_pieces_arrives_whole() {
+        let mut live = LiveOutput::default();
+        let bytes = "héllo ✓".as_bytes();
+        let (a, b) = bytes.split_at(2); // "h" and the first byte of "é"
+        let first = live.event(
+            "t1",
+            OutputChunk {
+                stream: OutputStream::Stdout,
+                bytes: a.to_vec(),
+            },
+        );
+        assert_eq!(
+            first,
+            Some(AgentEvent::ToolOutput {
+                id: "t1".into(),
+                stream: OutputStream::Stdout,
+                text: "h".into()
+            })
+        );
+        let second = live.event(
+            "t1",
+            OutputChunk {
+                stream: OutputStream::Stdout,
+                bytes: b.to_vec(),
+            },
+        );
+        assert_eq!(
+            second,
+            Some(AgentEvent::ToolOutput {
+                id: "t1".into(),
+                stream: OutputStream::Stdout,
+                text: "éllo ✓".into()
+            })
+        );
+        // Invalid bytes are not held back forever.
+        let bad = live.event(
+            "t1",
+            OutputChunk {
+                stream: OutputStream::Stderr,
+                bytes: vec![0xff, b'x'],
+            },
+        );
+        assert_eq!(
+            bad,
+            Some(AgentEvent::ToolOutput {
+                id: "t1".into(),
+                stream: OutputStream::Stderr,
+                text: "\u{fffd}x".into()
+            })
+        );
+        assert_eq!(utf8_prefix_len(&[0xe2, 0x9c]), 0);
     }
 }

@@ -652,18 +652,16 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError> {
-        let spec = self.spec_of(agent).await?;
-        let limit = match request {
-            OpRequest::Exec(e) => e.timeout_secs.saturating_add(EXEC_KILL_GRACE_SECS + 30),
-            _ => 120,
-        };
-        if spec.link != LinkMode::Off {
-            if let Some(outcome) = self.run_over_link(&spec, request, limit).await? {
-                return Ok(outcome);
-            }
-        }
-        self.links.hub.count_fallback(agent);
-        self.run_over_exec(&spec, request, limit).await
+        self.run(agent, request, None).await
+    }
+
+    async fn run_op_streaming(
+        &self,
+        agent: &str,
+        request: &OpRequest,
+        output: super::OutputSink,
+    ) -> Result<OpOutcome, SandboxError> {
+        self.run(agent, request, Some(output)).await
     }
 
     async fn remove_all(&self) -> Result<(), SandboxError> {
@@ -695,6 +693,28 @@ impl Sandbox for DockerSandbox {
 }
 
 impl DockerSandbox {
+    /// Runs an op over the link when it is up, else through `docker exec` (which has no
+    /// live output).
+    async fn run(
+        &self,
+        agent: &str,
+        request: &OpRequest,
+        output: Option<super::OutputSink>,
+    ) -> Result<OpOutcome, SandboxError> {
+        let spec = self.spec_of(agent).await?;
+        let limit = match request {
+            OpRequest::Exec(e) => e.timeout_secs.saturating_add(EXEC_KILL_GRACE_SECS + 30),
+            _ => 120,
+        };
+        if spec.link != LinkMode::Off {
+            if let Some(outcome) = self.run_over_link(&spec, request, limit, output).await? {
+                return Ok(outcome);
+            }
+        }
+        self.links.hub.count_fallback(agent);
+        self.run_over_exec(&spec, request, limit).await
+    }
+
     /// Runs the op over the shim link. `Ok(None)`: no link (now or within the window
     /// after a start), take the `docker exec` path.
     async fn run_over_link(
@@ -702,6 +722,7 @@ impl DockerSandbox {
         spec: &ContainerSpec,
         request: &OpRequest,
         limit: u64,
+        output: Option<super::OutputSink>,
     ) -> Result<Option<OpOutcome>, SandboxError> {
         let agent = spec.agent.as_str();
         let hub = &self.links.hub;
@@ -729,6 +750,7 @@ impl DockerSandbox {
                 request.name(),
                 &payload,
                 Duration::from_secs(limit),
+                output.clone(),
             )
             .await
         {
@@ -776,6 +798,7 @@ impl DockerSandbox {
                             request.name(),
                             &payload,
                             Duration::from_secs(limit),
+                            output,
                         )
                         .await
                         .map_err(|e| self.protocol(spec, request, &e.to_string()))?;

@@ -26,6 +26,7 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+use super::{OutputChunk, OutputSink, OutputStream};
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase, Target};
 
 /// How long the shim has to answer the gateway's hello.
@@ -116,6 +117,8 @@ struct Conn {
 struct State {
     conn: Option<Conn>,
     waiters: HashMap<String, oneshot::Sender<Vec<u8>>>,
+    /// Where live output of a running op goes, with the last `seq` passed on.
+    sinks: HashMap<String, (OutputSink, Option<u64>)>,
     recovered: VecDeque<(String, Vec<u8>)>,
     delivered: VecDeque<String>,
     delivered_set: HashSet<String>,
@@ -334,7 +337,8 @@ impl LinkHub {
 
     /// Runs one op over the link: sends `payload` (the `OpRequest` JSON) as `name` and
     /// returns the reply's JSON bytes. Waits across a dropped connection as long as PID
-    /// 1 comes back with the same boot id and still knows the op.
+    /// 1 comes back with the same boot id and still knows the op. Live output the shim
+    /// sends while the op runs goes to `output`, in order, once each.
     pub async fn call(
         &self,
         agent: &str,
@@ -342,6 +346,7 @@ impl LinkHub {
         name: &str,
         payload: &[u8],
         limit: Duration,
+        output: Option<OutputSink>,
     ) -> Result<Vec<u8>, LinkError> {
         let link = self.link(agent);
         let deadline = tokio::time::Instant::now() + limit;
@@ -376,6 +381,9 @@ impl LinkHub {
             }
             let ids = (conn.gen, conn.boot_id.clone());
             st.waiters.insert(id.to_string(), tx);
+            if let Some(sink) = output {
+                st.sinks.insert(id.to_string(), (sink, None));
+            }
             st.status.ops_link += 1;
             ids
         };
@@ -611,6 +619,24 @@ impl LinkHub {
                             st.recovered.pop_front();
                         }
                     }
+                }
+            }
+            LinkMessage::Output { id, stream, seq } => {
+                let stream = match stream {
+                    1 => OutputStream::Stdout,
+                    2 => OutputStream::Stderr,
+                    _ => return,
+                };
+                let mut st = link.state();
+                if let Some((sink, last)) = st.sinks.get_mut(&id) {
+                    if last.is_some_and(|l| seq <= l) {
+                        return;
+                    }
+                    *last = Some(seq);
+                    let _ = sink.send(OutputChunk {
+                        stream,
+                        bytes: payload,
+                    });
                 }
             }
             LinkMessage::Ping { seq } => {
@@ -851,7 +877,9 @@ struct Cleanup<'a> {
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        self.link.state().waiters.remove(&self.id);
+        let mut st = self.link.state();
+        st.waiters.remove(&self.id);
+        st.sinks.remove(&self.id);
     }
 }
 
@@ -944,7 +972,7 @@ mod tests {
     async fn op_round_trip_ack_and_duplicate_dropped() {
         let hub = LinkHub::new();
         assert_eq!(
-            hub.call("a", "x-1", "exec", b"{}", Duration::from_secs(1))
+            hub.call("a", "x-1", "exec", b"{}", Duration::from_secs(1), None)
                 .await,
             Err(LinkError::NotConnected)
         );
@@ -962,6 +990,7 @@ mod tests {
                     "exec",
                     br#"{"op":"exec"}"#,
                     Duration::from_secs(5),
+                    None,
                 )
                 .await
             })
@@ -1009,7 +1038,7 @@ mod tests {
         let call = {
             let hub = hub.clone();
             tokio::spawn(async move {
-                hub.call("a", "x-2", "exec", b"{}", Duration::from_secs(10))
+                hub.call("a", "x-2", "exec", b"{}", Duration::from_secs(10), None)
                     .await
             })
         };
@@ -1034,7 +1063,7 @@ mod tests {
         let call = {
             let hub = hub.clone();
             tokio::spawn(async move {
-                hub.call("a", "x-3", "exec", b"{}", Duration::from_secs(10))
+                hub.call("a", "x-3", "exec", b"{}", Duration::from_secs(10), None)
                     .await
             })
         };
@@ -1083,7 +1112,7 @@ mod tests {
         let call = {
             let hub = hub.clone();
             tokio::spawn(async move {
-                hub.call("a", "x-4", "read", b"{}", Duration::from_secs(30))
+                hub.call("a", "x-4", "read", b"{}", Duration::from_secs(30), None)
                     .await
             })
         };

@@ -67,6 +67,25 @@ pub struct OpOutcome {
     pub transport: Transport,
 }
 
+/// Which stream a piece of live `exec` output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of an `exec`'s output while it runs (progress only: the result carries the
+/// output in full).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub bytes: Vec<u8>,
+}
+
+/// Where live output goes.
+pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
+
 /// How an operation reached the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -154,6 +173,18 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
     /// Run one core-tool operation in the agent's sandbox, recreating the sandbox first
     /// if it died.
     async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError>;
+
+    /// [`Sandbox::run_op`], also sending the output of an `exec` to `output` while it
+    /// runs, where the transport can (the shim link). Others just run the op.
+    async fn run_op_streaming(
+        &self,
+        agent: &str,
+        request: &OpRequest,
+        output: OutputSink,
+    ) -> Result<OpOutcome, SandboxError> {
+        let _ = output;
+        self.run_op(agent, request).await
+    }
 
     /// Remove every sandbox of this gateway (clean stop without `keepSandboxes`).
     async fn remove_all(&self) -> Result<(), SandboxError>;

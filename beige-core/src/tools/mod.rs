@@ -236,7 +236,8 @@ pub struct ToolContext {
 /// Run a core tool in the agent's sandbox and format its result.
 ///
 /// When `cancel` fires while an `exec` runs, its processes are killed in the sandbox
-/// (SIGTERM, then SIGKILL) and the result says so.
+/// (SIGTERM, then SIGKILL) and the result says so. With `output`, an `exec`'s output is
+/// also sent there while it runs, where the transport can.
 pub async fn run_core_tool(
     sandbox: &dyn Sandbox,
     agent: &str,
@@ -244,6 +245,7 @@ pub async fn run_core_tool(
     call: &CoreToolCall,
     ctx: &ToolContext,
     cancel: Option<&tokio_util::sync::CancellationToken>,
+    output: Option<crate::sandbox::OutputSink>,
 ) -> Result<ToolOutput, SandboxError> {
     let mut request = to_request(agent, limits, call, ctx);
     let exec_id = match (&mut request, cancel) {
@@ -254,7 +256,14 @@ pub async fn run_core_tool(
         }
         _ => None,
     };
-    let op = sandbox.run_op(agent, &request);
+    let op = async {
+        match (output, &request) {
+            (Some(sink), OpRequest::Exec(_)) => {
+                sandbox.run_op_streaming(agent, &request, sink).await
+            }
+            _ => sandbox.run_op(agent, &request).await,
+        }
+    };
     let (outcome, cancelled) = match (cancel, exec_id) {
         (Some(token), Some(id)) => {
             tokio::pin!(op);

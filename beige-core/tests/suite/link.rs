@@ -280,3 +280,103 @@ fn rss_kib() -> u64 {
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         .unwrap_or(0)
 }
+
+/// A scripted model (labelled as such: not a real model) that runs one `exec` and then
+/// answers.
+fn one_exec_model(command: &'static str) -> beige_core::llm::scripted::ScriptedProvider {
+    use beige_core::llm::Block;
+    beige_core::llm::scripted::ScriptedProvider::new("scripted")
+        .then(move |_| {
+            Ok(vec![Block::ToolUse {
+                id: "t1".into(),
+                name: "exec".into(),
+                input: json!({ "command": command }),
+            }])
+        })
+        .then(|_| {
+            Ok(vec![Block::Text {
+                text: "[scripted] done".into(),
+            }])
+        })
+}
+
+#[tokio::test]
+async fn exec_output_streams_to_the_prompt_while_it_runs() {
+    use beige_core::agent::events::AgentEvent;
+    use beige_core::sandbox::OutputStream;
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let mut config = t.config(
+        &env,
+        &[(
+            "live",
+            json!({"model": {"provider": "scripted", "model": "scripted"}}),
+        )],
+    );
+    config.llm.providers =
+        serde_json::from_value(json!({"scripted": {"api": "anthropic-messages"}})).unwrap();
+    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let gw = GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(std::sync::Arc::new(docker.clone()))
+        .provider(std::sync::Arc::new(one_exec_model(
+            "echo one; sleep 1; echo two >&2; sleep 1; echo three",
+        )))
+        .build()
+        .await
+        .unwrap();
+    assert!(
+        docker
+            .link_hub()
+            .wait_connected("live", Duration::from_secs(5))
+            .await
+    );
+
+    let mut stream = gw
+        .prompt(beige_core::PromptRequest::new("live", "api:live:1", "go"))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    use futures_util::StreamExt as _;
+    while let Some(e) = stream.next().await {
+        seen.push((started.elapsed(), e));
+    }
+    let live: Vec<(Duration, OutputStream, String)> = seen
+        .iter()
+        .filter_map(|(at, e)| match e {
+            AgentEvent::ToolOutput { id, stream, text } if id == "t1" => {
+                Some((*at, *stream, text.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let finished_at = seen
+        .iter()
+        .find_map(|(at, e)| matches!(e, AgentEvent::ToolCallFinished { .. }).then_some(*at))
+        .expect("the tool call finished");
+    let text_of = |s: OutputStream| -> String {
+        live.iter()
+            .filter(|(_, st, _)| *st == s)
+            .map(|(_, _, t)| t.as_str())
+            .collect()
+    };
+    assert_eq!(text_of(OutputStream::Stdout), "one\nthree\n", "{seen:?}");
+    assert_eq!(text_of(OutputStream::Stderr), "two\n", "{seen:?}");
+    // "one" arrived while the command still had two seconds to run.
+    let first = live.first().expect("live output").0;
+    assert!(
+        finished_at.saturating_sub(first) >= Duration::from_millis(1500),
+        "first output at {first:?}, finished at {finished_at:?}"
+    );
+    // And the result the model sees is complete as before.
+    let output = seen
+        .iter()
+        .find_map(|(_, e)| match e {
+            AgentEvent::ToolCallFinished { output, .. } => Some(output.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(output, "Exit code: 0\none\nthree\ntwo");
+    gw.shutdown().await.unwrap();
+}

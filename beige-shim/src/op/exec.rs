@@ -17,18 +17,26 @@
 //! the group and still run are reported as `survivors` ([`super::survivors`]); they are
 //! not killed.
 //!
+//! Given a progress pipe (only PID 1's op children have one, see [`crate::link`]), every
+//! chunk read from the command's pipes is also written there as a record, so PID 1 can
+//! stream the output to the gateway while the command runs ([`Progress`]). Those writes
+//! never block: a chunk the pipe cannot take at once is skipped, a failed write ends
+//! streaming, and at most [`MAX_STREAMED_BYTES`] are streamed. Streaming never delays
+//! the command nor changes the reply.
+//!
 //! With an `execId`, the command runs with `BEIGE_EXEC_ID=<id>` in its environment, so
 //! a second `beige-shim op kill` can find its processes (see [`super::kill`]); the
 //! `exec` then replies as usual, with the signal that ended the shell.
 
-use std::fs;
-use std::io::{self, Read};
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use beige_protocol::link::MAX_STREAMED_BYTES;
 use beige_protocol::op::{
     ExecReply, ExecRequest, OpError, OpErrorKind, EXEC_ID_ENV, EXEC_KILL_GRACE_SECS,
 };
@@ -36,6 +44,7 @@ use beige_protocol::op::{
 use super::capture::{Capture, Stream};
 use super::survivors::Baseline;
 use super::{op_error, Context};
+use crate::link::{progress_header, MAX_PROGRESS_RECORD, PROGRESS_STDERR, PROGRESS_STDOUT};
 use crate::sys::{self, SignalFd, SignalSet};
 
 /// The shell every command runs under.
@@ -73,7 +82,13 @@ struct Outcome {
 /// Performs an `exec` request. With `forward_signals`, termination signals the shim
 /// receives while the command runs are passed on to its process group (only sensible
 /// in a single-threaded shim process: the signals are blocked in the calling thread).
-pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<ExecReply, OpError> {
+/// With `progress`, the output is also streamed there while it comes ([`Progress`]).
+pub fn exec(
+    ctx: &Context,
+    req: &ExecRequest,
+    forward_signals: bool,
+    progress: Option<OwnedFd>,
+) -> Result<ExecReply, OpError> {
     validate_env(&req.env)?;
     if let Some(id) = &req.exec_id {
         super::kill::check_exec_id(id)?;
@@ -125,6 +140,7 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
         stdout: child.stdout.take(),
         stderr: child.stderr.take(),
         capture: Capture::new(usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX)),
+        progress: progress.map(Progress::new),
     };
     pipes.set_nonblocking();
     let exit_fd = sys::pidfd_open(pgid).ok();
@@ -148,6 +164,10 @@ pub fn exec(ctx: &Context, req: &ExecRequest, forward_signals: bool) -> Result<E
         None
     };
     pipes.drain(Instant::now() + DRAIN_GRACE);
+    // The end of the stream: all of it is in the pipe before the reply is written.
+    if let Some(mut progress) = pipes.progress.take() {
+        progress.finish();
+    }
 
     let survivors = baseline.map(|b| b.survivors(pgid)).unwrap_or_default();
     let stdout = pipes.capture.finish(Stream::Stdout);
@@ -171,6 +191,8 @@ struct Pipes {
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
     capture: Capture,
+    /// Where the output is streamed as well, if anywhere.
+    progress: Option<Progress>,
 }
 
 impl Pipes {
@@ -210,14 +232,16 @@ impl Pipes {
         let mut ready = fds.iter().map(|f| f.revents != 0);
         if self.stdout.is_some() && ready.next() == Some(true) {
             if let Some(p) = self.stdout.as_mut() {
-                if !read_into(p, Stream::Stdout, &mut self.capture, buf) {
+                let progress = self.progress.as_mut();
+                if !read_into(p, Stream::Stdout, &mut self.capture, progress, buf) {
                     self.stdout = None;
                 }
             }
         }
         if self.stderr.is_some() && ready.next() == Some(true) {
             if let Some(p) = self.stderr.as_mut() {
-                if !read_into(p, Stream::Stderr, &mut self.capture, buf) {
+                let progress = self.progress.as_mut();
+                if !read_into(p, Stream::Stderr, &mut self.capture, progress, buf) {
                     self.stderr = None;
                 }
             }
@@ -243,16 +267,126 @@ impl Pipes {
     }
 }
 
-/// Reads what `pipe` has into the capture; returns whether it is still open.
-fn read_into(pipe: &mut impl Read, stream: Stream, capture: &mut Capture, buf: &mut [u8]) -> bool {
+/// Reads what `pipe` has into the capture (and the progress pipe); returns whether it
+/// is still open.
+fn read_into(
+    pipe: &mut impl Read,
+    stream: Stream,
+    capture: &mut Capture,
+    mut progress: Option<&mut Progress>,
+    buf: &mut [u8],
+) -> bool {
     loop {
         match pipe.read(buf) {
             Ok(0) => return false,
-            Ok(n) => capture.push(stream, &buf[..n]),
+            Ok(n) => {
+                capture.push(stream, &buf[..n]);
+                if let Some(progress) = progress.as_deref_mut() {
+                    progress.push(stream, &buf[..n]);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return false,
         }
+    }
+}
+
+/// The op's end of the progress pipe: every chunk of output is also written there as a
+/// record (format in [`crate::link`]), split into records of at most
+/// [`MAX_PROGRESS_RECORD`] bytes, without ever waiting.
+///
+/// The pipe carries whole records only, in order. A record the pipe takes only part of
+/// keeps its rest here, written before anything else; while that rest does not fit,
+/// and whenever a new record does not fit at all (EAGAIN), the chunk at hand is skipped
+/// and not counted. A failed write (PID 1 closed its end) ends streaming; so does
+/// reaching [`MAX_STREAMED_BYTES`].
+#[derive(Debug)]
+struct Progress {
+    pipe: File,
+    /// Output bytes handed to the pipe so far.
+    streamed: usize,
+    /// The unwritten rest of the last record.
+    pending: Vec<u8>,
+    /// Nothing more is written.
+    done: bool,
+}
+
+impl Progress {
+    fn new(fd: OwnedFd) -> Self {
+        // A pipe that could block is not used at all: streaming must not delay anything.
+        let done = sys::set_nonblocking(fd.as_fd()).is_err();
+        Self {
+            pipe: File::from(fd),
+            streamed: 0,
+            pending: Vec::new(),
+            done,
+        }
+    }
+
+    /// Streams one chunk of `stream` (as far as the pipe takes it now).
+    fn push(&mut self, stream: Stream, data: &[u8]) {
+        let stream = match stream {
+            Stream::Stdout => PROGRESS_STDOUT,
+            Stream::Stderr => PROGRESS_STDERR,
+        };
+        for piece in data.chunks(MAX_PROGRESS_RECORD) {
+            if !self.flush() {
+                return;
+            }
+            let room = MAX_STREAMED_BYTES.saturating_sub(self.streamed);
+            if room == 0 {
+                self.done = true;
+                return;
+            }
+            let piece = &piece[..piece.len().min(room)];
+            self.pending
+                .extend_from_slice(&progress_header(stream, piece.len()));
+            self.pending.extend_from_slice(piece);
+            if self.write_pending() == 0 {
+                // The pipe is full: this chunk is skipped.
+                self.pending.clear();
+                return;
+            }
+            self.streamed += piece.len();
+        }
+    }
+
+    /// Writes the rest of the last record if there is one; returns whether streaming
+    /// may go on with a new record.
+    fn flush(&mut self) -> bool {
+        if !self.pending.is_empty() {
+            self.write_pending();
+        }
+        !self.done && self.pending.is_empty()
+    }
+
+    /// Writes as much of `pending` as the pipe takes now; returns how much that was.
+    fn write_pending(&mut self) -> usize {
+        let mut written = 0;
+        while written < self.pending.len() && !self.done {
+            match self.pipe.write(&self.pending[written..]) {
+                Ok(0) => self.done = true,
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // EPIPE: PID 1 stopped reading.
+                Err(_) => self.done = true,
+            }
+        }
+        if self.done {
+            self.pending.clear();
+        } else {
+            self.pending.drain(..written);
+        }
+        written
+    }
+
+    /// A last try at the rest of the last record, before the pipe is closed (an
+    /// incomplete record at the end is dropped by PID 1).
+    fn finish(&mut self) {
+        self.flush();
+        self.done = true;
     }
 }
 
@@ -420,7 +554,7 @@ mod tests {
     }
 
     fn run(dir: &Path, r: &ExecRequest) -> ExecReply {
-        exec(&Context::new(dir), r, false).unwrap()
+        exec(&Context::new(dir), r, false, None).unwrap()
     }
 
     #[test]
@@ -496,19 +630,19 @@ mod tests {
         let mut r = req("true", 10);
         r.env = vec![("A=B".into(), "x".into())];
         assert_eq!(
-            exec(&ctx, &r, false).unwrap_err().kind,
+            exec(&ctx, &r, false, None).unwrap_err().kind,
             OpErrorKind::BadRequest
         );
         let mut r = req("true", 10);
         r.exec_id = Some("bad id".into());
         assert_eq!(
-            exec(&ctx, &r, false).unwrap_err().kind,
+            exec(&ctx, &r, false, None).unwrap_err().kind,
             OpErrorKind::BadRequest
         );
         let mut r = req("true", 10);
         r.cwd = Some("nope".into());
         assert_eq!(
-            exec(&ctx, &r, false).unwrap_err().kind,
+            exec(&ctx, &r, false, None).unwrap_err().kind,
             OpErrorKind::NotFound
         );
     }
@@ -550,6 +684,7 @@ mod tests {
             stdout: child.stdout.take(),
             stderr: child.stderr.take(),
             capture: Capture::new(1024),
+            progress: None,
         };
         pipes.set_nonblocking();
         let started = Instant::now();
@@ -560,6 +695,132 @@ mod tests {
         pipes.drain(Instant::now() + DRAIN_GRACE);
         assert_eq!(pipes.capture.finish(Stream::Stdout).text, "out\n");
         assert_eq!(pipes.capture.finish(Stream::Stderr).text, "err\n");
+    }
+
+    /// Reads progress records until end-of-file: `(stdout, stderr, records, bytes of
+    /// an incomplete record at the end)`.
+    fn read_records(mut pipe: File) -> (Vec<u8>, Vec<u8>, usize, usize) {
+        use crate::link::PROGRESS_HEADER_LEN;
+        let mut all = Vec::new();
+        pipe.read_to_end(&mut all).unwrap();
+        let (mut out, mut err, mut count) = (Vec::new(), Vec::new(), 0);
+        let mut rest = all.as_slice();
+        while rest.len() >= PROGRESS_HEADER_LEN {
+            let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+            assert!(len > 0 && len <= MAX_PROGRESS_RECORD, "{len}");
+            if rest.len() < PROGRESS_HEADER_LEN + len {
+                break;
+            }
+            let data = &rest[PROGRESS_HEADER_LEN..PROGRESS_HEADER_LEN + len];
+            match rest[0] {
+                PROGRESS_STDOUT => out.extend_from_slice(data),
+                PROGRESS_STDERR => err.extend_from_slice(data),
+                other => panic!("stream {other}"),
+            }
+            count += 1;
+            rest = &rest[PROGRESS_HEADER_LEN + len..];
+        }
+        (out, err, count, rest.len())
+    }
+
+    #[test]
+    fn output_is_streamed_as_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let (read, write) = sys::pipe().unwrap();
+        let r = req("printf a; printf bb >&2; sleep 0.1; printf ccc", 10);
+        let reply = exec(&Context::new(dir.path()), &r, false, Some(write)).unwrap();
+        assert_eq!(
+            (reply.stdout.as_str(), reply.stderr.as_str()),
+            ("accc", "bb")
+        );
+        // The exec closed its end once done: the pipe ends.
+        let (out, err, count, partial) = read_records(File::from(read));
+        assert_eq!((out.as_slice(), err.as_slice()), (&b"accc"[..], &b"bb"[..]));
+        assert!(count >= 3, "{count}");
+        assert_eq!(partial, 0);
+    }
+
+    #[test]
+    fn streaming_stops_at_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (read, write) = sys::pipe().unwrap();
+        let reader = std::thread::spawn(move || read_records(File::from(read)));
+        let r = req("head -c 2000000 /dev/zero; echo done >&2", 10);
+        let reply = exec(&Context::new(dir.path()), &r, false, Some(write)).unwrap();
+        assert_eq!(reply.exit_code, Some(0));
+        assert!(reply.stdout_omitted > 0);
+        assert_eq!(reply.stderr, "done\n");
+        let (out, _, _, partial) = reader.join().unwrap();
+        assert!(
+            !out.is_empty() && out.len() <= MAX_STREAMED_BYTES,
+            "{}",
+            out.len()
+        );
+        assert!(out.iter().all(|&b| b == 0));
+        assert_eq!(partial, 0);
+    }
+
+    /// Nobody reads the progress pipe (it fills up), or nobody can (it is closed): the
+    /// command and its reply are not affected.
+    #[test]
+    fn a_stuck_or_closed_progress_pipe_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (read, write) = sys::pipe().unwrap();
+        let mut r = req("head -c 2000000 /dev/zero; echo done", 10);
+        r.max_output_bytes = 100;
+        let started = Instant::now();
+        let reply = exec(&Context::new(dir.path()), &r, false, Some(write)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(reply.exit_code, Some(0));
+        assert!(reply.stdout.ends_with("done\n"), "{:?}", reply.stdout);
+        assert_eq!(reply.stdout_omitted + 100, 2_000_005);
+        // Only what fitted: whole records, then possibly the start of one more.
+        let (out, _, _, _) = read_records(File::from(read));
+        assert!(out.len() <= MAX_STREAMED_BYTES);
+
+        let (read, write) = sys::pipe().unwrap();
+        drop(read);
+        let reply = exec(
+            &Context::new(dir.path()),
+            &req("echo hi; echo there >&2", 10),
+            false,
+            Some(write),
+        )
+        .unwrap();
+        assert_eq!(
+            (reply.stdout.as_str(), reply.stderr.as_str()),
+            ("hi\n", "there\n")
+        );
+    }
+
+    #[test]
+    fn progress_splits_skips_and_caps() {
+        let (read, write) = sys::pipe().unwrap();
+        let mut progress = Progress::new(write);
+        // Larger than a record: split.
+        progress.push(Stream::Stdout, &vec![1u8; MAX_PROGRESS_RECORD + 10]);
+        progress.push(Stream::Stderr, b"e");
+        // The pipe (64 KiB) took the first record only partly: the rest waits, and new
+        // chunks are skipped while it does.
+        assert!(!progress.pending.is_empty());
+        let streamed = progress.streamed;
+        progress.push(Stream::Stderr, b"skipped");
+        assert_eq!(progress.streamed, streamed);
+        let reader = std::thread::spawn(move || read_records(File::from(read)));
+        // Once the reader makes room, streaming resumes, up to the cap.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while progress.streamed < MAX_STREAMED_BYTES && Instant::now() < deadline {
+            progress.push(Stream::Stderr, &[2u8; 1000]);
+        }
+        assert_eq!(progress.streamed, MAX_STREAMED_BYTES);
+        progress.push(Stream::Stdout, b"over the cap");
+        progress.finish();
+        drop(progress);
+        let (out, err, _, partial) = reader.join().unwrap();
+        assert_eq!(partial, 0);
+        assert_eq!(out.len() + err.len(), MAX_STREAMED_BYTES);
+        assert!(out.len() <= MAX_PROGRESS_RECORD + 10);
+        assert!(!err.contains(&b's'));
     }
 
     /// Whether the process is gone (or a zombie waiting for its new parent).

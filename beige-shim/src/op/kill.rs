@@ -358,7 +358,7 @@ mod tests {
             exec_id: Some(id.clone()),
         };
         let ctx = super::super::Context::new(dir.path());
-        let runner = thread::spawn(move || super::super::exec::exec(&ctx, &req, false));
+        let runner = thread::spawn(move || super::super::exec::exec(&ctx, &req, false, None));
         let entry = format!("{EXEC_ID_ENV}={id}");
         let killer = Killer {
             root: Path::new(PROC),

@@ -16,6 +16,11 @@
 //! Every op process makes itself non-dumpable, so a concurrent agent process of the
 //! same uid cannot read or change its memory while it works (the commands `exec` starts
 //! are dumpable again).
+//!
+//! PID 1's forked `exec` op children (same code, through [`serve`]) also get a progress
+//! pipe, to which the output is streamed while the command runs ([`crate::link`]
+//! describes it); it is handed over explicitly, so the `op` invocation, which never has
+//! one, does not look for it.
 
 mod capture;
 mod exec;
@@ -27,6 +32,7 @@ mod write;
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use beige_protocol::op::{OpError, OpErrorKind, OpReply, OpRequest};
@@ -139,12 +145,17 @@ pub fn run(args: &[String]) -> i32 {
     if let Err(err) = io::stdin().lock().read_to_end(&mut input) {
         return bad_request(&format!("cannot read the request from stdin: {err}"));
     }
-    serve(name, &input)
+    // No progress pipe here (`docker exec`): descriptor 3 is nobody's business.
+    serve(name, &input, None)
 }
 
 /// Decodes `input` as a `name` request, performs it and writes the reply to stdout;
 /// returns the exit code. Shared by `op <name>` and PID 1's forked op children.
-pub fn serve(name: &str, input: &[u8]) -> i32 {
+///
+/// `progress` is the progress pipe PID 1 gives its `exec` op children (descriptor 3,
+/// see [`crate::link`]): an `exec` streams its output there while it runs. It is only
+/// ever passed explicitly, never looked for.
+pub fn serve(name: &str, input: &[u8], progress: Option<OwnedFd>) -> i32 {
     let request: OpRequest = match serde_json::from_slice(input) {
         Ok(request) => request,
         Err(err) => return bad_request(&format!("invalid {name} request: {err}")),
@@ -155,7 +166,7 @@ pub fn serve(name: &str, input: &[u8]) -> i32 {
             request.name()
         ));
     }
-    let reply = perform(&Context::from_env(), request, true);
+    let reply = perform(&Context::from_env(), request, true, progress);
     match write_reply(&reply) {
         Ok(()) => 0,
         Err(err) => {
@@ -167,12 +178,19 @@ pub fn serve(name: &str, input: &[u8]) -> i32 {
 
 /// Performs one operation. `forward_signals` lets `exec` pass SIGTERM/SIGINT/SIGHUP it
 /// receives on to the command's process group (only sensible in the shim process itself).
-pub fn perform(ctx: &Context, request: OpRequest, forward_signals: bool) -> OpReply {
+/// `progress`: where `exec` streams its output while it runs (see [`serve`]); other
+/// operations just close it.
+pub fn perform(
+    ctx: &Context,
+    request: OpRequest,
+    forward_signals: bool,
+    progress: Option<OwnedFd>,
+) -> OpReply {
     let result = match request {
         OpRequest::Read(req) => read::read(ctx, &req).map(OpReply::Read),
         OpRequest::Write(req) => write::write(ctx, &req).map(OpReply::Write),
         OpRequest::Patch(req) => patch::patch(ctx, &req).map(OpReply::Patch),
-        OpRequest::Exec(req) => exec::exec(ctx, &req, forward_signals).map(OpReply::Exec),
+        OpRequest::Exec(req) => exec::exec(ctx, &req, forward_signals, progress).map(OpReply::Exec),
         OpRequest::Kill(req) => kill::kill(&req).map(OpReply::Kill),
     };
     result.unwrap_or_else(OpReply::Error)

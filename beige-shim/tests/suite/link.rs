@@ -1,6 +1,7 @@
 //! `beige-shim init --agent-user … --link unix|attach` (not as PID 1) against a fake
 //! gateway speaking frames: the hello exchange, ops run as the agent user, results kept
-//! until acknowledged and replayed after a reconnect, keepalive, bad frames.
+//! until acknowledged and replayed after a reconnect, keepalive, bad frames, an exec's
+//! output streamed while it runs.
 //! These tests need root (they switch to uid 1000); they are skipped otherwise.
 
 use std::io::{Read, Write};
@@ -10,8 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use beige_protocol::link::{encode, Carrier, Frame, FrameDecoder, LinkMessage, Role};
-use beige_protocol::op::{ExecRequest, OpErrorKind, OpReply, OpRequest};
+use beige_protocol::link::{
+    encode, Carrier, Frame, FrameDecoder, LinkMessage, Role, MAX_STREAMED_BYTES,
+};
+use beige_protocol::op::{ExecReply, ExecRequest, OpErrorKind, OpReply, OpRequest, ReadRequest};
 
 use super::shim;
 
@@ -104,8 +107,21 @@ impl<R, W: Write> Peer<R, W> {
 }
 
 impl UnixPeer {
-    /// The next frame within `within`; `None` on timeout; panics on EOF.
+    /// The next frame other than an exec's streamed `Output` within `within`; `None` on
+    /// timeout; panics on EOF.
     fn recv(&mut self, within: Duration) -> Option<Frame> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let frame = self.recv_any(left)?;
+            if !matches!(frame.message, LinkMessage::Output { .. }) {
+                return Some(frame);
+            }
+        }
+    }
+
+    /// The next frame within `within`, `Output`s included.
+    fn recv_any(&mut self, within: Duration) -> Option<Frame> {
         let deadline = Instant::now() + within;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -133,8 +149,15 @@ impl UnixPeer {
         }
     }
 
+    /// The next frame other than an `Output`.
     fn expect(&mut self) -> Frame {
         self.recv(Duration::from_secs(20))
+            .expect("no frame from the shim in time")
+    }
+
+    /// The next frame, `Output`s included.
+    fn expect_any(&mut self) -> Frame {
+        self.recv_any(Duration::from_secs(20))
             .expect("no frame from the shim in time")
     }
 
@@ -447,7 +470,14 @@ fn attach_carrier() {
             }
         }
     });
-    let next = |within: Duration| frames.recv_timeout(within).ok();
+    let next_any = |within: Duration| frames.recv_timeout(within).ok();
+    // Streamed output aside.
+    let next = |within: Duration| loop {
+        let frame = next_any(within)?;
+        if !matches!(frame.message, LinkMessage::Output { .. }) {
+            return Some(frame);
+        }
+    };
     let mut gw = Peer {
         reader: (),
         writer: stdin,
@@ -458,11 +488,22 @@ fn attach_carrier() {
     gw.send(gateway_hello(), b"");
     let (boot, _) = shim_hello(next(Duration::from_secs(10)).unwrap(), Carrier::Attach);
     gw.send(op("a1"), &exec_op("echo over attach; id -u", 10));
-    let (id, reply) = result(next(Duration::from_secs(20)).unwrap());
+    // The output is streamed over attach too, before the result.
+    let mut streamed = Vec::new();
+    let (id, reply) = loop {
+        let frame = next_any(Duration::from_secs(20)).unwrap();
+        match frame.message {
+            LinkMessage::Output { id, stream: 1, .. } if id == "a1" => {
+                streamed.extend_from_slice(&frame.payload)
+            }
+            _ => break result(frame),
+        }
+    };
     assert_eq!(
         (id.as_str(), stdout_of(reply).as_str()),
         ("a1", "over attach\n1000\n")
     );
+    assert_eq!(streamed, b"over attach\n1000\n");
 
     // A new gateway session mid-stream, after a torn frame: answered again, and the
     // unacknowledged result replayed.
@@ -524,4 +565,204 @@ fn attach_carrier() {
         assert!(Instant::now() < deadline, "init did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn exec_reply(reply: OpReply) -> ExecReply {
+    match reply {
+        OpReply::Exec(e) => e,
+        other => panic!("expected an exec reply, got {other:?}"),
+    }
+}
+
+/// What came for one op up to its result.
+struct Streamed {
+    /// `(arrival, stream, seq, bytes)` of every `Output`, in order.
+    outputs: Vec<(Instant, u8, u64, Vec<u8>)>,
+    result: OpReply,
+    result_at: Instant,
+}
+
+impl Streamed {
+    fn stream(&self, which: u8) -> Vec<u8> {
+        self.outputs
+            .iter()
+            .filter(|o| o.1 == which)
+            .flat_map(|o| o.3.iter().copied())
+            .collect()
+    }
+
+    fn seqs(&self) -> Vec<u64> {
+        self.outputs.iter().map(|o| o.2).collect()
+    }
+}
+
+/// Reads frames until the result of `id`; every frame before it must be an `Output` of
+/// `id`.
+fn until_result(gw: &mut UnixPeer, id: &str) -> Streamed {
+    let mut outputs = Vec::new();
+    loop {
+        let frame = gw.expect_any();
+        let at = Instant::now();
+        match frame.message {
+            LinkMessage::Output {
+                id: of,
+                stream,
+                seq,
+            } => {
+                assert_eq!(of, id);
+                outputs.push((at, stream, seq, frame.payload));
+            }
+            LinkMessage::Result { id: of } => {
+                assert_eq!(of, id);
+                return Streamed {
+                    outputs,
+                    result: serde_json::from_slice(&frame.payload).unwrap(),
+                    result_at: at,
+                };
+            }
+            other => panic!("expected output or the result of {id}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn exec_output_is_streamed_while_it_runs() {
+    let Some((ws, socket, listener)) = setup() else {
+        return;
+    };
+    let _init = start_unix(ws.path(), &socket);
+    let mut gw = accept(&listener, Duration::from_secs(10));
+    gw.send(gateway_hello(), b"");
+    shim_hello(gw.expect(), Carrier::Unix);
+
+    gw.send(
+        op("s1"),
+        &exec_op(
+            "echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three",
+            10,
+        ),
+    );
+    let got = until_result(&mut gw, "s1");
+    assert_eq!(String::from_utf8(got.stream(1)).unwrap(), "one\nthree\n");
+    assert_eq!(String::from_utf8(got.stream(2)).unwrap(), "two\n");
+    assert_eq!(
+        got.seqs(),
+        (0..got.outputs.len() as u64).collect::<Vec<_>>()
+    );
+    let first = got.outputs[0].0;
+    assert!(
+        got.result_at.duration_since(first) >= Duration::from_millis(200),
+        "the first output came only {:?} before the result",
+        got.result_at.duration_since(first)
+    );
+    // The result is what it always was.
+    let reply = exec_reply(got.result);
+    assert_eq!(
+        (reply.stdout.as_str(), reply.stderr.as_str()),
+        ("one\nthree\n", "two\n")
+    );
+    gw.send(LinkMessage::Ack { id: "s1".into() }, b"");
+
+    // The progress pipe is the op's own: the command does not inherit it (nor anything
+    // else of PID 1).
+    gw.send(op("s2"), &exec_op("ls /proc/$$/fd | tr '\\n' ' '", 10));
+    let got = until_result(&mut gw, "s2");
+    assert_eq!(exec_reply(got.result).stdout, "0 1 2 ");
+    gw.send(LinkMessage::Ack { id: "s2".into() }, b"");
+
+    // Other operations stream nothing.
+    std::fs::write(ws.path().join("f.txt"), "content\n").unwrap();
+    let read: ReadRequest = serde_json::from_value(serde_json::json!({ "path": "f.txt" })).unwrap();
+    let read = serde_json::to_vec(&OpRequest::Read(read)).unwrap();
+    gw.send(
+        LinkMessage::Op {
+            id: "r1".into(),
+            name: "read".into(),
+        },
+        &read,
+    );
+    let got = until_result(&mut gw, "r1");
+    assert!(got.outputs.is_empty());
+    assert!(matches!(got.result, OpReply::Read(_)), "{:?}", got.result);
+}
+
+#[test]
+fn a_flood_streams_at_most_the_cap() {
+    let Some((ws, socket, listener)) = setup() else {
+        return;
+    };
+    let _init = start_unix(ws.path(), &socket);
+    let mut gw = accept(&listener, Duration::from_secs(10));
+    gw.send(gateway_hello(), b"");
+    shim_hello(gw.expect(), Carrier::Unix);
+
+    gw.send(
+        op("f1"),
+        &exec_op("head -c 2000000 /dev/zero; echo done >&2", 30),
+    );
+    let got = until_result(&mut gw, "f1");
+    let streamed = got.stream(1);
+    assert!(
+        !streamed.is_empty() && streamed.len() <= MAX_STREAMED_BYTES,
+        "{} bytes streamed",
+        streamed.len()
+    );
+    assert!(streamed.iter().all(|&b| b == 0));
+    assert!(got.outputs.iter().map(|o| o.3.len()).sum::<usize>() <= MAX_STREAMED_BYTES);
+    assert_eq!(
+        got.seqs(),
+        (0..got.outputs.len() as u64).collect::<Vec<_>>()
+    );
+    let reply = exec_reply(got.result);
+    assert_eq!(reply.exit_code, Some(0));
+    assert_eq!(reply.stderr, "done\n");
+    assert!(reply.stdout_omitted > 0);
+    assert!(reply.stdout.contains("bytes omitted"));
+    assert!(reply.stdout.len() < 70 * 1024, "{}", reply.stdout.len());
+}
+
+#[test]
+fn output_is_never_replayed() {
+    let Some((ws, socket, listener)) = setup() else {
+        return;
+    };
+    let _init = start_unix(ws.path(), &socket);
+    let mut gw = accept(&listener, Duration::from_secs(10));
+    gw.send(gateway_hello(), b"");
+    shim_hello(gw.expect(), Carrier::Unix);
+    gw.send(op("o1"), &exec_op("echo early; sleep 0.4; echo late", 10));
+    let frame = gw.expect_any();
+    assert_eq!(
+        frame.message,
+        LinkMessage::Output {
+            id: "o1".into(),
+            stream: 1,
+            seq: 0
+        }
+    );
+    assert_eq!(frame.payload, b"early\n");
+    drop(gw);
+
+    // The op ends while no gateway listens: its late output is dropped, its result kept.
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut gw = accept(&listener, Duration::from_secs(10));
+    gw.send(gateway_hello(), b"");
+    let (_, pending) = shim_hello(gw.expect(), Carrier::Unix);
+    assert_eq!(pending, ["o1"]);
+    let got = until_result(&mut gw, "o1");
+    assert!(
+        got.outputs.is_empty(),
+        "{} outputs replayed",
+        got.outputs.len()
+    );
+    assert_eq!(stdout_of(got.result), "early\nlate\n");
+    assert!(gw.recv_any(Duration::from_millis(300)).is_none());
+
+    // A new hello on the same connection: the result again, still no output.
+    gw.send(gateway_hello(), b"");
+    shim_hello(gw.expect(), Carrier::Unix);
+    let got = until_result(&mut gw, "o1");
+    assert!(got.outputs.is_empty());
+    gw.send(LinkMessage::Ack { id: "o1".into() }, b"");
+    assert!(gw.recv_any(Duration::from_millis(300)).is_none());
 }

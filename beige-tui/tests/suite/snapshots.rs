@@ -3,6 +3,7 @@
 
 use beige_core::agent::events::AgentEvent;
 use beige_core::llm::{ErrorKind, Usage};
+use beige_core::sandbox::OutputStream;
 use beige_tui::app::App;
 use beige_tui::render::render;
 use beige_tui::update::{update, Msg};
@@ -169,6 +170,31 @@ fn exec_app(expanded: bool) -> App {
         );
     }
     a
+}
+
+#[test]
+fn exec_tool_running_with_live_output() {
+    let mut a = app();
+    send(&mut a, "Build it.");
+    let live = |stream: OutputStream, text: &str| AgentEvent::ToolOutput {
+        id: "toolu_9".into(),
+        stream,
+        text: text.into(),
+    };
+    events(
+        &mut a,
+        vec![
+            AgentEvent::ToolCallStarted {
+                id: "toolu_9".into(),
+                name: "exec".into(),
+                args: serde_json::json!({"command": "make all"}),
+            },
+            live(OutputStream::Stdout, "cc -c a.c\ncc -c b.c\n"),
+            live(OutputStream::Stderr, "b.c:3: warning: unused x\n"),
+            live(OutputStream::Stdout, "cc -c c.c\ncc -o app a.o b.o c.o\n"),
+        ],
+    );
+    snap("exec_tool_running_with_live_output", &a);
 }
 
 #[test]
