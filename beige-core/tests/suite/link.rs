@@ -380,3 +380,20 @@ async fn exec_output_streams_to_the_prompt_while_it_runs() {
     assert_eq!(output, "Exit code: 0\none\nthree\ntwo");
     gw.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_root_sandbox_has_no_link_and_runs_through_docker_exec() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(&env, &[("boss", json!({"sandbox": {"user": "root"}}))]);
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    let out = exec_t(&gw, "boss", "id -u; grep CapEff /proc/self/status", 10).await;
+    let text = out.joined_text();
+    assert_eq!(out.transport, Some(Transport::DockerExec), "{text}");
+    assert!(text.contains("\n0\n"), "{text}");
+    // Root keeps Docker's default set minus the dropped ones: not empty.
+    assert!(!text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(!docker.link_hub().is_connected("boss"));
+    assert!(!t.home.run_dir("boss").join("ctl.sock").exists());
+    gw.shutdown().await.unwrap();
+}
