@@ -759,7 +759,8 @@ pub enum Forked {
 /// Forks a child that performs an operation *in process* as the agent user, saving the
 /// `execve` of a second shim (about 0.7 ms on a small machine).
 ///
-/// In the child: `reply` becomes descriptor 1; `progress`, when given (PID 1's
+/// In the child: `stdin`, when given, becomes descriptor 0 (a warm child reads its op
+/// from it); `reply` becomes descriptor 1; `progress`, when given (PID 1's
 /// `exec` ops), becomes descriptor [`PROGRESS_FD`] (3), close-on-exec, so only the op
 /// process itself can write to it — never the commands it runs; every other descriptor
 /// above 2 is closed (the link, the signalfd, other operations' pipes — nothing of PID 1
@@ -771,13 +772,14 @@ pub enum Forked {
 ///
 /// The caller must be single-threaded (PID 1's loop is), so the child may allocate and
 /// run ordinary code; it must end with [`exit_now`], never return to the caller's loop.
-/// In the child the caller's handles of `reply` and `progress` (and of anything else it
+/// In the child the caller's handles of `stdin`, `reply` and `progress` (and of anything else it
 /// held) name closed or reused descriptor numbers: they must be forgotten, not dropped.
 pub fn fork_agent_child(
     plan: &PrivDrop,
     workdir: &std::ffi::CStr,
     reply: &OwnedFd,
     progress: Option<&OwnedFd>,
+    stdin: Option<&OwnedFd>,
 ) -> io::Result<Forked> {
     // SAFETY: fork(2) in a single-threaded process (documented requirement): the child
     // owns a consistent copy of the address space, so running ordinary code is sound.
@@ -796,6 +798,12 @@ pub fn fork_agent_child(
         // SAFETY: dup2(2) of a descriptor this process owns onto descriptor 1.
         if unsafe { libc::dup2(reply.as_raw_fd(), 1) } < 0 {
             return Err(step("dup2"));
+        }
+        if let Some(fd) = stdin {
+            // SAFETY: dup2(2) of a descriptor this process owns onto descriptor 0.
+            if unsafe { libc::dup2(fd.as_raw_fd(), 0) } < 0 {
+                return Err(step("dup2"));
+            }
         }
         let progress = match progress {
             Some(fd) => {

@@ -397,3 +397,31 @@ async fn a_root_sandbox_has_no_link_and_runs_through_docker_exec() {
     assert!(!t.home.run_dir("boss").join("ctl.sock").exists());
     gw.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_agent_killing_all_its_processes_does_not_break_the_next_call() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(&env, &[("wild", json!({}))]);
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    assert!(
+        docker
+            .link_hub()
+            .wait_connected("wild", Duration::from_secs(5))
+            .await
+    );
+    // Every process of the agent's uid, this command itself included, and PID 1's
+    // waiting child for the next op: forked when the quick call ended, while the
+    // first one still sleeps.
+    let (_, quick) = tokio::join!(
+        exec_t(&gw, "wild", "sleep 1; kill -9 -1", 10),
+        exec_t(&gw, "wild", "true", 10)
+    );
+    assert_eq!(quick.joined_text(), "Exit code: 0");
+    for _ in 0..3 {
+        let out = exec_t(&gw, "wild", "echo fine", 10).await;
+        assert_eq!(out.joined_text(), "Exit code: 0\nfine", "{out:?}");
+        assert_eq!(out.transport, Some(Transport::LinkUnix));
+    }
+    gw.shutdown().await.unwrap();
+}
