@@ -701,7 +701,15 @@ impl RunningOp {
                     break;
                 }
                 Ok(n) => self.reply.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                // A reply is one line of compact JSON (no raw newline inside): once its
+                // newline is here it is complete, and the result need not wait for the
+                // child's exit to close the pipe.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.reply.last() != Some(&b'\n') {
+                        return;
+                    }
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
