@@ -105,7 +105,8 @@ impl Config {
             &mut on_ignored,
         ))
         .map_err(|e| type_error(&file, e))?;
-        let warnings = unknown_key_warnings(&ignored);
+        let mut warnings = unknown_key_warnings(&ignored);
+        warnings.extend(ineffective_cap_add(&config));
 
         let resolver = Resolver {
             base: file
@@ -236,6 +237,27 @@ fn ignored_path(path: &serde_ignored::Path<'_>) -> KeyPath {
     let mut segs = Vec::new();
     collect(path, &mut segs);
     KeyPath::from(segs)
+}
+
+/// `sandbox.capAdd` on an agent that does not run as root: its processes hold no
+/// capability whatever the container has, so the key would only widen PID 1.
+fn ineffective_cap_add(config: &Config) -> Vec<ConfigWarning> {
+    config
+        .agents
+        .iter()
+        .filter(|(_, a)| !a.sandbox.cap_add.is_empty())
+        .filter(|(_, a)| {
+            a.sandbox
+                .user
+                .as_deref()
+                .and_then(crate::sandbox::SandboxUser::parse)
+                != Some(crate::sandbox::SandboxUser::Root)
+        })
+        .map(|(name, _)| ConfigWarning {
+            path: format!("agents.{name}.sandbox.capAdd"),
+            message: "ignored: the agent's processes run as a non-root user with no capabilities; set sandbox.user to \"root\" if the agent needs one".to_string(),
+        })
+        .collect()
 }
 
 fn unknown_key_warnings(ignored: &[KeyPath]) -> Vec<ConfigWarning> {
@@ -400,6 +422,26 @@ mod tests {
                 "agents.bot.sandbox.memoryLimt: unknown key, ignored — did you mean 'memoryLimit'?",
             ]
         );
+    }
+
+    #[test]
+    fn cap_add_on_a_non_root_agent_is_a_warning() {
+        let text = MINIMAL.replace("tools: []", "tools: [], sandbox: { capAdd: ['NET_ADMIN'] }");
+        let warnings: Vec<String> = load(&text)
+            .unwrap()
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            warnings,
+            ["agents.bot.sandbox.capAdd: ignored: the agent's processes run as a non-root user with no capabilities; set sandbox.user to \"root\" if the agent needs one"]
+        );
+        let root = MINIMAL.replace(
+            "tools: []",
+            "tools: [], sandbox: { user: 'root', capAdd: ['NET_ADMIN'] }",
+        );
+        assert!(load(&root).unwrap().warnings.is_empty());
     }
 
     #[test]

@@ -233,10 +233,10 @@ impl ContainerSpec {
                 cfg.link,
             ),
         };
-        for cap in &cfg.cap_add {
-            if !cap_add.contains(cap) {
-                cap_add.push(cap.clone());
-            }
+        // `capAdd` only means something for a root agent (its processes keep
+        // capabilities); for others the config loader warns that it is ignored.
+        if input.user == SandboxUser::Root {
+            cap_add.extend(cfg.cap_add.iter().cloned());
         }
         let mut entrypoint = vec![SHIM_PATH.to_string(), "init".to_string()];
         if let Some(user) = &agent_user {
@@ -416,10 +416,8 @@ mod tests {
         assert!(spec.open_stdin);
         assert_eq!(spec.log_driver.as_deref(), Some("none"));
         assert_eq!(spec.entrypoint.last().map(String::as_str), Some("attach"));
-        assert_eq!(
-            spec.cap_add,
-            ["SETUID", "SETGID", "KILL", "SETPCAP", "NET_BIND_SERVICE"]
-        );
+        // capAdd widens nothing for a non-root agent (the loader warns).
+        assert_eq!(spec.cap_add, LINK_CAPS.to_vec());
     }
 
     #[test]
