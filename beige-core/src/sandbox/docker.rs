@@ -737,37 +737,20 @@ impl DockerSandbox {
         };
         let payload = serde_json::to_vec(request)
             .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
-        let id = hub.new_id();
         let timeout = || SandboxError::Timeout {
             agent: agent.to_string(),
             op: request.name().to_string(),
             secs: limit,
         };
-        match hub
-            .call(
-                agent,
-                &id,
-                request.name(),
-                &payload,
-                Duration::from_secs(limit),
-                output.clone(),
-            )
+        match self
+            .link_call(spec, request, &payload, limit, output.clone())
             .await
         {
-            Ok(bytes) => {
-                let reply = serde_json::from_slice::<OpReply>(&bytes).map_err(|e| {
-                    self.protocol(
-                        spec,
-                        request,
-                        &format!("unreadable reply over the link ({e})"),
-                    )
-                })?;
-                Ok(Some(OpOutcome {
-                    reply,
-                    restarted: None,
-                    transport: carrier.into(),
-                }))
-            }
+            Ok(reply) => Ok(Some(OpOutcome {
+                reply: reply?,
+                restarted: None,
+                transport: carrier.into(),
+            })),
             Err(LinkError::NotConnected) => Ok(None),
             Err(LinkError::Timeout) => Err(timeout()),
             Err(LinkError::Lost { rebooted }) => {
@@ -790,20 +773,10 @@ impl DockerSandbox {
                 };
                 // Once more on the new container: over its link when it comes up.
                 let outcome = if hub.wait_connected(agent, LINK_EXPECTED_WITHIN).await {
-                    let id = hub.new_id();
-                    let bytes = hub
-                        .call(
-                            agent,
-                            &id,
-                            request.name(),
-                            &payload,
-                            Duration::from_secs(limit),
-                            output,
-                        )
+                    let reply = self
+                        .link_call(spec, request, &payload, limit, output)
                         .await
-                        .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
-                    let reply = serde_json::from_slice::<OpReply>(&bytes)
-                        .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+                        .map_err(|e| self.protocol(spec, request, &e.to_string()))??;
                     OpOutcome {
                         reply,
                         restarted: None,
@@ -821,6 +794,37 @@ impl DockerSandbox {
                 }))
             }
         }
+    }
+
+    /// One op over the link under a new id, its reply decoded (an unreadable reply is
+    /// the inner error).
+    async fn link_call(
+        &self,
+        spec: &ContainerSpec,
+        request: &OpRequest,
+        payload: &[u8],
+        limit: u64,
+        output: Option<super::OutputSink>,
+    ) -> Result<Result<OpReply, SandboxError>, LinkError> {
+        let hub = &self.links.hub;
+        let id = hub.new_id();
+        let bytes = hub
+            .call(
+                &spec.agent,
+                &id,
+                request.name(),
+                payload,
+                Duration::from_secs(limit),
+                output,
+            )
+            .await?;
+        Ok(serde_json::from_slice::<OpReply>(&bytes).map_err(|e| {
+            self.protocol(
+                spec,
+                request,
+                &format!("unreadable reply over the link ({e})"),
+            )
+        }))
     }
 
     /// Runs the op with `docker exec`, recreating a dead container once.

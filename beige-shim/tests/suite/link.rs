@@ -247,6 +247,17 @@ fn setup() -> Option<(tempfile::TempDir, PathBuf, UnixListener)> {
     Some((ws, socket, listener))
 }
 
+/// An init on a Unix socket, connected and past the hello exchange (`None` when not
+/// root). Keep the directory and the init for the test's duration.
+fn greeted() -> Option<(tempfile::TempDir, Init, UnixPeer, UnixListener)> {
+    let (ws, socket, listener) = setup()?;
+    let init = start_unix(ws.path(), &socket);
+    let mut gw = accept(&listener, Duration::from_secs(10));
+    gw.send(gateway_hello(), b"");
+    shim_hello(gw.expect(), Carrier::Unix);
+    Some((ws, init, gw, listener))
+}
+
 #[test]
 fn hello_exec_ping_and_unprivileged_ops() {
     let Some((ws, socket, listener)) = setup() else {
@@ -386,13 +397,9 @@ fn unacked_results_are_replayed_after_a_reconnect() {
 
 #[test]
 fn duplicate_op_ids_run_once() {
-    let Some((ws, socket, listener)) = setup() else {
+    let Some((ws, _init, mut gw, _listener)) = greeted() else {
         return;
     };
-    let _init = start_unix(ws.path(), &socket);
-    let mut gw = accept(&listener, Duration::from_secs(10));
-    gw.send(gateway_hello(), b"");
-    shim_hello(gw.expect(), Carrier::Unix);
     let request = exec_op("echo x >> count; sleep 0.3; echo ran", 10);
     gw.send(op("dup"), &request);
     gw.send(op("dup"), &request);
@@ -627,13 +634,9 @@ fn until_result(gw: &mut UnixPeer, id: &str) -> Streamed {
 
 #[test]
 fn exec_output_is_streamed_while_it_runs() {
-    let Some((ws, socket, listener)) = setup() else {
+    let Some((ws, _init, mut gw, _listener)) = greeted() else {
         return;
     };
-    let _init = start_unix(ws.path(), &socket);
-    let mut gw = accept(&listener, Duration::from_secs(10));
-    gw.send(gateway_hello(), b"");
-    shim_hello(gw.expect(), Carrier::Unix);
 
     gw.send(
         op("s1"),
@@ -688,13 +691,9 @@ fn exec_output_is_streamed_while_it_runs() {
 
 #[test]
 fn a_flood_streams_at_most_the_cap() {
-    let Some((ws, socket, listener)) = setup() else {
+    let Some((_ws, _init, mut gw, _listener)) = greeted() else {
         return;
     };
-    let _init = start_unix(ws.path(), &socket);
-    let mut gw = accept(&listener, Duration::from_secs(10));
-    gw.send(gateway_hello(), b"");
-    shim_hello(gw.expect(), Carrier::Unix);
 
     gw.send(
         op("f1"),
@@ -723,13 +722,9 @@ fn a_flood_streams_at_most_the_cap() {
 
 #[test]
 fn output_is_never_replayed() {
-    let Some((ws, socket, listener)) = setup() else {
+    let Some((_ws, _init, mut gw, listener)) = greeted() else {
         return;
     };
-    let _init = start_unix(ws.path(), &socket);
-    let mut gw = accept(&listener, Duration::from_secs(10));
-    gw.send(gateway_hello(), b"");
-    shim_hello(gw.expect(), Carrier::Unix);
     gw.send(op("o1"), &exec_op("echo early; sleep 0.4; echo late", 10));
     let frame = gw.expect_any();
     assert_eq!(
