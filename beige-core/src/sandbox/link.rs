@@ -968,6 +968,20 @@ mod tests {
         }
     }
 
+    /// Runs `hub.call` for agent `a` in a task.
+    fn spawn_call(
+        hub: &LinkHub,
+        id: &'static str,
+        name: &'static str,
+        secs: u64,
+    ) -> tokio::task::JoinHandle<Result<Vec<u8>, LinkError>> {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            hub.call("a", id, name, b"{}", Duration::from_secs(secs), None)
+                .await
+        })
+    }
+
     #[tokio::test]
     async fn op_round_trip_ack_and_duplicate_dropped() {
         let hub = LinkHub::new();
@@ -1035,13 +1049,7 @@ mod tests {
         let mut first = connect(&hub, "a");
         first.hello("boot1", &[]).await;
         assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
-        let call = {
-            let hub = hub.clone();
-            tokio::spawn(async move {
-                hub.call("a", "x-2", "exec", b"{}", Duration::from_secs(10), None)
-                    .await
-            })
-        };
+        let call = spawn_call(&hub, "x-2", "exec", 10);
         let _op = first.next().await;
         drop(first);
         // PID 1 dials again, still running the op, and then delivers it.
@@ -1060,13 +1068,7 @@ mod tests {
         let mut first = connect(&hub, "a");
         first.hello("boot1", &[]).await;
         assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
-        let call = {
-            let hub = hub.clone();
-            tokio::spawn(async move {
-                hub.call("a", "x-3", "exec", b"{}", Duration::from_secs(10), None)
-                    .await
-            })
-        };
+        let call = spawn_call(&hub, "x-3", "exec", 10);
         let _ = first.next().await;
         drop(first);
         let mut second = connect(&hub, "a");
@@ -1109,13 +1111,7 @@ mod tests {
         shim.hello("boot1", &[]).await;
         assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
         let started = Instant::now();
-        let call = {
-            let hub = hub.clone();
-            tokio::spawn(async move {
-                hub.call("a", "x-4", "read", b"{}", Duration::from_secs(30), None)
-                    .await
-            })
-        };
+        let call = spawn_call(&hub, "x-4", "read", 30);
         let _ = shim.next().await;
         drop(shim);
         assert_eq!(
