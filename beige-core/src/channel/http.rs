@@ -352,16 +352,16 @@ const TABLE: &[(&str, &str, Handler)] = &[
         post(cancel)
     }),
     ("POST", "/api/agents/{name}/hooks/pre-prompt", || {
-        post(hook_pre_prompt)
+        hook_route(HookName::PrePrompt)
     }),
     ("POST", "/api/agents/{name}/hooks/post-response", || {
-        post(hook_post_response)
+        hook_route(HookName::PostResponse)
     }),
     ("POST", "/api/agents/{name}/hooks/session-created", || {
-        post(hook_session_created)
+        hook_route(HookName::SessionCreated)
     }),
     ("POST", "/api/agents/{name}/hooks/session-disposed", || {
-        post(hook_session_disposed)
+        hook_route(HookName::SessionDisposed)
     }),
     ("POST", "/api/gateway/restart", || post(restart)),
 ];
@@ -959,6 +959,15 @@ async fn cancel(
     Ok(Json(json!({ "cancelled": cancelled })).into_response())
 }
 
+/// `POST /api/agents/{name}/hooks/<hook>`: one route per hook, one handler.
+fn hook_route(hook: HookName) -> MethodRouter<Shared> {
+    post(
+        move |State(s): State<Shared>, Path(name): Path<String>, headers: HeaderMap, body: Body| {
+            run_hook(s, name, headers, body, hook)
+        },
+    )
+}
+
 async fn run_hook(
     s: Shared,
     name: String,
@@ -989,42 +998,6 @@ async fn run_hook(
         _ => Json(result),
     }
     .into_response())
-}
-
-async fn hook_pre_prompt(
-    State(s): State<Shared>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult {
-    run_hook(s, name, headers, body, HookName::PrePrompt).await
-}
-
-async fn hook_post_response(
-    State(s): State<Shared>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult {
-    run_hook(s, name, headers, body, HookName::PostResponse).await
-}
-
-async fn hook_session_created(
-    State(s): State<Shared>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult {
-    run_hook(s, name, headers, body, HookName::SessionCreated).await
-}
-
-async fn hook_session_disposed(
-    State(s): State<Shared>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult {
-    run_hook(s, name, headers, body, HookName::SessionDisposed).await
 }
 
 async fn restart(State(s): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {

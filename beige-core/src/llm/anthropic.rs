@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use eventsource_stream::Event;
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -27,22 +27,12 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// A client of one Anthropic-compatible provider.
 pub struct AnthropicClient {
-    name: String,
-    base_url: String,
-    api_key: ApiKey,
-    headers: HeaderMap,
-    http: reqwest::Client,
-    idle: Duration,
+    ep: sse::Endpoint,
 }
 
 impl std::fmt::Debug for AnthropicClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicClient")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key)
-            .field("idle", &self.idle)
-            .finish_non_exhaustive()
+        f.debug_tuple("AnthropicClient").field(&self.ep).finish()
     }
 }
 
@@ -55,29 +45,23 @@ impl AnthropicClient {
         api_key: ApiKey,
         headers: Vec<(String, String)>,
     ) -> Result<Self, LlmError> {
-        let base_url = sse::base_url(name, base_url)?;
-        let mut map = sse::extra_headers(name, &headers)?;
-        map.insert(
+        let mut ep = sse::Endpoint::new(name, base_url, api_key, &headers)?;
+        ep.headers.insert(
             "anthropic-version",
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
-        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(key) = api_key.expose() {
-            map.insert("x-api-key", sse::secret_header(name, key)?);
+        ep.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(key) = ep.api_key.expose() {
+            let value = sse::secret_header(name, key)?;
+            ep.headers.insert("x-api-key", value);
         }
-        Ok(Self {
-            name: name.to_string(),
-            http: sse::http_client(name, &base_url)?,
-            base_url,
-            api_key,
-            headers: map,
-            idle: sse::DEFAULT_IDLE_TIMEOUT,
-        })
+        Ok(Self { ep })
     }
 
     /// Abandon a stream when no event arrives for this long (default 120 s).
     pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle = idle;
+        self.ep.idle = idle;
         self
     }
 }
@@ -85,22 +69,23 @@ impl AnthropicClient {
 #[async_trait]
 impl LlmProvider for AnthropicClient {
     fn name(&self) -> &str {
-        &self.name
+        &self.ep.name
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError> {
         let body = request_body(&request);
         let req = self
+            .ep
             .http
-            .post(format!("{}/v1/messages", self.base_url))
-            .headers(self.headers.clone())
+            .post(format!("{}/v1/messages", self.ep.base_url))
+            .headers(self.ep.headers.clone())
             .body(body.to_string());
-        let resp = sse::send(&self.name, req, self.idle)
+        let resp = sse::send(&self.ep.name, req, self.ep.idle)
             .await
-            .map_err(|e| sse::redact(e, &self.api_key))?;
-        let decoder = Decoder::new(&self.name);
-        let stream = sse::decode_stream(&self.name, resp, self.idle, decoder);
-        Ok(sse::redact_stream(stream, &self.api_key))
+            .map_err(|e| sse::redact(e, &self.ep.api_key))?;
+        let decoder = Decoder::new(&self.ep.name);
+        let stream = sse::decode_stream(&self.ep.name, resp, self.ep.idle, decoder);
+        Ok(sse::redact_stream(stream, &self.ep.api_key))
     }
 }
 
@@ -607,11 +592,6 @@ mod tests {
         stream.collect().await
     }
 
-    fn assert_no_key(e: &LlmError) {
-        assert!(!e.to_string().contains(KEY), "{e}");
-        assert!(!format!("{e:?}").contains(KEY), "{e:?}");
-    }
-
     #[tokio::test]
     async fn streams_text_split_at_awkward_places() {
         let s = server().await;
@@ -973,7 +953,7 @@ mod tests {
         );
         assert_eq!(e.kind(), ErrorKind::RateLimit);
         assert_eq!(e.retry_after(), Some(Duration::from_secs(30)));
-        assert_no_key(&e);
+        crate::llm::test_support::assert_secret_absent(&e, KEY);
         assert_eq!(s.request_count(), 1);
     }
 
@@ -996,7 +976,7 @@ mod tests {
             panic!()
         };
         assert_eq!(e.kind(), ErrorKind::Auth);
-        assert_no_key(&e);
+        crate::llm::test_support::assert_secret_absent(&e, KEY);
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use eventsource_stream::Event;
 use futures_util::StreamExt;
-use reqwest::header::{HeaderMap, ACCEPT, RETRY_AFTER};
+use reqwest::header::{ACCEPT, RETRY_AFTER};
 use serde_json::{json, Map, Value};
 
 use crate::config::ThinkingLevel;
@@ -28,24 +28,12 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// A client of one provider speaking the Gemini API (`generativelanguage.googleapis.com`).
 pub struct GoogleClient {
-    name: String,
-    /// The versioned API root, e.g. `https://generativelanguage.googleapis.com/v1beta`.
-    api_root: String,
-    api_key: ApiKey,
-    headers: HeaderMap,
-    http: reqwest::Client,
-    idle_timeout: Duration,
+    ep: sse::Endpoint,
 }
 
 impl std::fmt::Debug for GoogleClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GoogleClient")
-            .field("name", &self.name)
-            .field("api_root", &self.api_root)
-            .field("api_key", &self.api_key)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
-            .field("idle_timeout", &self.idle_timeout)
-            .finish()
+        f.debug_tuple("GoogleClient").field(&self.ep).finish()
     }
 }
 
@@ -61,25 +49,18 @@ impl GoogleClient {
         api_key: ApiKey,
         headers: Vec<(String, String)>,
     ) -> Result<Self, LlmError> {
-        let base = sse::base_url(name, base_url)?;
-        let api_root = if base.ends_with("/v1beta") || base.ends_with("/v1") {
-            base
-        } else {
-            format!("{base}/v1beta")
-        };
-        Ok(Self {
-            name: name.to_string(),
-            api_root,
-            http: sse::http_client(name, base_url)?,
-            headers: sse::extra_headers(name, &headers)?,
-            api_key,
-            idle_timeout: sse::DEFAULT_IDLE_TIMEOUT,
-        })
+        let mut ep = sse::Endpoint::new(name, base_url, api_key, &headers)?;
+        // `base_url` is the versioned API root, e.g.
+        // `https://generativelanguage.googleapis.com/v1beta`.
+        if !(ep.base_url.ends_with("/v1beta") || ep.base_url.ends_with("/v1")) {
+            ep.base_url.push_str("/v1beta");
+        }
+        Ok(Self { ep })
     }
 
     /// Abandon a stream when no event arrives for this long (default 120 s).
     pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle_timeout = idle;
+        self.ep.idle = idle;
         self
     }
 
@@ -91,44 +72,45 @@ impl GoogleClient {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
         if !safe {
             return Err(LlmError::Config {
-                provider: self.name.clone(),
+                provider: self.ep.name.clone(),
                 message: format!("invalid model id {model:?}"),
             });
         }
         Ok(format!(
             "{}/models/{id}:streamGenerateContent?alt=sse",
-            self.api_root
+            self.ep.base_url
         ))
     }
 
     async fn start(&self, request: &ModelRequest) -> Result<EventStream, LlmError> {
         let mut builder = self
+            .ep
             .http
             .post(self.url(&request.model)?)
             .header(ACCEPT, "text/event-stream")
             .json(&request_body(request));
-        if let Some(key) = self.api_key.expose() {
-            builder = builder.header("x-goog-api-key", sse::secret_header(&self.name, key)?);
+        if let Some(key) = self.ep.api_key.expose() {
+            builder = builder.header("x-goog-api-key", sse::secret_header(&self.ep.name, key)?);
         }
-        let builder = builder.headers(self.headers.clone());
-        let response = match tokio::time::timeout(self.idle_timeout, builder.send()).await {
+        let builder = builder.headers(self.ep.headers.clone());
+        let response = match tokio::time::timeout(self.ep.idle, builder.send()).await {
             Err(_) => {
                 return Err(LlmError::IdleTimeout {
-                    provider: self.name.clone(),
-                    idle: self.idle_timeout,
+                    provider: self.ep.name.clone(),
+                    idle: self.ep.idle,
                 })
             }
-            Ok(Err(e)) => return Err(sse::transport(&self.name, &e)),
+            Ok(Err(e)) => return Err(sse::transport(&self.ep.name, &e)),
             Ok(Ok(response)) => response,
         };
         if !response.status().is_success() {
             return Err(self.http_error(response).await);
         }
         Ok(sse::decode_stream(
-            &self.name,
+            &self.ep.name,
             response,
-            self.idle_timeout,
-            GeminiParser::new(&self.name, existing_tool_calls(request)),
+            self.ep.idle,
+            GeminiParser::new(&self.ep.name, existing_tool_calls(request)),
         ))
     }
 
@@ -157,7 +139,7 @@ impl GoogleClient {
             .await
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&body);
-        let error = sse::error_from_body(&self.name, status, header_retry, &text);
+        let error = sse::error_from_body(&self.ep.name, status, header_retry, &text);
         match error {
             LlmError::Api {
                 provider,
@@ -186,13 +168,13 @@ impl GoogleClient {
 #[async_trait]
 impl LlmProvider for GoogleClient {
     fn name(&self) -> &str {
-        &self.name
+        &self.ep.name
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError> {
         match self.start(&request).await {
-            Ok(stream) => Ok(sse::redact_stream(stream, &self.api_key)),
-            Err(e) => Err(sse::redact(e, &self.api_key)),
+            Ok(stream) => Ok(sse::redact_stream(stream, &self.ep.api_key)),
+            Err(e) => Err(sse::redact(e, &self.ep.api_key)),
         }
     }
 }
@@ -1230,8 +1212,7 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.kind(), ErrorKind::InvalidRequest);
-        assert!(!err.to_string().contains(KEY), "{err}");
-        assert!(!format!("{err:?}").contains(KEY), "{err:?}");
+        crate::llm::test_support::assert_secret_absent(&err, KEY);
         assert!(!format!("{client:?}").contains(KEY));
         let req = server.last_request().unwrap();
         assert_eq!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use eventsource_stream::Event;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -26,22 +26,14 @@ use crate::config::ThinkingLevel;
 
 /// A client of one Chat-Completions-compatible provider.
 pub struct OpenAiCompletionsClient {
-    name: String,
-    base_url: String,
-    api_key: ApiKey,
-    headers: HeaderMap,
-    http: reqwest::Client,
-    idle: Duration,
+    ep: sse::Endpoint,
 }
 
 impl std::fmt::Debug for OpenAiCompletionsClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiCompletionsClient")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key)
-            .field("idle", &self.idle)
-            .finish_non_exhaustive()
+        f.debug_tuple("OpenAiCompletionsClient")
+            .field(&self.ep)
+            .finish()
     }
 }
 
@@ -54,28 +46,19 @@ impl OpenAiCompletionsClient {
         api_key: ApiKey,
         headers: Vec<(String, String)>,
     ) -> Result<Self, LlmError> {
-        let base_url = sse::base_url(name, base_url)?;
-        let mut map = sse::extra_headers(name, &headers)?;
-        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(key) = api_key.expose() {
-            map.insert(
-                AUTHORIZATION,
-                sse::secret_header(name, &format!("Bearer {key}"))?,
-            );
+        let mut ep = sse::Endpoint::new(name, base_url, api_key, &headers)?;
+        ep.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(key) = ep.api_key.expose() {
+            let value = sse::secret_header(name, &format!("Bearer {key}"))?;
+            ep.headers.insert(AUTHORIZATION, value);
         }
-        Ok(Self {
-            name: name.to_string(),
-            http: sse::http_client(name, &base_url)?,
-            base_url,
-            api_key,
-            headers: map,
-            idle: sse::DEFAULT_IDLE_TIMEOUT,
-        })
+        Ok(Self { ep })
     }
 
     /// Abandon a stream when no event arrives for this long (default 120 s).
     pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle = idle;
+        self.ep.idle = idle;
         self
     }
 }
@@ -83,21 +66,27 @@ impl OpenAiCompletionsClient {
 #[async_trait]
 impl LlmProvider for OpenAiCompletionsClient {
     fn name(&self) -> &str {
-        &self.name
+        &self.ep.name
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError> {
         let body = request_body(&request);
         let req = self
+            .ep
             .http
-            .post(format!("{}/chat/completions", self.base_url))
-            .headers(self.headers.clone())
+            .post(format!("{}/chat/completions", self.ep.base_url))
+            .headers(self.ep.headers.clone())
             .body(body.to_string());
-        let resp = sse::send(&self.name, req, self.idle)
+        let resp = sse::send(&self.ep.name, req, self.ep.idle)
             .await
-            .map_err(|e| sse::redact(e, &self.api_key))?;
-        let stream = sse::decode_stream(&self.name, resp, self.idle, Decoder::new(&self.name));
-        Ok(sse::redact_stream(stream, &self.api_key))
+            .map_err(|e| sse::redact(e, &self.ep.api_key))?;
+        let stream = sse::decode_stream(
+            &self.ep.name,
+            resp,
+            self.ep.idle,
+            Decoder::new(&self.ep.name),
+        );
+        Ok(sse::redact_stream(stream, &self.ep.api_key))
     }
 }
 
@@ -572,11 +561,6 @@ mod tests {
         stream.collect().await
     }
 
-    fn assert_no_key(e: &LlmError) {
-        assert!(!e.to_string().contains(KEY), "{e}");
-        assert!(!format!("{e:?}").contains(KEY), "{e:?}");
-    }
-
     #[tokio::test]
     async fn streams_text_split_at_awkward_places_with_usage() {
         let s = server().await;
@@ -901,7 +885,7 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.kind(), ErrorKind::RateLimit);
-        assert_no_key(&e);
+        crate::llm::test_support::assert_secret_absent(&e, KEY);
         let Err(e) = c.stream(request(vec![Message::user_text("x")])).await else {
             panic!()
         };
@@ -910,7 +894,7 @@ mod tests {
             panic!()
         };
         assert_eq!(e.kind(), ErrorKind::Auth);
-        assert_no_key(&e);
+        crate::llm::test_support::assert_secret_absent(&e, KEY);
         assert_eq!(s.request_count(), 3);
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use eventsource_stream::Event;
-use reqwest::header::{HeaderMap, ACCEPT, AUTHORIZATION};
+use reqwest::header::{ACCEPT, AUTHORIZATION};
 use serde_json::{json, Map, Value};
 
 use crate::config::ThinkingLevel;
@@ -23,22 +23,13 @@ use super::{
 
 /// A client of one provider speaking the OpenAI Responses API.
 pub struct OpenAiResponsesClient {
-    name: String,
-    base_url: String,
-    api_key: ApiKey,
-    headers: HeaderMap,
-    http: reqwest::Client,
-    idle_timeout: Duration,
+    ep: sse::Endpoint,
 }
 
 impl std::fmt::Debug for OpenAiResponsesClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiResponsesClient")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
-            .field("idle_timeout", &self.idle_timeout)
+        f.debug_tuple("OpenAiResponsesClient")
+            .field(&self.ep)
             .finish()
     }
 }
@@ -54,40 +45,36 @@ impl OpenAiResponsesClient {
         headers: Vec<(String, String)>,
     ) -> Result<Self, LlmError> {
         Ok(Self {
-            name: name.to_string(),
-            base_url: sse::base_url(name, base_url)?,
-            http: sse::http_client(name, base_url)?,
-            headers: sse::extra_headers(name, &headers)?,
-            api_key,
-            idle_timeout: sse::DEFAULT_IDLE_TIMEOUT,
+            ep: sse::Endpoint::new(name, base_url, api_key, &headers)?,
         })
     }
 
     /// Abandon a stream when no event arrives for this long (default 120 s).
     pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle_timeout = idle;
+        self.ep.idle = idle;
         self
     }
 
     async fn start(&self, request: &ModelRequest) -> Result<EventStream, LlmError> {
         let mut builder = self
+            .ep
             .http
-            .post(format!("{}/responses", self.base_url))
+            .post(format!("{}/responses", self.ep.base_url))
             .header(ACCEPT, "text/event-stream")
             .json(&request_body(request));
-        if let Some(key) = self.api_key.expose() {
+        if let Some(key) = self.ep.api_key.expose() {
             builder = builder.header(
                 AUTHORIZATION,
-                sse::secret_header(&self.name, &format!("Bearer {key}"))?,
+                sse::secret_header(&self.ep.name, &format!("Bearer {key}"))?,
             );
         }
-        let builder = builder.headers(self.headers.clone());
-        let response = sse::send(&self.name, builder, self.idle_timeout).await?;
+        let builder = builder.headers(self.ep.headers.clone());
+        let response = sse::send(&self.ep.name, builder, self.ep.idle).await?;
         Ok(sse::decode_stream(
-            &self.name,
+            &self.ep.name,
             response,
-            self.idle_timeout,
-            ResponsesParser::new(&self.name),
+            self.ep.idle,
+            ResponsesParser::new(&self.ep.name),
         ))
     }
 }
@@ -95,13 +82,13 @@ impl OpenAiResponsesClient {
 #[async_trait]
 impl LlmProvider for OpenAiResponsesClient {
     fn name(&self) -> &str {
-        &self.name
+        &self.ep.name
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<EventStream, LlmError> {
         match self.start(&request).await {
-            Ok(stream) => Ok(sse::redact_stream(stream, &self.api_key)),
-            Err(e) => Err(sse::redact(e, &self.api_key)),
+            Ok(stream) => Ok(sse::redact_stream(stream, &self.ep.api_key)),
+            Err(e) => Err(sse::redact(e, &self.ep.api_key)),
         }
     }
 }

@@ -31,6 +31,51 @@ const MAX_QUOTED: usize = 500;
 /// A boxed stream of SSE events.
 pub(crate) type SseEvents = Pin<Box<dyn Stream<Item = Result<Event, LlmError>> + Send>>;
 
+/// What every provider client holds: the provider's name, its normalized base URL,
+/// the key, the fixed headers (with the key in them where the API authenticates by
+/// header), the HTTP client and the stream idle timeout. Its `Debug` shows neither the
+/// key nor any header value.
+pub(crate) struct Endpoint {
+    pub name: String,
+    pub base_url: String,
+    pub api_key: ApiKey,
+    pub headers: HeaderMap,
+    pub http: reqwest::Client,
+    pub idle: Duration,
+}
+
+impl Endpoint {
+    /// Checks `base_url`, builds the HTTP client and parses the configured `headers`.
+    pub fn new(
+        name: &str,
+        base_url: &str,
+        api_key: ApiKey,
+        headers: &[(String, String)],
+    ) -> Result<Self, LlmError> {
+        let base = self::base_url(name, base_url)?;
+        Ok(Self {
+            name: name.to_string(),
+            http: http_client(name, &base)?,
+            base_url: base,
+            api_key,
+            headers: extra_headers(name, headers)?,
+            idle: DEFAULT_IDLE_TIMEOUT,
+        })
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Build the HTTP client for one provider. Loopback base URLs (local servers such as
 /// Ollama, and the test servers) bypass any configured proxy.
 pub(crate) fn http_client(provider: &str, base_url: &str) -> Result<reqwest::Client, LlmError> {

@@ -40,3 +40,9 @@ pub(crate) fn thinking_deltas(events: &[Result<StreamEvent, LlmError>]) -> Strin
         })
         .collect()
 }
+
+/// `secret` shows neither in the error's message nor in its debug form.
+pub(crate) fn assert_secret_absent(e: &LlmError, secret: &str) {
+    assert!(!e.to_string().contains(secret), "{e}");
+    assert!(!format!("{e:?}").contains(secret), "{e:?}");
+}
