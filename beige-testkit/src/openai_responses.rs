@@ -345,15 +345,8 @@ pub fn function_calls_response(calls: &[(&str, &str, Value)]) -> Reply {
         .reply()
 }
 
-/// OpenAI's JSON error body.
-pub fn error_body(error_type: &str, code: Option<&str>, message: &str) -> Value {
-    json!({"error": {"message": message, "type": error_type, "param": null, "code": code}})
-}
-
-/// An HTTP error answer with OpenAI's body (add `retry-after` with [`Reply::header`]).
-pub fn error_reply(status: u16, error_type: &str, code: Option<&str>, message: &str) -> Reply {
-    Reply::error(status, error_body(error_type, code, message))
-}
+/// OpenAI's error body and answer are the same for both of its APIs.
+pub use crate::openai_completions::{error_body, error_reply};
 
 /// Check a recorded Responses request: every `function_call_output` answers (by
 /// `call_id`) a `function_call` item earlier in `input`, no call is answered twice, and

@@ -297,55 +297,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = store(dir.path());
         let c = config();
-        let ok = PluginRegistry::build(
-            vec![Arc::new(P("git", vec!["git", "git.log"]))],
-            &c,
-            dir.path(),
-            &HashMap::new(),
-            db.clone(),
-        )
-        .await
-        .unwrap();
+        let none = HashMap::new();
+        let build = |tools: Vec<&'static str>| {
+            PluginRegistry::build(
+                vec![Arc::new(P("git", tools))],
+                &c,
+                dir.path(),
+                &none,
+                db.clone(),
+            )
+        };
+        let ok = build(vec!["git", "git.log"]).await.unwrap();
         assert_eq!(ok.tool_names(), ["git", "git.log"]);
-        let err = PluginRegistry::build(
-            vec![Arc::new(P("git", vec!["gitx"]))],
-            &c,
-            dir.path(),
-            &HashMap::new(),
-            db.clone(),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(
-            vec![Arc::new(P("git", vec!["git."]))],
-            &c,
-            dir.path(),
-            &HashMap::new(),
-            db.clone(),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(
-            vec![Arc::new(P("git", vec!["git.a/b"]))],
-            &c,
-            dir.path(),
-            &HashMap::new(),
-            db.clone(),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
-        let err = PluginRegistry::build(
-            vec![Arc::new(P("git", vec!["git", "git"]))],
-            &c,
-            dir.path(),
-            &HashMap::new(),
-            db.clone(),
-        )
-        .await
-        .unwrap_err();
+        for bad in [vec!["gitx"], vec!["git."], vec!["git.a/b"]] {
+            let err = build(bad).await.unwrap_err();
+            assert!(matches!(err, PluginError::ToolName { .. }), "{err}");
+        }
+        let err = build(vec!["git", "git"]).await.unwrap_err();
         assert!(err.to_string().contains("registered twice"), "{err}");
     }
 
