@@ -478,7 +478,14 @@ impl Link {
         match self.spawn(id.clone(), name, request) {
             Ok(op) => self.ops.push(op),
             Err(err) => {
-                let message = format!("Cannot start the process for the {name} operation: {err}");
+                let hint = if err.raw_os_error() == Some(libc::EAGAIN) {
+                    " The sandbox has reached its process limit (sandbox.pidsLimit): end \
+                     processes that are no longer needed, or raise the limit."
+                } else {
+                    ""
+                };
+                let message =
+                    format!("Cannot start the process for the {name} operation: {err}.{hint}");
                 self.complete(id, error_reply(OpErrorKind::Io, message));
             }
         }

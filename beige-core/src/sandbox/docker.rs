@@ -767,7 +767,7 @@ impl DockerSandbox {
                         return Err(self.protocol(
                             spec,
                             request,
-                            "the link to the sandbox dropped while the operation ran and did not come back with its result; it may or may not have completed",
+                            "the link to the sandbox dropped while the operation ran and did not come back with its result, so it may or may not have completed: check its effects (with read or exec) before running it again, and see `beige doctor` for the link",
                         ))
                     }
                 };
