@@ -104,7 +104,10 @@ async fn gateway_and_sandbox(
     shim: &PathBuf,
     link: &str,
 ) -> anyhow::Result<(LocalGateway, DockerSandbox)> {
-    let docker = DockerSandbox::connect(home.hash()).await?;
+    let (installation, _) = home.ensure_installation_id()?;
+    let docker = DockerSandbox::connect(installation.as_str())
+        .await?
+        .with_legacy_home(home);
     let gw = GatewayBuilder::new(config(image, link)?, home.clone())
         .shim(shim)
         .sandbox(Arc::new(docker.clone()))
@@ -330,7 +333,10 @@ async fn loop_gateway(
             serde_json::json!({"provider": "scripted", "model": "scripted"}),
         )?;
     }
-    let docker = DockerSandbox::connect(home.hash()).await?;
+    let (installation, _) = home.ensure_installation_id()?;
+    let docker = DockerSandbox::connect(installation.as_str())
+        .await?
+        .with_legacy_home(home);
     Ok(GatewayBuilder::new(cfg, home.clone())
         .shim(shim)
         .sandbox(Arc::new(docker))

@@ -5,7 +5,8 @@
 //! and shows each agent's model, tools and the container the gateway would ask Docker
 //! for — without starting anything.
 
-use beige_core::config::Config;
+use beige_core::config::{Config, WritableTrees};
+use beige_core::home::InstallationId;
 use beige_core::sandbox::{ContainerSpec, SandboxUser, SpecInput};
 use beige_core::BeigeHome;
 
@@ -19,6 +20,19 @@ fn main() -> anyhow::Result<()> {
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
+    // The gateway makes the installation id at its first start; without one yet, the
+    // names and labels below use a placeholder.
+    let installation = match home.read_installation_id()? {
+        Some(id) => id,
+        None => {
+            eprintln!(
+                "note: {} does not exist yet; container names use a random id",
+                home.installation_id_path().display()
+            );
+            InstallationId::generate()
+        }
+    };
+    let writable = WritableTrees::of_config(&loaded.config, &home);
     for (name, agent) in &loaded.config.agents {
         println!(
             "{name}: {}/{} tools={:?}",
@@ -26,6 +40,8 @@ fn main() -> anyhow::Result<()> {
         );
         let spec = ContainerSpec::for_agent(&SpecInput {
             home: &home,
+            installation: &installation,
+            writable: &writable,
             agent: name,
             config: agent,
             workspace: loaded.config.agent_workspace(&home, name),

@@ -274,8 +274,11 @@ pub async fn run() -> Result<()> {
         .tempdir()
         .context("cannot create a temporary folder")?;
     let home = BeigeHome::new(dir.path().join("home"));
+    let (installation, _) = home
+        .ensure_installation_id()
+        .map_err(|e| Exit::new(1, format!("error: {e}")))?;
     let docker = Arc::new(
-        DockerSandbox::connect(home.hash())
+        DockerSandbox::connect(installation.as_str())
             .await
             .map_err(|e| Exit::new(1, format!("error: {e}")))?,
     );

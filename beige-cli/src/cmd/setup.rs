@@ -1,5 +1,6 @@
 //! `beige setup`: create `BEIGE_HOME` (0700) with its folders, a commented default
-//! `config.json5` and the API token (0600).
+//! `config.json5`, the API token and the installation id (both 0600; the id names and
+//! labels this installation's containers on a shared Docker engine).
 //!
 //! Idempotent: nothing that exists is ever overwritten. It only tightens the modes of
 //! the home folder and the token when they are looser than they must be, and says so.
@@ -51,6 +52,18 @@ pub fn setup(home: &BeigeHome) -> Result<SetupReport> {
         fix_mode(&token_path, 0o600, &mut report)?;
     }
     ensure_file(&token_path, new_token().as_bytes(), &mut report)?;
+    let id_path = home.installation_id_path();
+    if id_path.exists() {
+        fix_mode(&id_path, 0o600, &mut report)?;
+    }
+    let (_, created) = home
+        .ensure_installation_id()
+        .with_context(|| format!("cannot set up {}", root.display()))?;
+    if created {
+        report.created.push(id_path);
+    } else {
+        report.skipped.push(id_path);
+    }
     Ok(report)
 }
 

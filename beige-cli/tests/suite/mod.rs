@@ -196,14 +196,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Container ids carrying `io.beige.home=<hash>`.
-pub async fn containers_of(hash: &str) -> Vec<String> {
+/// Container ids carrying `io.beige.installation=<id>`.
+pub async fn containers_of(installation: &str) -> Vec<String> {
     let docker = beige_core::sandbox::docker::DockerSandbox::connect("probe")
         .await
         .unwrap();
     let filters = std::collections::HashMap::from([(
         "label".to_string(),
-        vec![format!("io.beige.home={hash}")],
+        vec![format!("io.beige.installation={installation}")],
     )]);
     docker
         .client()

@@ -21,7 +21,7 @@ pub use load::{ConfigWarning, LoadedConfig};
 pub use types::*;
 pub use validate::{
     check_extra_mount, did_you_mean, is_valid_agent_name, parse_memory_limit, validate_skills,
-    validate_tools, MountTarget,
+    validate_tools, MountTarget, WritableKind, WritableTree, WritableTrees,
 };
 
 /// The JSON Schema of `config.json5`, generated from [`Config`]. The copy committed as

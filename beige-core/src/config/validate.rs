@@ -3,9 +3,10 @@
 //! Owns the rules a config must pass before anything starts (agent names, providers,
 //! skills, `pluginConfigs`, sandbox limits, the mount refusal rules) and the helpers the
 //! rest of beige reuses for the same decisions: [`parse_memory_limit`],
-//! [`check_extra_mount`], [`did_you_mean`], [`validate_tools`]. Every check returns the
-//! first problem as a [`ConfigError`] that names the file and the place in it. Reads the
-//! file system only to check that mounted host paths and skill folders exist.
+//! [`check_extra_mount`] (with the [`WritableTrees`] no mount may come from inside),
+//! [`did_you_mean`], [`validate_tools`]. Every check returns the first problem as a
+//! [`ConfigError`] that names the file and the place in it. Reads the file system only
+//! to resolve mounted host paths and to check that they and skill folders exist.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -162,7 +163,8 @@ pub fn parse_memory_limit(s: &str) -> Option<u64> {
 /// A checked `extraMounts` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountTarget {
-    /// The absolute, normalised host path.
+    /// The host path to give Docker: canonical (symlinks resolved) when it exists, else
+    /// absolute and lexically normalised.
     pub host: PathBuf,
     /// The absolute container path, without the `:ro`/`:rw` suffix.
     pub container: String,
@@ -171,52 +173,210 @@ pub struct MountTarget {
 
 /// Check one `extraMounts` entry (`host` already resolved) against the refusal rules:
 /// an absolute host path that is not `/`, not a Docker socket (or a folder holding one),
-/// not `BEIGE_HOME`, not inside it except within the agent's own workspace and not an
-/// ancestor of it; and an absolute container path that does not shadow `/workspace`,
-/// `/tools`, `/skills` or `/beige`. Symlinks are resolved when the path exists; that the
-/// host path exists is checked when the config loads, not here. The error is the reason,
-/// for a sentence like `refusing to mount X at Y: <reason>`.
+/// not `BEIGE_HOME`, not inside it and not an ancestor of it, not inside any agent's
+/// workspace (`agent_workspace` and every workspace in `writable`) and not inside any
+/// folder an agent mounts read-write — an agent could replace anything in those with a
+/// symlink to any host path before the container is next created; and an absolute
+/// container path that does not shadow `/workspace`, `/tools`, `/skills` or `/beige`.
+/// The path is checked as written and, when it exists, with symlinks resolved; that
+/// canonical path is the one returned. That the host path exists is checked when the
+/// config loads, not here. The error is the reason, for a sentence like `refusing to
+/// mount X at Y: <reason>`.
 pub fn check_extra_mount(
     home: &BeigeHome,
     agent_workspace: &Path,
+    writable: &WritableTrees,
     host: &Path,
     container: &str,
 ) -> Result<MountTarget, String> {
-    let host = check_host_path(home, agent_workspace, host)?;
+    let lexical = absolute_host_path(host)?;
+    let forms = with_real(&lexical);
+    if let Some(reason) = writable.refusal(&forms) {
+        return Err(reason);
+    }
+    let own = WritableTrees {
+        trees: vec![WritableTree {
+            agent: String::new(),
+            path: normalize(agent_workspace),
+            kind: WritableKind::Workspace,
+        }],
+    };
+    if let Some(reason) = own.refusal(&forms) {
+        return Err(reason);
+    }
+    check_host_path(home, None, host)?;
     let (container, read_only) = parse_container_target(container)?;
     Ok(MountTarget {
-        host,
+        host: forms.last().cloned().unwrap_or(lexical),
         container,
         read_only,
     })
 }
 
-/// The host side of a mount: absolute, and nothing that hands the agent the host or
-/// beige's own state. `allowed` is the one place inside `BEIGE_HOME` that may be
-/// mounted. Checks the path as written and, when it exists, with symlinks resolved.
-pub(crate) fn check_host_path(
-    home: &BeigeHome,
-    allowed: &Path,
-    host: &Path,
-) -> Result<PathBuf, String> {
-    if !host.is_absolute() {
-        return Err("the host path must be absolute".to_string());
+/// A path lexically normalised, and with symlinks resolved when it exists (the second
+/// element, only when it differs).
+fn with_real(p: &Path) -> Vec<PathBuf> {
+    let mut forms = vec![normalize(p)];
+    if let Ok(real) = std::fs::canonicalize(p) {
+        if real != forms[0] {
+            forms.push(real);
+        }
     }
-    let lexical = normalize(host);
-    if lexical.components().any(|c| c == Component::ParentDir) {
-        return Err("the host path must not climb above / with '..'".to_string());
+    forms
+}
+
+/// What kind of agent-writable folder a [`WritableTree`] is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WritableKind {
+    /// The agent's workspace (`/workspace`).
+    Workspace,
+    /// A read-write `extraMounts` source, mounted at `container`.
+    Mount { container: String },
+}
+
+/// A host folder an agent can write from inside its sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WritableTree {
+    pub agent: String,
+    /// Absolute and lexically normalised.
+    pub path: PathBuf,
+    pub kind: WritableKind,
+}
+
+/// Every host folder some agent can write: each agent's workspace (the default one or
+/// its `workspaceDir`) and each `extraMounts` source it mounts read-write. Whatever
+/// lies inside one can be swapped for a symlink by an agent, so no mount source may
+/// come from there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WritableTrees {
+    trees: Vec<WritableTree>,
+}
+
+impl WritableTrees {
+    /// The trees of a loaded config (its paths already resolved).
+    pub fn of_config(config: &Config, home: &BeigeHome) -> Self {
+        Self::collect(config, home, normalize)
     }
-    let with_real = |p: &Path| {
-        let mut forms = vec![normalize(p)];
-        if let Ok(real) = std::fs::canonicalize(p) {
-            if real != forms[0] {
-                forms.push(real);
+
+    /// The trees of `config`, its paths resolved through `resolve`.
+    pub(crate) fn collect(
+        config: &Config,
+        home: &BeigeHome,
+        resolve: impl Fn(&Path) -> PathBuf,
+    ) -> Self {
+        let mut trees = Vec::new();
+        for (name, agent) in &config.agents {
+            let workspace = match &agent.workspace_dir {
+                Some(dir) => resolve(dir),
+                None => home.default_workspace(name),
+            };
+            trees.push(WritableTree {
+                agent: name.clone(),
+                path: normalize(&workspace),
+                kind: WritableKind::Workspace,
+            });
+            for (host, container) in &agent.sandbox.extra_mounts {
+                // An unreadable target counts as read-write (it is refused anyway).
+                let (target, read_only) = parse_container_target(container)
+                    .unwrap_or_else(|_| (container.clone(), false));
+                if !read_only {
+                    trees.push(WritableTree {
+                        agent: name.clone(),
+                        path: normalize(&resolve(Path::new(host))),
+                        kind: WritableKind::Mount { container: target },
+                    });
+                }
             }
         }
-        forms
-    };
+        Self { trees }
+    }
+
+    /// Add a tree (for embedders that build specs without a config).
+    pub fn push(&mut self, tree: WritableTree) {
+        self.trees.push(tree);
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &WritableTree> {
+        self.trees.iter()
+    }
+
+    /// Why a mount source (`forms`: as written and resolved) may not be used: it is a
+    /// workspace or inside one, or strictly inside a read-write mount source (the same
+    /// folder mounted read-write by several agents is a shared folder, which is fine).
+    fn refusal(&self, forms: &[PathBuf]) -> Option<String> {
+        self.refusal_where(forms, None)
+    }
+
+    /// Why `agent`'s workspace (`forms`) may not be used: it is strictly inside another
+    /// agent's workspace or inside a folder some agent (itself too) mounts read-write.
+    /// The same folder as another agent's workspace is a shared workspace, which is fine.
+    fn workspace_refusal(&self, agent: &str, forms: &[PathBuf]) -> Option<String> {
+        self.refusal_where(forms, Some(agent))
+    }
+
+    fn refusal_where(&self, forms: &[PathBuf], workspace_of: Option<&str>) -> Option<String> {
+        for tree in &self.trees {
+            let own_workspace =
+                tree.kind == WritableKind::Workspace && Some(tree.agent.as_str()) == workspace_of;
+            if own_workspace {
+                continue;
+            }
+            for t in with_real(&tree.path) {
+                let Some(p) = forms.iter().find(|p| p.starts_with(&t)) else {
+                    continue;
+                };
+                if workspace_of.is_some() && *p == t {
+                    continue;
+                }
+                let whose = if tree.agent.is_empty() {
+                    "this agent".to_string()
+                } else {
+                    format!("agent '{}'", tree.agent)
+                };
+                let why = "an agent can replace anything in there with a symlink to any host \
+                           path before its sandbox is next created";
+                match &tree.kind {
+                    WritableKind::Workspace => {
+                        let at = if *p == t { "that is" } else { "that is inside" };
+                        let fix = if workspace_of.is_some() {
+                            "Use a folder outside every other agent's workspace"
+                        } else {
+                            "Mount a folder outside every agent's workspace"
+                        };
+                        return Some(format!(
+                            "{at} the workspace of {whose} ({}): {why}. {fix}",
+                            t.display()
+                        ));
+                    }
+                    WritableKind::Mount { container } if *p != t => {
+                        return Some(format!(
+                            "that is inside {}, which {whose} mounts read-write at {container}: \
+                             {why}. Use a folder outside it, or make that mount read-only \
+                             (\"{container}:ro\")",
+                            t.display()
+                        ));
+                    }
+                    WritableKind::Mount { .. } => {}
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The host side of a mount or workspace: absolute, and nothing that hands the agent
+/// the host or beige's own state. `allowed` is the one place inside `BEIGE_HOME` that
+/// may be used (the agent's own folder, for `workspaceDir`); extra mounts have none.
+/// Checks the path as written and, when it exists, with symlinks resolved; returns it
+/// as written, normalised.
+pub(crate) fn check_host_path(
+    home: &BeigeHome,
+    allowed: Option<&Path>,
+    host: &Path,
+) -> Result<PathBuf, String> {
+    let lexical = absolute_host_path(host)?;
     let homes = with_real(home.root());
-    let allowed = with_real(allowed);
+    let allowed = allowed.map(with_real).unwrap_or_default();
     let what = "the config, the API token, the database and every agent's workspace";
     for p in with_real(&lexical) {
         if p == Path::new("/") {
@@ -246,14 +406,33 @@ pub(crate) fn check_host_path(
                 ));
             }
             if p.starts_with(h) && !allowed.iter().any(|a| p.starts_with(a)) {
-                return Err(format!(
-                    "that is inside BEIGE_HOME ({}), which holds {what}; only the agent's own \
-                     workspace ({}) may be mounted from there",
-                    h.display(),
-                    allowed[0].display()
-                ));
+                return Err(match allowed.first() {
+                    Some(a) => format!(
+                        "that is inside BEIGE_HOME ({}), which holds {what}; only the agent's \
+                         own folder ({}) may be used from there",
+                        h.display(),
+                        a.display()
+                    ),
+                    None => format!(
+                        "that is inside BEIGE_HOME ({}), which holds {what}; mount a folder \
+                         outside it",
+                        h.display()
+                    ),
+                });
             }
         }
+    }
+    Ok(lexical)
+}
+
+/// `host` normalised, if it is absolute and does not climb above `/`.
+fn absolute_host_path(host: &Path) -> Result<PathBuf, String> {
+    if !host.is_absolute() {
+        return Err("the host path must be absolute".to_string());
+    }
+    let lexical = normalize(host);
+    if lexical.components().any(|c| c == Component::ParentDir) {
+        return Err("the host path must not climb above / with '..'".to_string());
     }
     Ok(lexical)
 }
@@ -335,6 +514,7 @@ pub(crate) fn validate(
     home: &BeigeHome,
     resolver: &Resolver,
 ) -> Result<(), ConfigError> {
+    let writable = WritableTrees::collect(config, home, |p| resolver.resolve(p));
     let providers = KeyPath::root().key("llm").key("providers");
     for (name, provider) in &config.llm.providers {
         if provider.api.is_none() && !BUILTIN_PROVIDERS.contains(&name.as_str()) {
@@ -365,9 +545,8 @@ pub(crate) fn validate(
             file: file.to_path_buf(),
         });
     }
-    let skills: Vec<&str> = config.skills.keys().map(String::as_str).collect();
     for (name, agent) in &config.agents {
-        validate_agent(config, file, home, resolver, name, agent, &skills)?;
+        validate_agent(config, file, home, resolver, &writable, name, agent)?;
     }
     Ok(())
 }
@@ -377,10 +556,11 @@ fn validate_agent(
     file: &Path,
     home: &BeigeHome,
     resolver: &Resolver,
+    writable: &WritableTrees,
     name: &str,
     agent: &AgentConfig,
-    skills: &[&str],
 ) -> Result<(), ConfigError> {
+    let skills: Vec<&str> = config.skills.keys().map(String::as_str).collect();
     let at = KeyPath::root().key("agents").key(name);
     if !is_valid_agent_name(name) {
         return Err(ConfigError::InvalidAgentName {
@@ -401,7 +581,7 @@ fn validate_agent(
             "maxTurns must be at least 1 (model turns per prompt; default 50)",
         ));
     }
-    check_agent_skills(file, &at, agent, skills)?;
+    check_agent_skills(file, &at, agent, &skills)?;
     let plugins: Vec<&str> = config.plugins.keys().map(String::as_str).collect();
     for plugin in agent.plugin_configs.keys() {
         if !config.plugins.contains_key(plugin) {
@@ -458,20 +638,27 @@ fn validate_agent(
     let workspace = match &agent.workspace_dir {
         Some(dir) => {
             let dir = resolver.resolve(dir);
-            check_host_path(home, &home.agent_dir(name), &dir).map_err(|reason| {
-                invalid(
-                    file,
-                    at.key("workspaceDir"),
-                    format!("cannot use {} as the workspace: {reason}", dir.display()),
+            check_host_path(home, Some(&home.agent_dir(name)), &dir)
+                .and_then(
+                    |_| match writable.workspace_refusal(name, &with_real(&dir)) {
+                        Some(reason) => Err(reason),
+                        None => Ok(()),
+                    },
                 )
-            })?;
+                .map_err(|reason| {
+                    invalid(
+                        file,
+                        at.key("workspaceDir"),
+                        format!("cannot use {} as the workspace: {reason}", dir.display()),
+                    )
+                })?;
             dir
         }
         None => home.default_workspace(name),
     };
     for (host, container) in &sandbox.extra_mounts {
         let resolved = resolver.resolve(Path::new(host));
-        check_extra_mount(home, &workspace, &resolved, container)
+        check_extra_mount(home, &workspace, writable, &resolved, container)
             .and_then(|mount| match mount.host.exists() {
                 true => Ok(()),
                 false => Err("the host path does not exist — create it, or fix the path \
@@ -870,7 +1057,14 @@ mod tests {
 
     fn mount_err(home: &BeigeHome, host: &str, container: &str) -> String {
         let ws = home.default_workspace("a");
-        check_extra_mount(home, &ws, Path::new(host), container).unwrap_err()
+        check_extra_mount(
+            home,
+            &ws,
+            &WritableTrees::default(),
+            Path::new(host),
+            container,
+        )
+        .unwrap_err()
     }
 
     #[test]
@@ -937,7 +1131,8 @@ mod tests {
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).unwrap();
 
-        let m = check_extra_mount(&home, &ws, &data, "/data:ro").unwrap();
+        let none = WritableTrees::default();
+        let m = check_extra_mount(&home, &ws, &none, &data, "/data:ro").unwrap();
         assert_eq!(
             m,
             MountTarget {
@@ -946,18 +1141,141 @@ mod tests {
                 read_only: true
             }
         );
-        let m = check_extra_mount(&home, &ws, &data, "/srv/./data/").unwrap();
+        let m = check_extra_mount(&home, &ws, &none, &data, "/srv/./data/").unwrap();
         assert_eq!((m.container.as_str(), m.read_only), ("/srv/data", false));
         assert!(
-            !check_extra_mount(&home, &ws, &data, "/workspaces:rw")
+            !check_extra_mount(&home, &ws, &none, &data, "/workspaces:rw")
                 .unwrap()
                 .read_only
         );
-        // Inside the agent's own workspace is fine, even though it is inside BEIGE_HOME.
-        assert!(check_extra_mount(&home, &ws, &ws.join("sub"), "/sub").is_ok());
-        // Another agent's workspace is not.
-        std::fs::create_dir_all(home.default_workspace("b")).unwrap();
-        assert!(check_extra_mount(&home, &ws, &home.default_workspace("b"), "/b").is_err());
+        // A symlink to an allowed folder: Docker gets the folder itself.
+        let link = dir.path().join("data-link");
+        std::os::unix::fs::symlink(&data, &link).unwrap();
+        let m = check_extra_mount(&home, &ws, &none, &link, "/data").unwrap();
+        assert_eq!(m.host, data.canonicalize().unwrap());
+    }
+
+    #[test]
+    fn mounts_from_agent_writable_trees_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        let ws = home.default_workspace("a");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        let none = WritableTrees::default();
+        // Not even inside the agent's own workspace: it could swap `sub` for a symlink.
+        let e = check_extra_mount(&home, &ws, &none, &ws.join("sub"), "/sub").unwrap_err();
+        assert!(e.contains("inside the workspace of this agent"), "{e}");
+        // A workspace elsewhere (workspaceDir), and a read-write mount of another agent.
+        let elsewhere = dir.path().join("projects/b");
+        let shared = dir.path().join("shared");
+        std::fs::create_dir_all(elsewhere.join("src")).unwrap();
+        std::fs::create_dir_all(shared.join("inner")).unwrap();
+        let mut trees = WritableTrees::default();
+        trees.push(WritableTree {
+            agent: "b".into(),
+            path: elsewhere.clone(),
+            kind: WritableKind::Workspace,
+        });
+        trees.push(WritableTree {
+            agent: "b".into(),
+            path: shared.clone(),
+            kind: WritableKind::Mount {
+                container: "/shared".into(),
+            },
+        });
+        let own = dir.path().join("own-ws");
+        std::fs::create_dir_all(own.join("x")).unwrap();
+        let cases = [
+            (elsewhere.clone(), "that is the workspace of agent 'b'"),
+            (
+                elsewhere.join("src"),
+                "that is inside the workspace of agent 'b'",
+            ),
+            (
+                shared.join("inner"),
+                "which agent 'b' mounts read-write at /shared",
+            ),
+            (own.join("x"), "inside the workspace of this agent"),
+        ];
+        for (host, expected) in cases {
+            let e = check_extra_mount(&home, &own, &trees, &host, "/m:ro").unwrap_err();
+            assert!(e.contains(expected), "{}: {e}", host.display());
+            assert!(e.contains("symlink"), "{e}");
+        }
+        // Through a symlink from outside: the resolved path is what counts.
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink(elsewhere.join("src"), &link).unwrap();
+        let e = check_extra_mount(&home, &own, &trees, &link, "/m").unwrap_err();
+        assert!(e.contains("workspace of agent 'b'"), "{e}");
+        // The shared folder itself may be mounted by several agents.
+        assert!(check_extra_mount(&home, &own, &trees, &shared, "/shared").is_ok());
+    }
+
+    #[test]
+    fn config_refuses_mounts_inside_workspaces_and_writable_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        let file = dir.path().join("config.json5");
+        std::fs::create_dir_all(dir.path().join("ws-b/data")).unwrap();
+        std::fs::create_dir_all(dir.path().join("shared/sub")).unwrap();
+        std::fs::create_dir_all(home.default_workspace("a").join("data")).unwrap();
+        let load = |a: &str, b: &str| {
+            let text = format!(
+                r#"{{ llm: {{ providers: {{ anthropic: {{ apiKey: "k" }} }} }},
+                agents: {{
+                  a: {{ model: {{ provider: "anthropic", model: "m" }}, tools: [], {a} }},
+                  b: {{ model: {{ provider: "anthropic", model: "m" }}, tools: [], {b} }},
+                }} }}"#
+            );
+            Config::from_str_with_env(&text, &file, &home, |_| None)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let ws_b = r#"workspaceDir: "./ws-b""#;
+        let cases = [
+            // Inside another agent's configured workspace.
+            (
+                r#"sandbox: { extraMounts: { "./ws-b/data": "/data:ro" } }"#,
+                ws_b,
+                "workspace of agent 'b'",
+            ),
+            // Inside its own workspace.
+            (
+                &*format!(
+                    r#"sandbox: {{ extraMounts: {{ "{}": "/data:ro" }} }}"#,
+                    home.default_workspace("a").join("data").display()
+                ),
+                "",
+                "inside the workspace of agent 'a'",
+            ),
+            // Inside a folder another agent mounts read-write.
+            (
+                r#"sandbox: { extraMounts: { "./shared/sub": "/sub:ro" } }"#,
+                r#"sandbox: { extraMounts: { "./shared": "/shared" } }"#,
+                "which agent 'b' mounts read-write at /shared",
+            ),
+            // A workspace inside a folder another agent mounts read-write.
+            (
+                r#"workspaceDir: "./shared/sub""#,
+                r#"sandbox: { extraMounts: { "./shared": "/shared" } }"#,
+                "cannot use",
+            ),
+        ];
+        for (a, b, expected) in cases {
+            let e = load(a, b).unwrap_err();
+            assert!(e.contains(expected), "{a} / {b}: {e}");
+        }
+        // Sharing: the same read-write folder for both, read-only elsewhere is fine.
+        load(
+            r#"sandbox: { extraMounts: { "./shared": "/shared" } }"#,
+            r#"sandbox: { extraMounts: { "./shared": "/shared" } }"#,
+        )
+        .unwrap();
+        load(
+            r#"sandbox: { extraMounts: { "./shared/sub": "/sub:ro" } }"#,
+            r#"sandbox: { extraMounts: { "./shared": "/shared:ro" } }"#,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -968,7 +1286,7 @@ mod tests {
         let link = dir.path().join("innocent");
         std::os::unix::fs::symlink(home.root(), &link).unwrap();
         let ws = home.default_workspace("a");
-        let e = check_extra_mount(&home, &ws, &link, "/x").unwrap_err();
+        let e = check_extra_mount(&home, &ws, &WritableTrees::default(), &link, "/x").unwrap_err();
         assert!(e.contains("that is BEIGE_HOME"), "{e}");
     }
 
@@ -1008,7 +1326,14 @@ mod tests {
         let ws = home.default_workspace("a");
         // The pure check accepts it (the container spec may be computed before the folder
         // exists); loading the config does not.
-        assert!(check_extra_mount(&home, &ws, Path::new("/nonexistent/data"), "/data").is_ok());
+        assert!(check_extra_mount(
+            &home,
+            &ws,
+            &WritableTrees::default(),
+            Path::new("/nonexistent/data"),
+            "/data"
+        )
+        .is_ok());
         insta::assert_snapshot!(err(&with_agent(
             "a",
             r#"sandbox: { extraMounts: { "/nonexistent/data": "/data" } },"#

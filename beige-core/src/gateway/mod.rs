@@ -77,6 +77,8 @@ pub enum GatewayError {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Skill(#[from] SkillError),
+    #[error(transparent)]
+    Home(#[from] crate::home::HomeError),
     #[error("could not open the tool socket {path}: {message}")]
     Socket { path: String, message: String },
     #[error(transparent)]
@@ -482,6 +484,15 @@ impl GatewayBuilder {
             .await?
             .with_watchdog(self.watchdog);
 
+        // Containers are named and labelled by installation, never by the home's path.
+        let (installation, created) = home.ensure_installation_id()?;
+        if created {
+            tracing::info!(
+                path = %home.installation_id_path().display(),
+                "created the installation id of this BEIGE_HOME (it had none: made before installation ids, or by an embedder)"
+            );
+        }
+        let writable = crate::config::WritableTrees::of_config(&config, &home);
         let mut specs = Vec::with_capacity(config.agents.len());
         for (name, agent) in &config.agents {
             let workspace = config.agent_workspace(&home, name);
@@ -507,6 +518,8 @@ impl GatewayBuilder {
             specs.push(
                 ContainerSpec::for_agent(&SpecInput {
                     home: &home,
+                    installation: &installation,
+                    writable: &writable,
                     agent: name,
                     config: agent,
                     workspace,
@@ -521,7 +534,7 @@ impl GatewayBuilder {
 
         let sandbox: Arc<dyn Sandbox> = match self.sandbox {
             Some(s) => s,
-            None => connect_default(&home, &config).await?,
+            None => connect_default(&home, &installation, &config).await?,
         };
         sandbox.set_audit(audit.clone());
         let report = sandbox.reconcile(specs.clone()).await?;
@@ -569,16 +582,22 @@ impl GatewayBuilder {
 #[cfg(feature = "docker")]
 async fn connect_default(
     home: &BeigeHome,
+    installation: &crate::home::InstallationId,
     config: &Config,
 ) -> Result<Arc<dyn Sandbox>, SandboxError> {
-    let docker = crate::sandbox::docker::DockerSandbox::connect(home.hash())
+    let docker = crate::sandbox::docker::DockerSandbox::connect(installation.as_str())
         .await?
+        .with_legacy_home(home)
         .with_build_base(config.sandbox.base_image.clone());
     Ok(Arc::new(docker))
 }
 
 #[cfg(not(feature = "docker"))]
-async fn connect_default(_: &BeigeHome, _: &Config) -> Result<Arc<dyn Sandbox>, SandboxError> {
+async fn connect_default(
+    _: &BeigeHome,
+    _: &crate::home::InstallationId,
+    _: &Config,
+) -> Result<Arc<dyn Sandbox>, SandboxError> {
     Err(SandboxError::DockerUnavailable {
         message: "beige-core was built without the `docker` feature; pass a sandbox to GatewayBuilder::sandbox".into(),
     })

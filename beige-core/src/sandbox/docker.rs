@@ -1,7 +1,11 @@
 //! The Docker backend of [`Sandbox`], on the Engine API through bollard.
 //!
-//! Owns translating a [`ContainerSpec`] into Engine API calls: listing this home's
-//! containers by label, reattaching or recreating them, building the default image when
+//! Owns translating a [`ContainerSpec`] into Engine API calls: listing this
+//! installation's containers by label (`io.beige.installation`; containers of other
+//! installations are never touched, even when their `BEIGE_HOME` has the same path),
+//! migrating containers made before installation ids (see
+//! [`DockerSandbox::with_legacy_home`]), reattaching or recreating them (checking the
+//! `extraMounts` sources again before every creation), building the default image when
 //! it is missing, running core-tool operations — over the shim link when it is up
 //! ([`super::link`]; this module starts its Unix listener or its attach streams and
 //! tells it PID 1's host pid), else through `docker exec` of `beige-shim op <name>` —
@@ -9,6 +13,7 @@
 //! ever invoked.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,7 +31,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, RwLock};
 
 use super::link::{LinkError, LinkHub, LinkStatus, PeerVerifier, UnixListenerHandle};
-use super::spec::{LABEL_AGENT, LABEL_HOME, LABEL_SPEC, SHIM_PATH, WORKSPACE};
+use super::spec::{LABEL_AGENT, LABEL_HOME, LABEL_INSTALLATION, LABEL_SPEC, SHIM_PATH, WORKSPACE};
 use super::{
     ContainerSpec, OpOutcome, ReconcileReport, RestartNotice, Sandbox, SandboxError, Transport,
 };
@@ -43,13 +48,27 @@ const MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct DockerSandbox {
     docker: Docker,
-    home_hash: String,
+    /// The installation id: the `io.beige.installation` label of every container this
+    /// sandbox creates, lists, reattaches or removes.
+    installation: String,
+    /// Set by [`DockerSandbox::with_legacy_home`]: containers of this home made before
+    /// installation ids may be migrated.
+    legacy: Option<LegacyHome>,
     /// Base image for building `beige-sandbox:*` (build argument `BASE`).
     build_base: Option<String>,
     specs: Arc<RwLock<HashMap<String, ContainerSpec>>>,
     /// Serialises recreation per agent so two calls never both recreate.
     recreate: Arc<Mutex<()>>,
     links: Arc<Links>,
+}
+
+/// How containers of a home were recognised before installation ids.
+#[derive(Debug, Clone)]
+struct LegacyHome {
+    /// [`crate::home::BeigeHome::hash`]: their `io.beige.home` label.
+    hash: String,
+    /// `<BEIGE_HOME>/agents`, where the default workspaces are.
+    agents_dir: PathBuf,
 }
 
 /// The shim links of this gateway's sandboxes and the tasks that carry them.
@@ -116,7 +135,9 @@ fn status_of(e: &bollard::errors::Error) -> Option<u16> {
 
 impl DockerSandbox {
     /// Connect to the engine (`DOCKER_HOST` or the local socket) and check it answers.
-    pub async fn connect(home_hash: impl Into<String>) -> Result<Self, SandboxError> {
+    /// `installation` is the [`crate::home::InstallationId`] whose containers this
+    /// sandbox manages (specs of another installation are refused by `reconcile`).
+    pub async fn connect(installation: impl Into<String>) -> Result<Self, SandboxError> {
         let unavailable = |e: bollard::errors::Error| SandboxError::DockerUnavailable {
             message: e.to_string(),
         };
@@ -125,12 +146,33 @@ impl DockerSandbox {
         docker.ping().await.map_err(unavailable)?;
         Ok(Self {
             docker,
-            home_hash: home_hash.into(),
+            installation: installation.into(),
+            legacy: None,
             build_base: None,
             specs: Arc::default(),
             recreate: Arc::default(),
             links: Arc::default(),
         })
+    }
+
+    /// Migrate the containers `home` had before installation ids (labelled with its
+    /// path hash `io.beige.home`, without `io.beige.installation`): at `reconcile`, such
+    /// a container is removed — to be recreated under the installation id, its
+    /// workspace (a bind mount) kept — only when its `/workspace` bind source is this
+    /// home's workspace of its agent (the spec's, or the default one for an agent no
+    /// longer configured). Any other container with that label belongs to another
+    /// installation whose home has the same path, and is left alone.
+    pub fn with_legacy_home(mut self, home: &crate::home::BeigeHome) -> Self {
+        self.legacy = Some(LegacyHome {
+            hash: home.hash(),
+            agents_dir: home.agents_dir(),
+        });
+        self
+    }
+
+    /// The installation id this sandbox manages.
+    pub fn installation(&self) -> &str {
+        &self.installation
     }
 
     /// Build `beige-sandbox:*` images from this base image instead of the Dockerfile's
@@ -388,10 +430,15 @@ impl DockerSandbox {
     }
 
     async fn list_own(&self) -> Result<Vec<bollard::models::ContainerSummary>, SandboxError> {
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![format!("{LABEL_HOME}={}", self.home_hash)],
-        )]);
+        self.list_labelled(&format!("{LABEL_INSTALLATION}={}", self.installation))
+            .await
+    }
+
+    async fn list_labelled(
+        &self,
+        label: &str,
+    ) -> Result<Vec<bollard::models::ContainerSummary>, SandboxError> {
+        let filters = HashMap::from([("label".to_string(), vec![label.to_string()])]);
         self.docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
@@ -422,8 +469,34 @@ impl DockerSandbox {
     }
 
     async fn create_and_start(&self, spec: &ContainerSpec) -> Result<(), SandboxError> {
-        // A container of the same name may exist (stopped, or from a crash): replace it.
-        self.remove(&spec.name).await?;
+        // The mount sources as they are now, not as they were when the spec was made.
+        spec.recheck_mounts()?;
+        // A container of the same name may exist (stopped, or from a crash): replace it,
+        // if it is this installation's.
+        match self
+            .docker
+            .inspect_container(
+                &spec.name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Ok(info) => {
+                let owner = info
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|l| l.get(LABEL_INSTALLATION).cloned());
+                if owner.as_deref() != Some(self.installation.as_str()) {
+                    return Err(SandboxError::NameTaken {
+                        name: spec.name.clone(),
+                        owner,
+                    });
+                }
+                self.remove(&spec.name).await?;
+            }
+            Err(e) if status_of(&e) == Some(404) => {}
+            Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
+        }
         let body = engine_body(spec);
         self.docker
             .create_container(
@@ -601,8 +674,19 @@ impl DockerSandbox {
 #[async_trait]
 impl Sandbox for DockerSandbox {
     async fn reconcile(&self, specs: Vec<ContainerSpec>) -> Result<ReconcileReport, SandboxError> {
+        for spec in &specs {
+            let label = spec.labels.get(LABEL_INSTALLATION).map(String::as_str);
+            if label != Some(self.installation.as_str()) {
+                return Err(SandboxError::Installation {
+                    agent: spec.agent.clone(),
+                    spec: label.unwrap_or("none").to_string(),
+                    sandbox: self.installation.clone(),
+                });
+            }
+        }
         self.ensure_images(&specs).await?;
         let mut report = ReconcileReport::default();
+        self.migrate_legacy(&specs, &mut report).await?;
         let existing = self.list_own().await?;
         let wanted: HashMap<&str, &ContainerSpec> =
             specs.iter().map(|s| (s.agent.as_str(), s)).collect();
@@ -693,6 +777,70 @@ impl Sandbox for DockerSandbox {
 }
 
 impl DockerSandbox {
+    /// Containers of this home from before installation ids: those whose `/workspace`
+    /// is this home's are removed (their agents' containers are then created under the
+    /// installation id; a removed one of an agent no longer configured is reported as
+    /// an orphan), every other one is left alone.
+    async fn migrate_legacy(
+        &self,
+        specs: &[ContainerSpec],
+        report: &mut ReconcileReport,
+    ) -> Result<(), SandboxError> {
+        let Some(legacy) = &self.legacy else {
+            return Ok(());
+        };
+        for c in self
+            .list_labelled(&format!("{LABEL_HOME}={}", legacy.hash))
+            .await?
+        {
+            let labels = c.labels.clone().unwrap_or_default();
+            if labels.contains_key(LABEL_INSTALLATION) {
+                continue;
+            }
+            let agent = labels.get(LABEL_AGENT).cloned().unwrap_or_default();
+            let id = c.id.clone().unwrap_or_default();
+            let source = c
+                .mounts
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|m| m.destination.as_deref() == Some(WORKSPACE))
+                .and_then(|m| m.source.clone())
+                .map(PathBuf::from);
+            let wanted = specs.iter().find(|s| s.agent == agent);
+            let ours = match wanted {
+                Some(spec) => spec
+                    .mounts
+                    .iter()
+                    .find(|m| m.container == WORKSPACE)
+                    .map(|m| m.host.clone()),
+                None if !agent.is_empty() => Some(legacy.agents_dir.join(&agent).join("workspace")),
+                None => None,
+            };
+            let matches = match (&source, &ours) {
+                (Some(s), Some(o)) => same_path(s, o),
+                _ => false,
+            };
+            if !matches {
+                tracing::info!(
+                    agent = %agent,
+                    container = %id,
+                    workspace = ?source,
+                    "left alone a container labelled with this BEIGE_HOME's old path hash: its workspace is not this installation's, so it belongs to another installation whose BEIGE_HOME has the same path"
+                );
+                continue;
+            }
+            self.remove(&id).await?;
+            if wanted.is_some() {
+                tracing::info!(agent = %agent, container = %id, "migrated the sandbox from the path-hash label to this installation's id: removed it to recreate it (the workspace is kept; installed packages and files elsewhere are not)");
+            } else {
+                tracing::info!(agent = %agent, container = %id, "removed the sandbox (made before installation ids) of an agent no longer configured");
+                report.removed_orphans.push(agent);
+            }
+        }
+        Ok(())
+    }
+
     /// Runs an op over the link when it is up, else through `docker exec` (which has no
     /// live output).
     async fn run(
@@ -886,6 +1034,18 @@ fn op_command(spec: &ContainerSpec, request: &OpRequest) -> Vec<String> {
     }
     cmd
 }
+/// Whether two host paths name the same place: equal once normalised, or once resolved.
+fn same_path(a: &Path, b: &Path) -> bool {
+    let (a, b) = (crate::home::normalize(a), crate::home::normalize(b));
+    if a == b {
+        return true;
+    }
+    match (std::fs::canonicalize(&a), std::fs::canonicalize(&b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
 /// `beige-sandbox` and `beige-sandbox:<tag>` are built by the gateway when missing.
 pub fn is_default_image(image: &str) -> bool {
     image == "beige-sandbox" || image.starts_with("beige-sandbox:")

@@ -39,6 +39,14 @@ pub enum SandboxError {
     UnknownAgent { agent: String },
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("a container named {name} exists on the Docker engine but belongs to {} — not to this installation — so it is left alone. If it is stale, remove it with `docker rm -f {name}`; if another beige uses it, give this one another agent name.", match .owner { Some(o) => format!("installation {o}"), None => "no beige installation".to_string() })]
+    NameTaken { name: String, owner: Option<String> },
+    #[error("the spec of agent '{agent}' is for installation {spec}, but this Docker sandbox manages installation {sandbox}: connect it with the id in BEIGE_HOME/installation.id (BeigeHome::ensure_installation_id)")]
+    Installation {
+        agent: String,
+        spec: String,
+        sandbox: String,
+    },
     #[error("the shim at {path} cannot be used: {reason}")]
     Shim { path: String, reason: String },
     #[error("could not prepare {path}: {message}")]

@@ -1,10 +1,12 @@
 //! The container spec: everything the gateway asks Docker for, as a plain value.
 //!
-//! [`ContainerSpec::for_agent`] is a pure function from configuration to spec — image,
+//! [`ContainerSpec::for_agent`] is a function from configuration to spec — image,
 //! mounts, environment, user, limits, network, capabilities, labels — so the security
 //! decisions it encodes can be printed, hashed, snapshot-tested and reviewed without a
-//! daemon. The Docker backend only translates it into the Engine API body. Nothing from
-//! the gateway's own environment ever enters a spec.
+//! daemon (it reads the file system only to resolve `extraMounts` sources to their
+//! canonical paths, which are what Docker gets). The Docker backend only translates it
+//! into the Engine API body, after [`ContainerSpec::recheck_mounts`] has checked those
+//! sources again. Nothing from the gateway's own environment ever enters a spec.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,12 +14,16 @@ use std::path::PathBuf;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::{AgentConfig, LinkMode, NetworkMode};
-use crate::home::BeigeHome;
+use crate::config::{AgentConfig, LinkMode, NetworkMode, WritableTrees};
+use crate::home::{BeigeHome, InstallationId};
 
 /// Label carrying the agent name.
 pub const LABEL_AGENT: &str = "io.beige.agent";
-/// Label carrying the hash of the owning `BEIGE_HOME`.
+/// Label carrying the [`InstallationId`] of the owning installation.
+pub const LABEL_INSTALLATION: &str = "io.beige.installation";
+/// Label of containers made before installation ids: the path hash of their
+/// `BEIGE_HOME` ([`BeigeHome::hash`]). New containers do not carry it; it is only read,
+/// to migrate such containers.
 pub const LABEL_HOME: &str = "io.beige.home";
 /// Label carrying the hash of the spec the container was created from.
 pub const LABEL_SPEC: &str = "io.beige.spec";
@@ -100,6 +106,11 @@ impl Mount {
 #[derive(Debug, Clone)]
 pub struct SpecInput<'a> {
     pub home: &'a BeigeHome,
+    /// The installation the container belongs to (its label and name).
+    pub installation: &'a InstallationId,
+    /// Every host folder some agent can write (all workspaces, read-write extra
+    /// mounts): no extra mount may come from inside one.
+    pub writable: &'a WritableTrees,
     pub agent: &'a str,
     pub config: &'a AgentConfig,
     /// The host folder mounted at `/workspace`.
@@ -148,6 +159,20 @@ pub struct ContainerSpec {
     pub open_stdin: bool,
     /// Docker log driver; `none` for the attach carrier (its stdout is the link).
     pub log_driver: Option<String>,
+    /// What the extra mounts were checked against, to check them again before every
+    /// (re)creation of the container.
+    #[serde(skip)]
+    recheck: Option<MountRecheck>,
+}
+
+/// The inputs of the `extraMounts` check, kept in the spec.
+#[derive(Debug, Clone, PartialEq)]
+struct MountRecheck {
+    home: BeigeHome,
+    workspace: PathBuf,
+    writable: WritableTrees,
+    /// `(host as configured, container as configured, index into mounts)`.
+    entries: Vec<(String, String, usize)>,
 }
 
 /// The only capabilities a non-root sandbox's container keeps, all for PID 1: SETUID
@@ -177,11 +202,11 @@ pub enum SpecError {
 }
 
 impl ContainerSpec {
-    /// Compute the spec of an agent's container. Pure: touches neither Docker nor disk.
+    /// Compute the spec of an agent's container. Touches no Docker; reads the file
+    /// system only to resolve the `extraMounts` sources (see [`Self::recheck_mounts`]).
     pub fn for_agent(input: &SpecInput<'_>) -> Result<ContainerSpec, SpecError> {
         let cfg = &input.config.sandbox;
         let agent = input.agent;
-        let home_hash = input.home.hash();
         let memory = crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(|| {
             SpecError::MemoryLimit {
                 agent: agent.to_string(),
@@ -202,17 +227,24 @@ impl ContainerSpec {
         for (skill, dir) in &input.skills {
             mounts.push(Mount::new(dir, format!("/skills/{skill}"), true));
         }
+        let mut recheck = MountRecheck {
+            home: input.home.clone(),
+            workspace: input.workspace.clone(),
+            writable: input.writable.clone(),
+            entries: Vec::new(),
+        };
         for (host, target) in &cfg.extra_mounts {
-            let host_path = PathBuf::from(host);
-            let checked =
-                crate::config::check_extra_mount(input.home, &input.workspace, &host_path, target)
-                    .map_err(|reason| SpecError::Mount {
-                        agent: agent.to_string(),
-                        host: host.clone(),
-                        container: target.clone(),
-                        reason,
-                    })?;
-            mounts.push(Mount::new(host_path, checked.container, checked.read_only));
+            let checked = recheck.check(agent, host, target)?;
+            recheck
+                .entries
+                .push((host.clone(), target.clone(), mounts.len()));
+            // The canonical path (when the source exists): a symlink on the way is
+            // resolved now, under the checks, not later by Docker.
+            mounts.push(Mount::new(
+                checked.host,
+                checked.container,
+                checked.read_only,
+            ));
         }
 
         // A non-root agent: the container runs as root with only LINK_CAPS, PID 1 (the
@@ -263,11 +295,14 @@ impl ContainerSpec {
 
         let mut labels = BTreeMap::new();
         labels.insert(LABEL_AGENT.to_string(), agent.to_string());
-        labels.insert(LABEL_HOME.to_string(), home_hash.clone());
+        labels.insert(
+            LABEL_INSTALLATION.to_string(),
+            input.installation.to_string(),
+        );
 
         let mut spec = ContainerSpec {
             agent: agent.to_string(),
-            name: container_name(agent, &home_hash),
+            name: container_name(agent, input.installation),
             hostname: format!("beige-{agent}"),
             image: cfg.image.clone(),
             entrypoint,
@@ -293,6 +328,7 @@ impl ContainerSpec {
             link,
             open_stdin: attach,
             log_driver: attach.then(|| "none".to_string()),
+            recheck: Some(recheck),
         };
         let hash = spec.hash();
         spec.labels.insert(LABEL_SPEC.to_string(), hash);
@@ -308,6 +344,46 @@ impl ContainerSpec {
         hex::encode(&Sha256::digest(&json)[..8])
     }
 
+    /// Check the `extraMounts` sources again, as they are now: each must still pass the
+    /// refusal rules, exist, and resolve to the canonical path the spec was computed
+    /// with (a folder on the way replaced by a symlink changes that). The Docker
+    /// backend calls this before every creation of the container, including the
+    /// recreation of one that died.
+    pub fn recheck_mounts(&self) -> Result<(), SpecError> {
+        let Some(recheck) = &self.recheck else {
+            return Ok(());
+        };
+        for (host, target, index) in &recheck.entries {
+            let refused = |reason: String| SpecError::Mount {
+                agent: self.agent.clone(),
+                host: host.clone(),
+                container: target.clone(),
+                reason,
+            };
+            let now = recheck.check(&self.agent, host, target)?;
+            if std::fs::symlink_metadata(&now.host).is_err() {
+                return Err(refused(
+                    "the host path no longer exists (Docker would create an empty folder \
+                     owned by root in its place); restore it, or remove the entry and run \
+                     `beige gateway restart`"
+                        .to_string(),
+                ));
+            }
+            let was = self.mounts.get(*index).map(|m| m.host.as_path());
+            if was != Some(now.host.as_path()) {
+                return Err(refused(format!(
+                    "it now resolves to {}, not {} as when the sandbox was first set up: a \
+                     folder on its path was replaced (perhaps by a symlink), so the sandbox \
+                     is not recreated with it. Check the path; if the new location is \
+                     intended, run `beige gateway restart` to accept it",
+                    now.host.display(),
+                    was.map(|p| p.display().to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The hash recorded in the spec's labels.
     pub fn spec_label(&self) -> &str {
         self.labels
@@ -317,9 +393,33 @@ impl ContainerSpec {
     }
 }
 
-/// `beige-<agent>-<home hash>`.
-pub fn container_name(agent: &str, home_hash: &str) -> String {
-    format!("beige-{agent}-{home_hash}")
+/// `beige-<agent>-<first 12 digits of the installation id>`.
+pub fn container_name(agent: &str, installation: &InstallationId) -> String {
+    format!("beige-{agent}-{}", installation.short())
+}
+
+impl MountRecheck {
+    /// One entry through [`crate::config::check_extra_mount`], as a [`SpecError`].
+    fn check(
+        &self,
+        agent: &str,
+        host: &str,
+        target: &str,
+    ) -> Result<crate::config::MountTarget, SpecError> {
+        crate::config::check_extra_mount(
+            &self.home,
+            &self.workspace,
+            &self.writable,
+            std::path::Path::new(host),
+            target,
+        )
+        .map_err(|reason| SpecError::Mount {
+            agent: agent.to_string(),
+            host: host.to_string(),
+            container: target.to_string(),
+            reason,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -331,9 +431,22 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    /// A fixed id, so that the snapshot is stable.
+    fn installation() -> &'static InstallationId {
+        static ID: std::sync::OnceLock<InstallationId> = std::sync::OnceLock::new();
+        ID.get_or_init(|| InstallationId::parse("0123456789abcdef0123456789abcdef").unwrap())
+    }
+
+    fn no_trees() -> &'static WritableTrees {
+        static TREES: std::sync::OnceLock<WritableTrees> = std::sync::OnceLock::new();
+        TREES.get_or_init(WritableTrees::default)
+    }
+
     fn input<'a>(home: &'a BeigeHome, cfg: &'a AgentConfig, user: SandboxUser) -> SpecInput<'a> {
         SpecInput {
             home,
+            installation: installation(),
+            writable: no_trees(),
             agent: "assistant",
             config: cfg,
             workspace: home.default_workspace("assistant"),
@@ -432,9 +545,21 @@ mod tests {
         cfg.sandbox.memory_limit = "1g".into();
         let c = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_ne!(a.spec_label(), c.spec_label());
-        let other_home = BeigeHome::new("/home/v/.beige");
-        let d = ContainerSpec::for_agent(&input(&other_home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        // Another installation — even with the same BEIGE_HOME path — gets another name
+        // and label.
+        let other = InstallationId::generate();
+        let d = ContainerSpec::for_agent(&SpecInput {
+            installation: &other,
+            ..input(&home, &cfg, SandboxUser::DEFAULT)
+        })
+        .unwrap();
         assert_ne!(c.name, d.name);
+        assert_eq!(d.name, format!("beige-assistant-{}", other.short()));
+        assert_eq!(
+            d.labels.get(LABEL_INSTALLATION).map(String::as_str),
+            Some(other.as_str())
+        );
+        assert!(!d.labels.contains_key(LABEL_HOME));
     }
 
     #[test]

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
-use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::store::{SqliteStore, Store};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::{error_reply, text_response, tool_use_response, MessageStream};
@@ -57,7 +56,7 @@ async fn fake_gateway(home: &BeigeHome, config: Config) -> Option<LocalGateway> 
 }
 
 async fn docker_gateway(t: &TestHome, env: &DockerEnv, config: Config) -> LocalGateway {
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker))

@@ -37,7 +37,7 @@ async fn gateway_with(
     env: &super::support::DockerEnv,
     config: beige_core::config::Config,
 ) -> (LocalGateway, DockerSandbox) {
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     let gw = GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(std::sync::Arc::new(docker.clone()))
@@ -315,7 +315,7 @@ async fn exec_output_streams_to_the_prompt_while_it_runs() {
     );
     config.llm.providers =
         serde_json::from_value(json!({"scripted": {"api": "anthropic-messages"}})).unwrap();
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     let gw = GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(std::sync::Arc::new(docker.clone()))

@@ -1,6 +1,7 @@
 mod agent;
 mod core_tools;
 mod hooks;
+mod hostile_identity;
 mod http_api;
 mod link;
 mod plugins_external;

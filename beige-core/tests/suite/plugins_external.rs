@@ -18,7 +18,6 @@ use beige_core::plugin::external::{ExternalPlugin, PluginStatus};
 use beige_core::plugin::install::{self, InstallError, PluginKind};
 use beige_core::plugin::load::{load_plugin_dir, load_plugins};
 use beige_core::plugin::Plugin;
-use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 use beige_testkit::anthropic::text_response;
@@ -160,7 +159,7 @@ async fn python_notes_plugin_is_a_command_in_a_real_sandbox() {
         plugins.package_dirs["notes"],
         t.home.plugins_dir().join("notes")
     );
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     let mut b = GatewayBuilder::new(loaded.config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker));

@@ -76,12 +76,16 @@ async fn container_is_hardened() {
         labels.get("io.beige.agent").map(String::as_str),
         Some("hardy")
     );
-    assert_eq!(labels.get("io.beige.home"), Some(&t.home.hash()));
+    assert_eq!(
+        labels.get("io.beige.installation").map(String::as_str),
+        Some(t.installation.as_str())
+    );
+    assert_eq!(labels.get("io.beige.home"), None);
     assert_eq!(
         labels.get("io.beige.spec").map(String::as_str),
         Some(spec.spec_label())
     );
-    assert_eq!(spec.name, format!("beige-hardy-{}", t.home.hash()));
+    assert_eq!(spec.name, format!("beige-hardy-{}", t.installation.short()));
 
     // Mounts: the workspace is writable, everything the gateway owns is read-only.
     let mounts = info.mounts.unwrap();

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use beige_core::config::Config;
+use beige_core::home::InstallationId;
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, GatewayBuilder, LocalGateway};
 
@@ -67,13 +68,28 @@ pub async fn docker_env() -> Option<DockerEnv> {
 pub struct TestHome {
     pub dir: tempfile::TempDir,
     pub home: BeigeHome,
+    /// Its installation id (made here, as `beige setup` does).
+    pub installation: InstallationId,
 }
 
 impl TestHome {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(dir.path().join("home"));
-        Self { dir, home }
+        let (installation, _) = home.ensure_installation_id().unwrap();
+        Self {
+            dir,
+            home,
+            installation,
+        }
+    }
+
+    /// A Docker sandbox for this home's installation, as the gateway makes one.
+    pub async fn docker(&self) -> DockerSandbox {
+        DockerSandbox::connect(self.installation.as_str())
+            .await
+            .unwrap()
+            .with_legacy_home(&self.home)
     }
 
     /// A config with the given agents (JSON objects merged over a default agent).
@@ -96,7 +112,7 @@ impl TestHome {
     }
 
     pub async fn gateway(&self, env: &DockerEnv, config: Config) -> LocalGateway {
-        let docker = DockerSandbox::connect(self.home.hash()).await.unwrap();
+        let docker = self.docker().await;
         GatewayBuilder::new(config, self.home.clone())
             .shim(&env.shim)
             .sandbox(Arc::new(docker))
@@ -105,57 +121,60 @@ impl TestHome {
             .unwrap()
     }
 
-    /// Container names of this home, from the engine.
+    /// `(agent, container id)` of this installation's containers, from the engine.
     pub async fn containers(&self) -> Vec<(String, String)> {
-        let docker = DockerSandbox::connect(self.home.hash()).await.unwrap();
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![format!("io.beige.home={}", self.home.hash())],
-        )]);
-        docker
-            .client()
-            .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| {
-                let labels = c.labels.unwrap_or_default();
-                (
-                    labels.get("io.beige.agent").cloned().unwrap_or_default(),
-                    c.id.unwrap_or_default(),
-                )
-            })
-            .collect()
+        containers_labelled(&format!("io.beige.installation={}", self.installation)).await
     }
+}
+
+/// `(agent, container id)` of the containers carrying `label` (`key=value`).
+pub async fn containers_labelled(label: &str) -> Vec<(String, String)> {
+    let docker = DockerSandbox::connect("probe").await.unwrap();
+    let filters = std::collections::HashMap::from([("label".to_string(), vec![label.to_string()])]);
+    docker
+        .client()
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            let labels = c.labels.unwrap_or_default();
+            (
+                labels.get("io.beige.agent").cloned().unwrap_or_default(),
+                c.id.unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 impl Drop for TestHome {
     fn drop(&mut self) {
-        // Remove this home's containers even when the test panicked.
-        let out = std::process::Command::new("docker")
-            .args([
-                "ps",
-                "-aq",
-                "--filter",
-                &format!("label=io.beige.home={}", self.home.hash()),
-            ])
-            .output();
-        if let Ok(out) = out {
-            let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            if !ids.is_empty() {
-                let _ = std::process::Command::new("docker")
-                    .arg("rm")
-                    .arg("-f")
-                    .args(&ids)
-                    .output();
-            }
+        // Remove this installation's containers even when the test panicked.
+        remove_labelled(&format!("io.beige.installation={}", self.installation));
+    }
+}
+
+/// Remove every container carrying `label` (`key=value`), with the `docker` CLI (for
+/// clean-up in `Drop`, where there is no runtime).
+pub fn remove_labelled(label: &str) {
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
+        .output();
+    if let Ok(out) = out {
+        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .arg("rm")
+                .arg("-f")
+                .args(&ids)
+                .output();
         }
     }
 }

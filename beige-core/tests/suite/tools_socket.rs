@@ -9,7 +9,6 @@ use beige_core::fsutil::safe_join;
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
-use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -79,7 +78,7 @@ async fn start(
         "probe": {"config": {"base": 1, "nested": {"a": 1}}},
     }))
     .unwrap();
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker))
@@ -401,7 +400,7 @@ async fn skills_are_mounted_read_only_and_requirements_checked() {
     );
     config.skills = serde_json::from_value(json!({"review": {"path": skill}})).unwrap();
     config.plugins = serde_json::from_value(json!({"kv": {}})).unwrap();
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     let gw = GatewayBuilder::new(config.clone(), t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker))
@@ -421,7 +420,7 @@ async fn skills_are_mounted_read_only_and_requirements_checked() {
 
     // A skill whose required tool the agent lacks stops the start with a clear error.
     config.agents.get_mut("rev").unwrap().tools.clear();
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     let err = GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker))
