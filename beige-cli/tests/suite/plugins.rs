@@ -146,3 +146,113 @@ fn help_bad_sources_and_update_without_sources() {
     let run = env.run(&["plugins", "update", "nothing"]);
     assert_eq!(run.code, Some(1));
 }
+
+/// `git` in the test (not through beige), with an identity for commits.
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Attack 10: a ref that git reads as an option (`--upload-pack=CMD` runs CMD) is
+/// refused before git runs or anything is saved — on the command line, and in a
+/// `_source` planted in the config for `beige plugins update`.
+#[test]
+fn refs_that_git_would_read_as_options_never_run() {
+    let env = TestEnv::new();
+    assert_eq!(env.run(&["setup"]).code, Some(0));
+    let repo = env.dir().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let notes = Path::new(&example("python-notes")).to_path_buf();
+    for entry in std::fs::read_dir(&notes).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
+        }
+    }
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "notes"]);
+    let marker = env.dir().join("pwned");
+    let evil = env.dir().join("evil");
+    std::fs::write(
+        &evil,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let url = format!("git+file://{}", repo.display());
+    let pristine = std::fs::read_to_string(config_path(&env)).unwrap();
+
+    for source in [
+        format!("{url}#--upload-pack={}", evil.display()),
+        format!("{url}?ref=--upload-pack={}", evil.display()),
+        format!("{url}#-c"),
+    ] {
+        let run = env.run(&["plugins", "install", &source]);
+        assert_eq!(run.code, Some(1), "{source}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr
+                .contains("starts with '-', so git would read it as an option"),
+            "{}",
+            run.stderr
+        );
+        assert!(!marker.exists(), "{source} ran a command");
+        assert_eq!(
+            std::fs::read_to_string(config_path(&env)).unwrap(),
+            pristine
+        );
+    }
+    // Other transports than the allowed ones never run either.
+    let run = env.run(&["plugins", "install", "git+ext::sh -c touch% /tmp/x"]);
+    assert_eq!(run.code, Some(1));
+
+    // A good install, then its recorded _source swapped for the attack.
+    let run = env.run(&["plugins", "install", &url]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let text = std::fs::read_to_string(config_path(&env)).unwrap();
+    let commit = git(&repo, &["rev-parse", "HEAD"]);
+    let recorded = format!("{url}#{commit}");
+    assert!(text.contains(&recorded), "{text}");
+    let planted = text.replace(
+        &recorded,
+        &format!("{url}#--upload-pack={}", evil.display()),
+    );
+    std::fs::write(config_path(&env), &planted).unwrap();
+    let run = env.run(&["plugins", "update", "notes"]);
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("starts with '-', so git would read it as an option"),
+        "{}",
+        run.stderr
+    );
+    let run = env.run(&["plugins", "update"]);
+    assert!(
+        format!("{}{}", run.stdout, run.stderr).contains("so git would read it as an option"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+    // The same through `?ref=`, which is what `update` follows.
+    let planted = text.replace(
+        &recorded,
+        &format!("{url}?ref=--upload-pack={}#{commit}", evil.display()),
+    );
+    std::fs::write(config_path(&env), &planted).unwrap();
+    let run = env.run(&["plugins", "update", "notes"]);
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(!marker.exists(), "a planted _source ran a command");
+    // Nothing was rewritten: the planted entry is still what the user must fix.
+    assert_eq!(std::fs::read_to_string(config_path(&env)).unwrap(), planted);
+}

@@ -17,6 +17,15 @@
 //! `git+<url>[?ref=<ref>]#<commit>` or `github:owner/repo[/path][?ref=<ref>]#<commit>`:
 //! the fragment is what is checked out (a pinned commit: reinstalling at start gives the
 //! same files), `?ref=` is the branch or tag `update` follows (none: the default branch).
+//!
+//! Everything in a source reaches `git`'s command line, so it is validated before
+//! anything runs or is saved, and again when a recorded `_source` is read back: refs
+//! are branch, tag or commit names of a conservative character set (never starting with
+//! `-`, no `..`), URLs use an allowed scheme and hold no whitespace or control
+//! characters. Every `git` runs with `--` before its positional arguments (or
+//! `--end-of-options` before a revision), hooks off, no prompts, and only the transports
+//! `https`, `http`, `ssh`, `git` and `file` allowed (`GIT_ALLOW_PROTOCOL`: never `ext::`
+//! or `fd::`, which run commands).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -134,6 +143,7 @@ impl Source {
         }
         if let Some(rest) = text.strip_prefix("github:") {
             let (rest, checkout, track) = split_refs(rest);
+            check_refs(text, &checkout, &track)?;
             let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
             if parts.len() < 2 {
                 return Err(bad("a GitHub source is github:owner/repo[/path][#ref]"));
@@ -149,6 +159,13 @@ impl Source {
                 ));
             }
             let subpath = (parts.len() > 2).then(|| parts[2..].join("/"));
+            if let Some(sub) = &subpath {
+                if let Err(why) = check_subpath(sub) {
+                    return Err(bad(&format!(
+                        "the path '{sub}' inside the repository {why}"
+                    )));
+                }
+            }
             return Ok(Source::Git(GitSource {
                 url: format!("https://github.com/{}/{}", parts[0], parts[1]),
                 github: Some((parts[0].to_string(), parts[1].to_string())),
@@ -159,12 +176,18 @@ impl Source {
         }
         if let Some(url) = text.strip_prefix("git+") {
             let (url, checkout, track) = split_refs(url);
-            let schemes = ["https://", "http://", "ssh://", "git://", "file://"];
-            if !schemes.iter().any(|s| url.starts_with(s)) {
+            if !GIT_SCHEMES
+                .iter()
+                .any(|s| url.starts_with(&format!("{s}://")))
+            {
                 return Err(bad(
                     "a git source is git+https://…, git+ssh://…, git+git://… or git+file://…",
                 ));
             }
+            if let Err(why) = check_url(url) {
+                return Err(bad(&format!("the URL {why}")));
+            }
+            check_refs(text, &checkout, &track)?;
             return Ok(Source::Git(GitSource {
                 url: url.to_string(),
                 github: None,
@@ -268,7 +291,117 @@ fn is_commit(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
-/// Run `git` with hooks off and no prompts; stdout on success, stderr on failure.
+/// The URL schemes a git source may use; also the only transports `git` may use
+/// (`GIT_ALLOW_PROTOCOL`), so no `ext::` or `fd::` remote helper ever runs.
+const GIT_SCHEMES: [&str; 5] = ["https", "http", "ssh", "git", "file"];
+
+/// Whether `r` is a ref this installer passes to git: a branch, tag or commit name of
+/// letters, digits and `.`, `_`, `-`, `/`, at most 200 characters, not starting with
+/// `-`, `.` or `/`, not ending with `/`, `.` or `.lock`, without `..` or `//`. Stricter
+/// than git itself (no `+`, `:`, `@{`, `~`, `^`, spaces or control characters), so a
+/// ref can never read as an option or a refspec.
+pub fn check_ref(r: &str) -> Result<(), String> {
+    if r.starts_with('-') {
+        return Err("starts with '-', so git would read it as an option".into());
+    }
+    if r.is_empty() || r.len() > 200 {
+        return Err("must be 1 to 200 characters long".into());
+    }
+    if let Some(c) = r
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')))
+    {
+        return Err(format!(
+            "contains {c:?}: a branch, tag or commit name here may only use letters, digits, '.', '_', '-' and '/'"
+        ));
+    }
+    if r.starts_with(['.', '/']) || r.ends_with(['.', '/']) || r.ends_with(".lock") {
+        return Err("must not start with '.' or '/', nor end with '.', '/' or '.lock'".into());
+    }
+    if r.contains("..") || r.contains("//") {
+        return Err("must not contain '..' or '//'".into());
+    }
+    Ok(())
+}
+
+/// Whether `url` (after `git+`) may be given to git: no whitespace or control
+/// characters, no `-` where git could read an option (the start, the host), and only
+/// an allowed scheme.
+fn check_url(url: &str) -> Result<(), String> {
+    if url.starts_with('-') {
+        return Err("starts with '-', so git would read it as an option".into());
+    }
+    if let Some(c) = url.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("contains {c:?}: no spaces or control characters"));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err("has no scheme (e.g. https://)".into());
+    };
+    if !GIT_SCHEMES.contains(&scheme) {
+        return Err(format!(
+            "uses the scheme '{scheme}'; use one of {}",
+            GIT_SCHEMES.join(", ")
+        ));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    if host.starts_with('-') || authority.starts_with('-') {
+        return Err(
+            "has a host or user starting with '-', which ssh would read as an option".into(),
+        );
+    }
+    if scheme != "file" && host.is_empty() {
+        return Err("has no host".into());
+    }
+    Ok(())
+}
+
+/// A folder inside a repository (`github:owner/repo/<path>`): relative, no `..`, the
+/// same characters as refs.
+fn check_subpath(sub: &str) -> Result<(), String> {
+    if sub.split('/').any(|part| part == "..") {
+        return Err("must not contain '..'".into());
+    }
+    check_ref(sub).map_err(|why| format!("is refused: it {why}"))
+}
+
+/// The checkout and tracked refs of a source, or the error naming the bad one.
+fn check_refs(
+    src: &str,
+    checkout: &Option<String>,
+    track: &Option<String>,
+) -> Result<(), InstallError> {
+    for (what, r) in [("#", checkout), ("?ref=", track)] {
+        if let Some(r) = r {
+            check_ref(r).map_err(|why| InstallError::BadSource {
+                src: src.to_string(),
+                message: format!(
+                    "the ref '{r}' (after {what}) is refused: it {why}. Give a branch, tag or commit, e.g. #main, #v1.2.0 or a full commit hash"
+                ),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+impl GitSource {
+    /// The same checks as [`Source::parse`], for a source built another way: nothing
+    /// reaches git unchecked.
+    fn check(&self) -> Result<(), InstallError> {
+        let bad = |message: String| InstallError::BadSource {
+            src: self.url.clone(),
+            message,
+        };
+        check_url(&self.url).map_err(|why| bad(format!("the URL {why}")))?;
+        if let Some(sub) = &self.subpath {
+            check_subpath(sub).map_err(|why| bad(format!("the path '{sub}' {why}")))?;
+        }
+        check_refs(&self.url, &self.checkout, &self.track)
+    }
+}
+
+/// Run `git` with hooks off, no prompts, and only the allowed transports; stdout on
+/// success, stderr on failure.
 fn git(args: &[&str], url: &str, step: &str) -> Result<String, InstallError> {
     let out = Command::new("git")
         .args([
@@ -276,9 +409,17 @@ fn git(args: &[&str], url: &str, step: &str) -> Result<String, InstallError> {
             "core.hooksPath=/dev/null",
             "-c",
             "advice.detachedHead=false",
+            "-c",
+            "protocol.allow=never",
         ])
+        .args(
+            GIT_SCHEMES
+                .iter()
+                .flat_map(|s| ["-c".to_string(), format!("protocol.{s}.allow=always")]),
+        )
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", GIT_SCHEMES.join(":"))
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| InstallError::Git {
@@ -304,19 +445,28 @@ fn git(args: &[&str], url: &str, step: &str) -> Result<String, InstallError> {
 
 /// Fetch `g` into `into` (shallow where possible); returns the checked-out commit.
 fn fetch_git(g: &GitSource, into: &Path) -> Result<String, InstallError> {
+    g.check()?;
     let dir = into.display().to_string();
     let url = g.url.as_str();
-    git(&["init", "-q", &dir], url, "init")?;
+    git(&["init", "-q", "--", &dir], url, "init")?;
     let want = g.checkout.as_deref().unwrap_or("HEAD");
     let shallow = git(
-        &["-C", &dir, "fetch", "-q", "--depth", "1", url, want],
+        &["-C", &dir, "fetch", "-q", "--depth", "1", "--", url, want],
         url,
         "fetch",
     );
     match shallow {
         Ok(_) => {
             git(
-                &["-C", &dir, "checkout", "-q", "FETCH_HEAD"],
+                &[
+                    "-C",
+                    &dir,
+                    "checkout",
+                    "-q",
+                    "--end-of-options",
+                    "FETCH_HEAD",
+                    "--",
+                ],
                 url,
                 "checkout",
             )?;
@@ -332,6 +482,7 @@ fn fetch_git(g: &GitSource, into: &Path) -> Result<String, InstallError> {
                     &dir,
                     "fetch",
                     "-q",
+                    "--",
                     url,
                     "+refs/heads/*:refs/remotes/origin/*",
                     "+refs/tags/*:refs/tags/*",
@@ -341,8 +492,15 @@ fn fetch_git(g: &GitSource, into: &Path) -> Result<String, InstallError> {
             )
             .map_err(|_| first)?;
             let origin = format!("origin/{rev}");
-            git(&["-C", &dir, "checkout", "-q", rev], url, "checkout")
-                .or_else(|_| git(&["-C", &dir, "checkout", "-q", &origin], url, "checkout"))
+            let checkout = |rev: &str| {
+                git(
+                    &["-C", &dir, "checkout", "-q", "--end-of-options", rev, "--"],
+                    url,
+                    "checkout",
+                )
+            };
+            checkout(rev)
+                .or_else(|_| checkout(&origin))
                 .map_err(|e| match e {
                     InstallError::Git { url, message, .. } => InstallError::Git {
                         url,
@@ -353,7 +511,18 @@ fn fetch_git(g: &GitSource, into: &Path) -> Result<String, InstallError> {
                 })?;
         }
     }
-    git(&["-C", &dir, "rev-parse", "HEAD"], url, "rev-parse")
+    git(
+        &[
+            "-C",
+            &dir,
+            "rev-parse",
+            "--verify",
+            "--end-of-options",
+            "HEAD",
+        ],
+        url,
+        "rev-parse",
+    )
 }
 
 // ---- discovery ----
@@ -1646,5 +1815,63 @@ mod tests {
             Err(InstallError::BadSource { .. })
         ));
         assert_eq!(Source::parse("/", cwd).unwrap(), Source::Local("/".into()));
+    }
+
+    #[test]
+    fn refs_and_urls_that_git_would_read_as_options_are_refused() {
+        let cwd = Path::new("/");
+        let refused = |src: &str, expected: &str| match Source::parse(src, cwd) {
+            Err(InstallError::BadSource { message, .. }) => {
+                assert!(message.contains(expected), "{src}: {message}")
+            }
+            other => panic!("{src} accepted: {other:?}"),
+        };
+        refused(
+            "git+file:///tmp/repo#--upload-pack=touch /tmp/x",
+            "starts with '-', so git would read it as an option",
+        );
+        refused("git+file:///tmp/repo?ref=-x#main", "after ?ref=");
+        refused("github:o/r#--upload-pack=x", "starts with '-'");
+        refused("git+https://h/r#a..b", "'..'");
+        refused("git+https://h/r#a:b", "contains ':'");
+        refused("git+https://h/r#+main", "contains '+'");
+        refused("git+https://h/r#main\u{1b}[2J", "contains '\\u{1b}'");
+        refused("git+https://h/r#v1.lock", ".lock");
+        refused("git+https://h/a b", "no spaces or control characters");
+        refused("git+https://h/a\tb", "no spaces or control characters");
+        refused("git+ssh://-oProxyCommand=x/r", "starting with '-'");
+        refused("git+ssh://u@-oProxyCommand=x/r", "starting with '-'");
+        refused("git+https:///r", "has no host");
+        refused("github:o/r/../x", "'..'");
+        assert!(matches!(
+            Source::parse("git+ext::sh -c touch% /tmp/x", cwd),
+            Err(InstallError::BadSource { .. })
+        ));
+        assert!(matches!(
+            Source::parse("git+fd::3", cwd),
+            Err(InstallError::BadSource { .. })
+        ));
+        for ok in [
+            "git+https://example.invalid/o/r.git#v1.2.0",
+            "git+file:///tmp/repo#feature/x_y-z",
+            "git+ssh://git@example.invalid/o/r?ref=release/2#0123456789abcdef0123456789abcdef01234567",
+            "github:o/r/plugins/x#main",
+        ] {
+            Source::parse(ok, cwd).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        // A source built without `parse` is checked before git runs.
+        let g = GitSource {
+            url: "file:///tmp/repo".into(),
+            github: None,
+            subpath: None,
+            checkout: Some("--upload-pack=x".into()),
+            track: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            fetch_git(&g, &dir.path().join("x")),
+            Err(InstallError::BadSource { .. })
+        ));
+        assert!(!dir.path().join("x").exists());
     }
 }
