@@ -63,7 +63,7 @@ fn install_list_remove() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert_eq!(std::fs::read_to_string(config_path(&env)).unwrap(), edited);
 
-    let run = env.run(&["plugins", "install", &example("git-status")]);
+    let run = env.run(&["plugins", "install", &example("operator-note")]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let run = env.run(&["plugins", "list"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -77,7 +77,7 @@ fn install_list_remove() {
         "Removed plugin 'notes' from config.json5 and disk.\n"
     );
     assert!(!env.home().join("plugins/notes").exists());
-    let run = env.run(&["plugins", "remove", "git"]);
+    let run = env.run(&["plugins", "remove", "operator-note"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     // Back to the file setup wrote, byte for byte (the `plugins` section stays).
     let after = std::fs::read_to_string(config_path(&env)).unwrap();

@@ -134,17 +134,50 @@ pub fn assemble(
     out
 }
 
-/// Write the default `AGENTS.md` into a workspace unless one exists. Returns whether it
-/// wrote the file.
-pub fn seed_agents_md(workspace: &Path) -> std::io::Result<bool> {
-    let path = workspace.join("AGENTS.md");
-    if path.exists() || path.is_symlink() {
-        return Ok(false);
+/// The most of `AGENTS.md` that goes into a system prompt; the rest is left out with a
+/// note, so a giant file cannot become a giant (and costly) prompt.
+pub const AGENTS_MD_CAP: usize = 64 * 1024;
+
+/// Write the default `AGENTS.md` into a workspace unless something of that name exists.
+/// The workspace is agent-writable: the file is created beneath a handle on it, under a
+/// fresh name renamed into place without replacing anything, so a planted link or file
+/// is never followed or overwritten. `owner` hands the file to the sandbox user. Returns
+/// whether it wrote the file. Blocking.
+pub fn seed_agents_md(
+    workspace: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<bool, crate::fsutil::HostPathError> {
+    crate::fsutil::Beneath::open(workspace)?.create_new(
+        "AGENTS.md",
+        DEFAULT_AGENTS_MD.as_bytes(),
+        0o644,
+        owner,
+    )
+}
+
+/// The workspace's `AGENTS.md` for a system prompt: read beneath a handle (no links, no
+/// FIFOs or devices), at most [`AGENTS_MD_CAP`] bytes, invalid UTF-8 replaced. `None`
+/// when there is no such regular file; a refused or unreadable one is logged. Blocking.
+pub fn read_agents_md(workspace: &Path) -> Option<String> {
+    let read =
+        crate::fsutil::Beneath::open(workspace).and_then(|ws| ws.read("AGENTS.md", AGENTS_MD_CAP));
+    match read {
+        Ok(c) => {
+            let mut text = String::from_utf8_lossy(&c.bytes).into_owned();
+            if c.truncated {
+                text.push_str(&format!(
+                    "\n\n[beige] AGENTS.md is {} bytes; only the first {} are shown. Keep it short.",
+                    c.size, AGENTS_MD_CAP
+                ));
+            }
+            Some(text)
+        }
+        Err(e) if e.is_not_found() => None,
+        Err(e) => {
+            tracing::warn!(workspace = %workspace.display(), error = %e, "AGENTS.md left out of the system prompt");
+            None
+        }
     }
-    let tmp = workspace.join(".AGENTS.md.beige-tmp");
-    std::fs::write(&tmp, DEFAULT_AGENTS_MD)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(true)
 }
 
 #[cfg(test)]
@@ -201,12 +234,56 @@ mod tests {
     #[test]
     fn agents_md_is_seeded_once() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(seed_agents_md(dir.path()).unwrap());
+        assert!(seed_agents_md(dir.path(), None).unwrap());
         std::fs::write(dir.path().join("AGENTS.md"), "mine").unwrap();
-        assert!(!seed_agents_md(dir.path()).unwrap());
+        assert!(!seed_agents_md(dir.path(), None).unwrap());
         assert_eq!(
             std::fs::read_to_string(dir.path().join("AGENTS.md")).unwrap(),
             "mine"
         );
+        assert_eq!(read_agents_md(dir.path()).as_deref(), Some("mine"));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("AGENTS.md")]);
+    }
+
+    #[test]
+    fn planted_agents_md_is_neither_followed_nor_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let outside = dir.path().join("bashrc");
+        std::fs::write(&outside, "host file").unwrap();
+        // A link to a host file: not read, not written through.
+        std::os::unix::fs::symlink(&outside, ws.join("AGENTS.md")).unwrap();
+        assert_eq!(read_agents_md(&ws), None);
+        assert!(!seed_agents_md(&ws, None).unwrap());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "host file");
+        // A dangling link where the old code put its temporary file.
+        std::fs::remove_file(ws.join("AGENTS.md")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("created"), ws.join(".AGENTS.md.beige-tmp"))
+            .unwrap();
+        assert!(seed_agents_md(&ws, None).unwrap());
+        assert!(!dir.path().join("created").exists());
+        assert_eq!(
+            std::fs::read_to_string(ws.join("AGENTS.md")).unwrap(),
+            DEFAULT_AGENTS_MD
+        );
+        // A FIFO is refused without blocking; a huge file is capped.
+        std::fs::remove_file(ws.join("AGENTS.md")).unwrap();
+        let status = std::process::Command::new("mkfifo")
+            .arg(ws.join("AGENTS.md"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(read_agents_md(&ws), None);
+        std::fs::remove_file(ws.join("AGENTS.md")).unwrap();
+        std::fs::write(ws.join("AGENTS.md"), vec![b'x'; 3 * AGENTS_MD_CAP]).unwrap();
+        let text = read_agents_md(&ws).unwrap();
+        assert!(text.len() < AGENTS_MD_CAP + 200, "{}", text.len());
+        assert!(text.contains("only the first 65536 are shown"));
     }
 }

@@ -1541,17 +1541,14 @@ impl Gateway for LocalGateway {
 
 /// Write the default `AGENTS.md` into a new workspace, owned by the sandbox user.
 fn seed_agents_md(workspace: &Path, user: SandboxUser) -> Result<(), SandboxError> {
-    let wrote =
-        crate::agent::prompt::seed_agents_md(workspace).map_err(|e| SandboxError::Host {
-            path: workspace.join("AGENTS.md").display().to_string(),
-            message: e.to_string(),
-        })?;
-    if let (true, SandboxUser::Id { uid, gid }) = (wrote, user) {
-        let path = workspace.join("AGENTS.md");
-        if let Err(e) = std::os::unix::fs::lchown(&path, Some(uid), Some(gid)) {
-            tracing::debug!(error = %e, "could not hand AGENTS.md to the sandbox user");
-        }
-    }
+    let owner = match user {
+        SandboxUser::Id { uid, gid } => Some((uid, gid)),
+        _ => None,
+    };
+    crate::agent::prompt::seed_agents_md(workspace, owner).map_err(|e| SandboxError::Host {
+        path: workspace.join("AGENTS.md").display().to_string(),
+        message: e.to_string(),
+    })?;
     Ok(())
 }
 

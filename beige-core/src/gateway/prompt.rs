@@ -235,12 +235,16 @@ impl Inner {
         prompt::skill_context(&self.prompt_skills(agent))
     }
 
-    /// The system prompt for an agent and session.
-    pub(crate) fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
+    /// The system prompt for an agent and session. The workspace's `AGENTS.md` is read
+    /// off the runtime's threads, beneath a handle on the workspace (see `fsutil`).
+    pub(crate) async fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
         let tools = self.prompt_tools(agent);
         let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
-        let agents_md = std::fs::read_to_string(workspace.join("AGENTS.md")).ok();
+        let agents_md = tokio::task::spawn_blocking(move || prompt::read_agents_md(&workspace))
+            .await
+            .ok()
+            .flatten();
         prompt::assemble(agent, &tools, &skills, session, agents_md.as_deref())
     }
 
@@ -438,14 +442,16 @@ impl Run<'_> {
         inner.register_session(&agent_name, &key);
         let settings = inner.store.get_settings(&key).await?;
         let candidates = inner.candidates(&agent_name, settings.model_override.as_deref());
-        let system = inner.system_prompt(
-            &agent_name,
-            &PromptSession {
-                channel: channel.clone(),
-                chat_id: self.req.chat_id.clone(),
-                thread_id: self.req.thread_id.clone(),
-            },
-        );
+        let system = inner
+            .system_prompt(
+                &agent_name,
+                &PromptSession {
+                    channel: channel.clone(),
+                    chat_id: self.req.chat_id.clone(),
+                    thread_id: self.req.thread_id.clone(),
+                },
+            )
+            .await;
 
         let mut history: Vec<Message> = inner
             .store

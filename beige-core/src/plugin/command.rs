@@ -10,12 +10,15 @@
 //! `allow` rules (deny wins; no allow match is a refusal naming the rules) and passed as
 //! argv — never through a shell — after the manifest's fixed `args`; the environment is
 //! built from scratch (`PATH` plus the declared entries, nothing else of the gateway's);
-//! the working directory is the agent's workspace on the host joined with the caller's
-//! cwd by [`crate::fsutil::safe_join`]; a time limit kills the whole process group; the
+//! the working directory is the caller's cwd opened beneath a handle on the agent's
+//! workspace ([`crate::fsutil::Beneath`]: no symlink is followed) and entered with
+//! `fchdir` in the child, so no path is looked up twice; a time limit kills the whole
+//! process group; the
 //! output is capped. It does not make a host CLI safe to hand to an agent:
 //! `docs/command-tools.md` lists the CLIs that execute files from the workspace (git
 //! hooks and config, build tools) and how to configure them safely.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -362,21 +365,27 @@ impl Tool for CommandTool {
         if let Some(refusal) = self.rules.refusal(&self.name, &call.args) {
             return Ok(ToolResult::fail(refusal + "\n", 1));
         }
-        let rel = call.cwd.as_deref().unwrap_or(".");
-        let cwd = match crate::fsutil::safe_join(&call.workspace, rel) {
-            Ok(p) if p.is_dir() => p,
-            Ok(_) => {
+        let rel = call.cwd.clone().unwrap_or_default();
+        let workspace = call.workspace.clone();
+        let opened = crate::fsutil::blocking(move || {
+            crate::fsutil::Beneath::open(&workspace)?.open_dir(&rel)
+        })
+        .await;
+        let cwd = match opened {
+            Ok(fd) => fd,
+            Err(e) if e.is_not_found() => {
                 return Ok(ToolResult::fail(
                     format!(
-                        "{}: the working directory {rel} does not exist in the workspace\n",
-                        self.name
+                        "{}: the working directory {} does not exist in the workspace\n",
+                        self.name,
+                        call.cwd.as_deref().unwrap_or(".")
                     ),
                     1,
                 ))
             }
             Err(e) => return Ok(ToolResult::fail(format!("{}: {e}\n", self.name), 1)),
         };
-        run(self, &call, &cwd).await
+        run(self, &call, cwd).await
     }
 }
 
@@ -391,14 +400,14 @@ impl Drop for GroupGuard {
     }
 }
 
-async fn run(tool: &CommandTool, call: &ToolCall, cwd: &Path) -> Result<ToolResult, ToolError> {
+async fn run(tool: &CommandTool, call: &ToolCall, cwd: OwnedFd) -> Result<ToolResult, ToolError> {
     let mut cmd = tokio::process::Command::new(&tool.program);
+    enter_dir_in_child(&mut cmd, &cwd);
     cmd.args(&tool.fixed_args)
         .args(&call.args)
         .env_clear()
         .env("PATH", base_path())
         .envs(tool.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
         .stdin(if call.stdin.is_some() {
             std::process::Stdio::piped()
         } else {
@@ -421,6 +430,8 @@ async fn run(tool: &CommandTool, call: &ToolCall, cwd: &Path) -> Result<ToolResu
             ))
         }
     };
+    // The child has entered the directory; the handle (close-on-exec) is not needed.
+    drop(cwd);
     let mut guard = GroupGuard(child.id());
     if let (Some(mut stdin), Some(data)) = (child.stdin.take(), call.stdin.clone()) {
         tokio::spawn(async move {
@@ -526,6 +537,26 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&base_path())
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// Make the child's working directory the directory behind `dir` with `fchdir`, between
+/// fork and exec: the directory was opened beneath the workspace handle, so nothing the
+/// sandbox renames or links in the meantime changes where the command runs.
+#[allow(unsafe_code)]
+fn enter_dir_in_child(cmd: &mut tokio::process::Command, dir: &OwnedFd) {
+    let raw = dir.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec. It makes one system call
+    // (fchdir, async-signal-safe), allocates nothing and takes no lock. `raw` stays open
+    // in the child: `dir` outlives `spawn`, and close-on-exec only closes it at exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fchdir(raw) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
 }
 
 /// Send `signal` to the process group `pgid` (a child started with `process_group(0)`).

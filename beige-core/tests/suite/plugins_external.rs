@@ -429,80 +429,91 @@ async fn a_plugin_that_cannot_start_stops_the_gateway_start() {
 // ---- command tools ----
 
 #[tokio::test]
-async fn git_command_tool_runs_status_and_refuses_push_naming_the_rule() {
+async fn command_tool_runs_in_the_callers_cwd_and_refusals_name_the_rule() {
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
-    let git_dir = examples().join("git-status");
+    let plugin_dir = dir.path().join("lister");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    std::fs::write(
+        plugin_dir.join("plugin.json"),
+        r#"{"name": "ls", "tools": {"ls": {"command": "ls", "args": ["-1"],
+            "allow": ["*"], "deny": ["** /* **", "** ..* **", "-R *"]}}}"#,
+    )
+    .unwrap();
     let c = config(
         anthropic(),
-        json!({"git": {"path": git_dir}}),
-        json!({"tools": ["git"]}),
+        json!({"ls": {"path": plugin_dir}}),
+        json!({"tools": ["ls"]}),
     );
-    let git = load_plugin_dir("git", &git_dir, &c).unwrap();
+    let ls = load_plugin_dir("ls", &plugin_dir, &c).unwrap();
     let workspace = c.agent_workspace(&home, "a");
-    let Some(gw) = fake_gateway(&home, c, vec![git]).await else {
+    let Some(gw) = fake_gateway(&home, c, vec![ls]).await else {
         return;
     };
-    // A repository the gateway's user owns (git refuses repositories of other users).
-    let init = Command::new("git")
-        .args(["init", "-q", "-b", "main"])
-        .arg(workspace.join("repo"))
-        .status()
-        .unwrap();
-    assert!(init.success());
+    std::fs::create_dir_all(workspace.join("repo/sub")).unwrap();
     std::fs::write(workspace.join("repo/hello.txt"), "hi\n").unwrap();
 
-    let r = call(&gw, "git", &["status", "--short", "--branch"], Some("repo")).await;
+    let r = call(&gw, "ls", &[], Some("repo")).await;
     assert_eq!(r.exit_code, 0, "{}", text(&r));
-    assert_eq!(text(&r), "## No commits yet on main\n?? hello.txt\n");
-
-    let r = call(&gw, "git", &["push", "origin", "main"], Some("repo")).await;
+    assert_eq!(text(&r), "hello.txt\nsub\n");
+    let r = call(&gw, "ls", &["-R", "."], Some("repo")).await;
     assert_eq!(r.exit_code, 1);
+    assert_eq!(text(&r), "ls: \"-R .\" refused by rule deny \"-R *\"\n");
+    let r = call(&gw, "ls", &["/etc"], Some("repo")).await;
+    assert_eq!(text(&r), "ls: \"/etc\" refused by rule deny \"** /* **\"\n");
+    // A cwd that does not exist, that leaves the workspace, or that is a link out of it.
+    let r = call(&gw, "ls", &[], Some("nowhere")).await;
     assert_eq!(
         text(&r),
-        "git: \"push origin main\" refused by rule deny \"push *\"\n"
+        "ls: the working directory nowhere does not exist in the workspace\n"
     );
-    let r = call(
-        &gw,
-        "git",
-        &["-c", "core.pager=evil", "status"],
-        Some("repo"),
-    )
-    .await;
-    assert_eq!(
-        text(&r),
-        "git: \"-c core.pager=evil status\" refused: it matches no allow rule (allow: \"status *\", \"log *\", \"diff *\")\n"
-    );
-    // Options and paths that reach outside the workspace are denied.
-    let r = call(
-        &gw,
-        "git",
-        &["diff", "/etc/hostname", "/dev/null"],
-        Some("repo"),
-    )
-    .await;
-    assert_eq!(
-        text(&r),
-        "git: \"diff /etc/hostname /dev/null\" refused by rule deny \"** /* **\"\n"
-    );
-    let r = call(&gw, "git", &["log", "-p", "--output=x"], Some("repo")).await;
-    assert!(
-        text(&r).contains("refused by rule deny \"** --output* **\""),
-        "{}",
-        text(&r)
-    );
-    // The caller's cwd cannot leave the workspace.
-    let r = call(&gw, "git", &["status"], Some("../..")).await;
+    let r = call(&gw, "ls", &[], Some("../..")).await;
     assert_eq!(r.exit_code, 1);
     assert!(text(&r).contains("invalid cwd"), "{}", text(&r));
+    std::os::unix::fs::symlink("/etc", workspace.join("etc")).unwrap();
+    let r = call(&gw, "ls", &[], Some("etc")).await;
+    assert_eq!(r.exit_code, 1);
+    assert!(text(&r).contains("symbolic link"), "{}", text(&r));
+    assert!(!text(&r).contains("passwd"), "{}", text(&r));
 
     let finished: Vec<_> = audit(&home)
         .into_iter()
-        .filter(|r| r["tool"] == "git" && r["phase"] == "finished")
+        .filter(|r| r["tool"] == "ls" && r["phase"] == "finished")
         .collect();
     assert_eq!(finished.len(), 6);
     assert_eq!(finished[0]["exitCode"], 0);
     assert_eq!(finished[1]["exitCode"], 1);
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_operator_note_example_writes_one_line_and_reads_nothing_of_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let notes = dir.path().join("notes.txt");
+    // This test runs in its own process (nextest), so setting a variable is harmless.
+    std::env::set_var("BEIGE_OPERATOR_NOTES", &notes);
+    let example = examples().join("operator-note");
+    let c = config(
+        anthropic(),
+        json!({"operator-note": {"path": example}}),
+        json!({"tools": ["operator-note"]}),
+    );
+    let tool = load_plugin_dir("operator-note", &example, &c).unwrap();
+    let Some(gw) = fake_gateway(&home, c, vec![tool]).await else {
+        return;
+    };
+    let r = call(&gw, "operator-note", &["please", "add\nnumpy"], None).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r));
+    assert_eq!(text(&r), "noted for the operator\n");
+    let written = std::fs::read_to_string(&notes).unwrap();
+    assert_eq!(written.lines().count(), 1, "{written}");
+    assert!(
+        written.trim_end().ends_with("\tplease add numpy"),
+        "{written}"
+    );
+    let r = call(&gw, "operator-note", &[], None).await;
+    assert_eq!(r.exit_code, 2, "{}", text(&r));
     gw.shutdown().await.unwrap();
 }
 
@@ -678,11 +689,11 @@ fn install_edits_the_config_in_place_and_conflicts_stop_before_anything_is_copie
 #[test]
 fn a_config_without_plugins_gets_the_section_and_npm_sources_are_explained() {
     let t = Installer::new("{\n  agents: {},\n}\n");
-    let git_status = examples().join("git-status").display().to_string();
-    install::install(&t.config, &t.home, &git_status, false).unwrap();
+    let example = examples().join("operator-note").display().to_string();
+    install::install(&t.config, &t.home, &example, false).unwrap();
     assert_eq!(
         t.redact(&t.text()),
-        "{\n  agents: {},\n  plugins: {\n    git: {\n      path: \"[HOME]/plugins/git\",\n      _source: \"[EXAMPLES]/git-status\",\n    },\n  },\n}\n"
+        "{\n  agents: {},\n  plugins: {\n    \"operator-note\": {\n      path: \"[HOME]/plugins/operator-note\",\n      _source: \"[EXAMPLES]/operator-note\",\n    },\n  },\n}\n"
     );
     let err =
         install::install(&t.config, &t.home, "npm:@someone/beige-weather", false).unwrap_err();

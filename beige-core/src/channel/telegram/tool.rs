@@ -13,7 +13,8 @@
 //! chats in `allowedChats`, and the chats `agentMapping` gives to the calling agent. The
 //! config is the one of the call (`plugins.telegram.config` merged with the agent's
 //! `pluginConfigs.telegram`), so `allowedChats` can differ per agent. Photos are files of
-//! the agent's workspace (resolved with [`safe_join`], symlinks included), uploaded with
+//! the agent's workspace (read beneath a handle on it with [`crate::fsutil::Beneath`]:
+//! no symlink is followed, only regular files are opened, at most 10 MB), uploaded with
 //! `sendPhoto`. Everything goes through the channel's outbox — same retry, same order —
 //! and the tool waits up to 20 s for Telegram to accept it.
 
@@ -27,7 +28,6 @@ use serde_json::Value;
 use super::config::TelegramConfig;
 use super::format::{render_chunks, split_plain, Chunk, MAX_MESSAGE_LEN};
 use super::outbox::{self, Delivery, OutItem};
-use crate::fsutil::safe_join;
 use crate::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
@@ -394,36 +394,34 @@ impl Tool for TelegramTool {
                     _ => path.clone(),
                 };
                 let rel = rel.strip_prefix("/workspace/").unwrap_or(&rel).to_string();
-                let full = match safe_join(&call.workspace, &rel) {
-                    Ok(p) => p,
-                    Err(e) => return Ok(ToolResult::fail(format!("telegram: {e}\n"), 1)),
-                };
-                let meta = match tokio::fs::metadata(&full).await {
-                    Ok(m) if m.is_file() => m,
-                    Ok(_) => {
+                // Read beneath a handle on the workspace: no symlink followed, nothing
+                // but a regular file opened, never more than Telegram's limit read.
+                let workspace = call.workspace.clone();
+                let cap = usize::try_from(MAX_PHOTO_BYTES).unwrap_or(usize::MAX);
+                let what = rel.clone();
+                let read = crate::fsutil::blocking(move || {
+                    crate::fsutil::Beneath::open(&workspace)?.read(&what, cap)
+                })
+                .await;
+                let data = match read {
+                    Ok(c) if c.truncated => {
                         return Ok(ToolResult::fail(
-                            format!("telegram: {path} is not a file\n"),
+                            format!(
+                            "telegram: {path} is {} bytes; Telegram accepts photos up to 10 MB\n",
+                            c.size
+                        ),
                             1,
                         ))
                     }
+                    Ok(c) => c.bytes,
                     Err(e) => {
                         return Ok(ToolResult::fail(
-                            format!("telegram: cannot read {path}: {e}\n"),
+                            format!("telegram: cannot send {path}: {e}\n"),
                             1,
                         ))
                     }
                 };
-                if meta.len() > MAX_PHOTO_BYTES {
-                    return Ok(ToolResult::fail(
-                        format!(
-                            "telegram: {path} is {} bytes; Telegram accepts photos up to 10 MB\n",
-                            meta.len()
-                        ),
-                        1,
-                    ));
-                }
-                let data = tokio::fs::read(&full).await?;
-                let file_name = full
+                let file_name = std::path::Path::new(&rel)
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "photo".into());
