@@ -21,11 +21,12 @@ pub struct Target {
 }
 
 impl Target {
-    /// `explicit` (from `--gateway`), else the URL of the daemon in the pid file, else
+    /// `explicit` (from `--gateway`), else the URL of the running daemon
+    /// (`run/gateway.url`), else
     /// the config's bind address, else the default. The token is read from
     /// `<BEIGE_HOME>/gateway.token` when it exists.
     pub fn resolve(home: &BeigeHome, config: Option<&Path>, explicit: Option<&str>) -> Self {
-        let from_pid = || crate::daemon::PidFile::new(home.pid_path()).url();
+        let from_pid = || crate::daemon::PidFile::new(home).url();
         let url = match explicit.map(str::to_string).or_else(from_pid) {
             Some(u) => u.trim_end_matches('/').to_string(),
             None => {

@@ -3,7 +3,8 @@
 //!
 //! `start` checks Docker and the config in this process (so mistakes are reported here,
 //! not in a log), rotates `gateway.log`, re-executes `beige gateway start --foreground`
-//! in a new session with its output in the log, writes `gateway.pid` and waits for
+//! in a new session with its output in the log, writes `gateway.pid` (the pid only)
+//! and `run/gateway.url` and waits for
 //! `/api/health` while showing the new log lines. `stop` sends SIGTERM and waits for the
 //! process to exit; `restart` asks the running gateway to reload in place; `status`
 //! asks `/api/health` and `/api/agents`; `logs` prints or follows the log.
@@ -92,7 +93,7 @@ pub async fn start(
         .into());
     }
     let path = config_path(home, explicit_config)?;
-    let pid_file = PidFile::new(home.pid_path());
+    let pid_file = PidFile::new(home);
     match pid_file.state() {
         PidState::Running(pid) => {
             let url = client::Target::resolve(home, Some(&path), None).url;
@@ -253,7 +254,7 @@ async fn wait_exit(pid: i32, limit: Duration) -> bool {
 
 /// `beige gateway stop`.
 pub async fn stop(home: &BeigeHome, timeout: f64) -> Result<()> {
-    let pid_file = PidFile::new(home.pid_path());
+    let pid_file = PidFile::new(home);
     let pid = match pid_file.state() {
         PidState::Absent => {
             println!(
@@ -366,7 +367,7 @@ pub async fn restart(home: &BeigeHome, target: &Target) -> Result<()> {
 
 /// `beige gateway status`: 0 when running, 3 when stopped.
 pub async fn status(home: &BeigeHome, target: &Target) -> Result<()> {
-    let pid_file = PidFile::new(home.pid_path());
+    let pid_file = PidFile::new(home);
     let state = pid_file.state();
     let health = client::health(&target.url).await;
     let Some(health) = health else {

@@ -1,6 +1,8 @@
 //! The gateway daemon: the process `beige gateway start` leaves running.
 //!
-//! Owns the pid file (`<BEIGE_HOME>/gateway.pid`, [`PidFile`]), the foreground server
+//! Owns the pid file (`<BEIGE_HOME>/gateway.pid`: the pid and a newline, as in the
+//! original, so `kill "$(cat gateway.pid)"` works; the URL the daemon serves is kept in
+//! `<BEIGE_HOME>/run/gateway.url` — [`PidFile`]), the foreground server
 //! ([`foreground`]: the `LocalGateway` behind the HTTP API, signal handling, graceful
 //! stop and in-place restart) and the [`reload::ReloadableGateway`] that lets a restart
 //! swap the gateway under a running HTTP channel. Launching and stopping the daemon
@@ -11,9 +13,10 @@ pub mod http;
 pub mod reload;
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use beige_core::home::BeigeHome;
 use beige_core::sandbox::{shim, SandboxError};
 
 use crate::sys;
@@ -29,15 +32,19 @@ pub enum PidState {
     Stale(i32),
 }
 
-/// `<BEIGE_HOME>/gateway.pid`.
+/// `<BEIGE_HOME>/gateway.pid` (the pid only) and `<BEIGE_HOME>/run/gateway.url`.
 #[derive(Debug, Clone)]
 pub struct PidFile {
     path: PathBuf,
+    url_path: PathBuf,
 }
 
 impl PidFile {
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+    pub fn new(home: &BeigeHome) -> Self {
+        Self {
+            path: home.pid_path(),
+            url_path: home.gateway_url_path(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -65,39 +72,78 @@ impl PidFile {
         }
     }
 
-    /// Write the pid and, on the second line, the URL the daemon serves.
+    /// Write the URL the daemon serves to `run/gateway.url`, then the pid (and a
+    /// newline, nothing else) to `gateway.pid`; each file appears whole (written
+    /// beside it, then renamed into place), mode 0600.
     pub fn write(&self, pid: u32, url: &str) -> std::io::Result<()> {
+        if let Some(dir) = self.url_path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        write_whole(&self.url_path, format!("{url}\n").as_bytes())?;
+        write_whole(&self.path, format!("{pid}\n").as_bytes())
+    }
+
+    /// The URL of a running daemon, from `run/gateway.url` — or, for a daemon started by
+    /// an earlier beige, from the second line of its pid file — so commands find the
+    /// gateway even when the config on disk no longer loads.
+    pub fn url(&self) -> Option<String> {
+        let PidState::Running(_) = self.state() else {
+            return None;
+        };
+        let first_line = |text: String, line: usize| {
+            text.lines()
+                .nth(line)
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+        };
+        std::fs::read_to_string(&self.url_path)
+            .ok()
+            .and_then(|t| first_line(t, 0))
+            .or_else(|| {
+                std::fs::read_to_string(&self.path)
+                    .ok()
+                    .and_then(|t| first_line(t, 1))
+            })
+    }
+
+    /// Remove both files; missing files are fine.
+    pub fn remove(&self) {
+        for path in [&self.path, &self.url_path] {
+            if let Err(e) = std::fs::remove_file(path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove the pid file");
+                }
+            }
+        }
+    }
+}
+
+/// Write `bytes` to `path` through a file beside it renamed into place (mode 0600).
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(&self.path)?;
-        writeln!(f, "{pid}\n{url}")
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-
-    /// The URL of a running daemon, from the pid file (so commands find the gateway
-    /// even when the config on disk no longer loads).
-    pub fn url(&self) -> Option<String> {
-        let PidState::Running(_) = self.state() else {
-            return None;
-        };
-        let text = std::fs::read_to_string(&self.path).ok()?;
-        text.lines()
-            .nth(1)
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_string)
-    }
-
-    /// Remove the file; a missing file is fine.
-    pub fn remove(&self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.path.display(), error = %e, "could not remove the pid file");
-            }
-        }
-    }
+    written
 }
 
 /// Whether `pid` is alive and (when its command line can be read) a `beige gateway
@@ -139,4 +185,57 @@ pub fn find_shim(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
         }
     }
     shim::locate(configured)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn pid_file_holds_the_pid_only_and_the_url_is_kept_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path());
+        let pid_file = PidFile::new(&home);
+        pid_file.write(4242, "http://127.0.0.1:7433").unwrap();
+        assert_eq!(std::fs::read_to_string(home.pid_path()).unwrap(), "4242\n");
+        assert_eq!(
+            std::fs::read_to_string(home.gateway_url_path()).unwrap(),
+            "http://127.0.0.1:7433\n"
+        );
+        for p in [home.pid_path(), home.gateway_url_path()] {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", p.display());
+        }
+        pid_file.remove();
+        assert!(!home.pid_path().exists());
+        assert!(!home.gateway_url_path().exists());
+    }
+
+    #[test]
+    fn url_is_read_from_the_new_place_and_from_an_old_pid_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path());
+        // A process that looks like a running gateway (a shell waiting on its stdin,
+        // with no child of its own).
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read line", "gateway", "--foreground"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let pid_file = PidFile::new(&home);
+        // As an earlier beige wrote it: the URL on the second line.
+        std::fs::write(home.pid_path(), format!("{pid}\nhttp://127.0.0.1:1111\n")).unwrap();
+        assert_eq!(pid_file.state(), PidState::Running(pid as i32));
+        assert_eq!(pid_file.url().as_deref(), Some("http://127.0.0.1:1111"));
+        // As this one writes it.
+        pid_file.write(pid, "http://127.0.0.1:2222").unwrap();
+        assert_eq!(pid_file.url().as_deref(), Some("http://127.0.0.1:2222"));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(pid_file.url(), None);
+    }
 }

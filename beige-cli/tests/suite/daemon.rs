@@ -30,13 +30,15 @@ impl Drop for DaemonGuard<'_> {
         if self.0.home().join("gateway.pid").exists() {
             let _ = self.0.run(&["gateway", "stop"]);
         }
-        let hash = BeigeHome::new(self.0.home()).hash();
+        let Ok(Some(id)) = BeigeHome::new(self.0.home()).read_installation_id() else {
+            return;
+        };
         if let Ok(out) = std::process::Command::new("docker")
             .args([
                 "ps",
                 "-aq",
                 "--filter",
-                &format!("label=io.beige.home={hash}"),
+                &format!("label=io.beige.installation={id}"),
             ])
             .output()
         {
@@ -53,6 +55,14 @@ impl Drop for DaemonGuard<'_> {
             }
         }
     }
+}
+
+/// The installation id `beige setup` made in the test home.
+fn installation_of(env: &TestEnv) -> beige_core::home::InstallationId {
+    BeigeHome::new(env.home())
+        .read_installation_id()
+        .unwrap()
+        .expect("beige setup makes installation.id")
 }
 
 fn write_config(home: &Path, provider_url: &str, port: u16, image: &str) {
@@ -119,7 +129,18 @@ async fn daemon_round_trip() {
         "{}",
         run.stdout
     );
-    assert!(env.home().join("gateway.pid").is_file());
+    // The pid file is the original's: the pid and a newline, so that
+    // `kill "$(cat gateway.pid)"` works; the URL is kept beside it.
+    let pid_text = std::fs::read_to_string(env.home().join("gateway.pid")).unwrap();
+    let digits = pid_text.strip_suffix('\n').unwrap_or_default();
+    assert!(
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+        "gateway.pid holds {pid_text:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.home().join("run/gateway.url")).unwrap(),
+        format!("http://127.0.0.1:{port}\n")
+    );
 
     // A second start sees the running daemon.
     let run = beige(&env, &["gateway", "start"]);
@@ -218,7 +239,7 @@ async fn daemon_round_trip() {
     );
     assert!(!env.home().join("gateway.pid").exists());
     assert_eq!(
-        containers_of(&BeigeHome::new(env.home()).hash()).await,
+        containers_of(installation_of(&env).as_str()).await,
         Vec::<String>::new()
     );
 
