@@ -711,21 +711,21 @@ fn on_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
     Vec::new()
 }
 
+/// A key while a modal is open: the modal gets every key, and none reaches the
+/// composer. No printable character closes a modal — otherwise typing `/quit` into the
+/// help would close it on the `q` and leave `uit` in the input.
 fn modal_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
     let Some(modal) = &mut app.modal else {
         return Vec::new();
     };
     match modal {
         Modal::Help { .. } => {
-            if matches!(
-                key.code,
-                KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q') | KeyCode::Char(' ')
-            ) {
+            if matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
                 app.modal = None;
             }
         }
         Modal::Sessions { list, selected } => match key.code {
-            KeyCode::Esc | KeyCode::Char('q') => app.modal = None,
+            KeyCode::Esc => app.modal = None,
             KeyCode::Up | KeyCode::Char('k') => *selected = selected.saturating_sub(1),
             KeyCode::Down | KeyCode::Char('j') => {
                 *selected = (*selected + 1).min(list.len().saturating_sub(1))

@@ -381,6 +381,46 @@ async fn sessions_list_opens_and_enter_resumes_the_selection() {
     assert_eq!(texts(&d.app)[0], "user: question 2");
 }
 
+/// Keys typed while a modal is open go to the modal, never into the composer: typing
+/// `/quit` while the help is open (where `q` used to close it) sent "uit".
+#[tokio::test]
+async fn keys_typed_in_a_modal_never_reach_the_composer() {
+    let fake = Arc::new(FakeGateway::new());
+    seed_sessions(&fake);
+    let mut d = driver(&fake).await;
+    type_text(&mut d, "/help");
+    d.dispatch(key(KeyCode::Enter));
+    assert_eq!(d.app.modal, Some(Modal::Help { notice: None }));
+    type_text(&mut d, "/quit now q ");
+    assert_eq!(d.app.modal, Some(Modal::Help { notice: None }));
+    assert_eq!(d.app.composer.text(), "");
+    d.dispatch(key(KeyCode::Enter));
+    d.settle().await;
+    assert!(d.app.modal.is_none());
+    assert_eq!(d.app.composer.text(), "");
+    assert!(fake.prompts.lock().unwrap().is_empty());
+    assert!(!d.app.should_quit);
+
+    // The same in the sessions list: letters select nothing and close nothing.
+    type_text(&mut d, "/sessions");
+    d.dispatch(key(KeyCode::Enter));
+    d.settle().await;
+    assert!(matches!(d.app.modal, Some(Modal::Sessions { .. })));
+    type_text(&mut d, "/quit");
+    assert!(matches!(d.app.modal, Some(Modal::Sessions { .. })));
+    d.dispatch(Msg::Paste("pasted".into()));
+    d.dispatch(key(KeyCode::Esc));
+    assert!(d.app.modal.is_none());
+    assert_eq!(d.app.composer.text(), "");
+    assert!(fake.prompts.lock().unwrap().is_empty());
+    assert!(fake.resumed.lock().unwrap().is_empty());
+    assert!(!d.app.should_quit);
+
+    // After the modal is closed, typing reaches the composer again.
+    type_text(&mut d, "hi");
+    assert_eq!(d.app.composer.text(), "hi");
+}
+
 #[tokio::test]
 async fn unknown_command_shows_help() {
     let fake = Arc::new(FakeGateway::new());
