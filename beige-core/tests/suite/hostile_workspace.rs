@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
-use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::text_response;
 use beige_testkit::llm::FakeLlmServer;
@@ -53,7 +52,7 @@ fn config(
 }
 
 async fn gateway(t: &TestHome, env: &DockerEnv, config: Config) -> LocalGateway {
-    let docker = DockerSandbox::connect(t.home.hash()).await.unwrap();
+    let docker = t.docker().await;
     GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(docker))
