@@ -250,6 +250,21 @@ impl Beneath {
         }
     }
 
+    /// `chown -R` of the whole tree without following any link: every directory is
+    /// opened beneath its parent's handle with `O_NOFOLLOW`, every entry changed with
+    /// `fchownat(AT_SYMLINK_NOFOLLOW)`, so swapping a folder for a link while this runs
+    /// changes nothing outside the tree. Blocking.
+    pub fn chown_tree(&self, uid: u32, gid: u32) -> Result<(), HostPathError> {
+        let (uid, gid) = (
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        );
+        rustix::fs::fchown(&self.root, uid, gid).map_err(|e| HostPathError::io("", e))?;
+        let root =
+            rustix::io::fcntl_dupfd_cloexec(&self.root, 0).map_err(|e| HostPathError::io("", e))?;
+        chown_below(root, uid, gid, 0)
+    }
+
     /// Open `rel` as a regular file with `flags`: a path-only handle first, its type
     /// checked, then the same inode reopened for I/O through that handle.
     fn open_regular(&self, rel: &str, flags: OFlags) -> Result<OwnedFd, HostPathError> {
@@ -299,6 +314,58 @@ impl Beneath {
         }
         walk(self.root.as_fd(), rel, parts, flags, mode)
     }
+}
+
+/// How deep [`Beneath::chown_tree`] descends; deeper folders are left as they are.
+const MAX_CHOWN_DEPTH: usize = 256;
+
+fn chown_below(
+    dir: OwnedFd,
+    uid: Option<rustix::fs::Uid>,
+    gid: Option<rustix::fs::Gid>,
+    depth: usize,
+) -> Result<(), HostPathError> {
+    if depth > MAX_CHOWN_DEPTH {
+        return Ok(());
+    }
+    let mut subdirs = Vec::new();
+    let entries = rustix::fs::Dir::read_from(&dir).map_err(|e| HostPathError::io("", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| HostPathError::io("", e))?;
+        let name = entry.file_name().to_owned();
+        if name.as_bytes() == b"." || name.as_bytes() == b".." {
+            continue;
+        }
+        match rustix::fs::chownat(
+            &dir,
+            name.as_c_str(),
+            uid,
+            gid,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(HostPathError::io(&name.to_string_lossy(), e)),
+        }
+        if entry.file_type() == FileType::Directory {
+            subdirs.push(name);
+        }
+    }
+    for name in subdirs {
+        match rustix::fs::openat(
+            &dir,
+            name.as_c_str(),
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(sub) => chown_below(sub, uid, gid, depth + 1)?,
+            // Swapped for a link or removed since it was listed: nothing to follow.
+            Err(rustix::io::Errno::LOOP)
+            | Err(rustix::io::Errno::NOTDIR)
+            | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(HostPathError::io(&name.to_string_lossy(), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Open `parts` below `root` one component at a time, never following a symlink.
@@ -672,6 +739,32 @@ mod tests {
             })
             .count();
         assert_eq!(leftovers, 0);
+    }
+
+    #[test]
+    fn chown_tree_never_follows_links() {
+        let (dir, ws) = hostile();
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("not root; chown case not run");
+            return;
+        }
+        std::fs::create_dir_all(ws.join("a/b")).unwrap();
+        std::fs::write(ws.join("a/b/f"), "x").unwrap();
+        Beneath::open(&ws).unwrap().chown_tree(4242, 4243).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        for p in ["", "a", "a/b", "a/b/f", "sub/ok.txt", "fifo"] {
+            let m = std::fs::symlink_metadata(ws.join(p)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (4242, 4243), "{p}");
+        }
+        // The links themselves changed owner; what they point to did not.
+        let m = std::fs::symlink_metadata(dir.path().join("secret")).unwrap();
+        assert_eq!(m.uid(), 0);
+        assert_eq!(
+            std::fs::symlink_metadata(ws.join("dir-link"))
+                .unwrap()
+                .uid(),
+            4242
+        );
     }
 
     #[test]

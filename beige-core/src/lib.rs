@@ -19,7 +19,7 @@
 //! | [`hooks`] | the nine hooks and how they chain |
 //! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
 //! | [`skills`] | skill folders: manifests, requirements |
-//! | [`fsutil`] | host-side path safety (`safe_join`) |
+//! | [`fsutil`] | host-side access to agent-writable trees (`Beneath`: openat2 beneath a handle, no links) and caller path checks |
 //! | [`store`] | sessions, messages, settings, health, channel offsets/outbox, plugin data |
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]

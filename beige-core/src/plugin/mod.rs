@@ -49,7 +49,8 @@ pub struct ToolCall {
     /// Data piped into the tool in the sandbox, if any.
     pub stdin: Option<Vec<u8>>,
     /// The caller's working directory relative to the workspace (validated: it stays
-    /// inside). Resolve it on the host with [`crate::fsutil::safe_join`].
+    /// inside). Open it on the host beneath a handle on the workspace with
+    /// [`crate::fsutil::Beneath`], never by path.
     pub cwd: Option<String>,
     /// The agent's workspace on the host.
     pub workspace: PathBuf,

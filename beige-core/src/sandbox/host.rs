@@ -68,17 +68,15 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// `chown -R` without following symlinks.
+/// `chown -R` of the workspace without following links: the workspace may hold what an
+/// earlier sandbox wrote, so this goes through [`crate::fsutil::Beneath::chown_tree`].
 fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
-    std::os::unix::fs::lchown(root, Some(uid), Some(gid)).map_err(|e| host_err(root, e))?;
-    let meta = std::fs::symlink_metadata(root).map_err(|e| host_err(root, e))?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(root).map_err(|e| host_err(root, e))? {
-            let entry = entry.map_err(|e| host_err(root, e))?;
-            chown_tree(&entry.path(), uid, gid)?;
-        }
-    }
-    Ok(())
+    crate::fsutil::Beneath::open(root)
+        .and_then(|ws| ws.chown_tree(uid, gid))
+        .map_err(|e| SandboxError::Host {
+            path: root.display().to_string(),
+            message: e.to_string(),
+        })
 }
 
 #[cfg(test)]
