@@ -116,6 +116,16 @@ pub enum GatewayCommand {
         /// Seconds to wait for the gateway to answer (0 = no limit)
         #[arg(long, value_name = "S", default_value_t = 60.0)]
         timeout: f64,
+        /// Set by `gateway start` for the daemon it starts: write the log to this file,
+        /// rotating it by size while running
+        #[arg(long, value_name = "PATH", hide = true, requires = "foreground")]
+        log_file: Option<std::path::PathBuf>,
+        /// With --log-file: rotate at this many bytes (0 = never)
+        #[arg(long, value_name = "BYTES", hide = true, default_value_t = 10 * 1024 * 1024)]
+        log_max_size: u64,
+        /// With --log-file: rotated files kept
+        #[arg(long, value_name = "N", hide = true, default_value_t = 5)]
+        log_max_files: u32,
     },
     /// Stop the daemon gracefully (running prompts get up to 10 s), wait for it to exit
     Stop {

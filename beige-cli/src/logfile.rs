@@ -1,14 +1,17 @@
-//! Log files the CLI reads and rotates: `gateway.log` (rotated once per daemon start)
-//! and `audit.jsonl` (rotated by the gateway by size).
+//! Log files the CLI reads and rotates: `gateway.log` (rotated at every daemon start and,
+//! while the daemon runs, by size through [`RotatingLog`]) and `audit.jsonl` (rotated by
+//! the gateway).
 //!
-//! Owns rotation by renaming (`x` → `x.1` → … → `x.N`, the oldest dropped) and a
-//! [`Follower`] that prints what is appended to a file and carries on across rotation by
-//! reopening the path when its inode changes or it shrinks.
+//! Owns rotation by renaming (`x` → `x.1` → … → `x.N`, the oldest dropped), the
+//! daemon's log writer [`RotatingLog`], and a [`Follower`] that prints what is appended
+//! to a file and carries on across rotation by reopening the path when its inode changes
+//! or it shrinks.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// How often a follower looks for new bytes.
@@ -41,6 +44,97 @@ pub fn rotate(path: &Path, keep: u32) -> io::Result<()> {
         }
     }
     std::fs::rename(path, numbered(path, 1))
+}
+
+/// The daemon's log: `gateway.log` written through `tracing`, rotated when the next
+/// line would take it past `max_size` bytes (keeping `keep` old files, as at start).
+/// The process's stdout and stderr are pointed at the current file too, so that a
+/// panic message or a stray print lands in it rather than in a rotated one.
+#[derive(Debug)]
+pub struct RotatingLog {
+    path: PathBuf,
+    max_size: u64,
+    keep: u32,
+    file: Mutex<(File, u64)>,
+}
+
+impl RotatingLog {
+    /// Open `path` for appending (creating it) and point stdout and stderr at it.
+    /// `max_size` 0 never rotates.
+    pub fn open(path: &Path, max_size: u64, keep: u32) -> io::Result<Self> {
+        let file = append(path)?;
+        let size = file.metadata()?.len();
+        redirect_stdio(&file);
+        Ok(Self {
+            path: path.to_path_buf(),
+            max_size,
+            keep,
+            file: Mutex::new((file, size)),
+        })
+    }
+
+    /// Append one formatted log event, rotating first when it would not fit.
+    fn write_line(&self, buf: &[u8]) -> io::Result<()> {
+        let mut guard = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let (file, size) = &mut *guard;
+        if self.max_size > 0 && *size > 0 && *size + buf.len() as u64 > self.max_size {
+            match rotate(&self.path, self.keep).and_then(|()| append(&self.path)) {
+                Ok(fresh) => {
+                    redirect_stdio(&fresh);
+                    *file = fresh;
+                    *size = 0;
+                }
+                // Keep writing where we are rather than lose the line.
+                Err(e) => {
+                    let note = format!(
+                        "beige: could not rotate {} ({e}); it keeps growing until it can\n",
+                        self.path.display()
+                    );
+                    let _ = file.write_all(note.as_bytes());
+                }
+            }
+        }
+        file.write_all(buf)?;
+        *size += buf.len() as u64;
+        Ok(())
+    }
+}
+
+fn append(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Point fds 1 and 2 at `file` (best effort: a failure leaves them where they were).
+fn redirect_stdio(file: &File) {
+    let _ = rustix::stdio::dup2_stdout(file);
+    let _ = rustix::stdio::dup2_stderr(file);
+}
+
+/// One `tracing` event's writes into a [`RotatingLog`] (the formatter writes an event
+/// in one piece).
+#[derive(Debug)]
+pub struct RotatingWriter<'a>(&'a RotatingLog);
+
+impl Write for RotatingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_line(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RotatingLog {
+    type Writer = RotatingWriter<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RotatingWriter(self)
+    }
 }
 
 /// Reads what is appended to a file, surviving rotation and truncation.
@@ -148,6 +242,40 @@ mod tests {
         );
         assert!(!numbered(&log, 4).exists());
         rotate(&dir.path().join("missing.log"), 3).unwrap();
+    }
+
+    #[test]
+    fn the_daemon_log_rotates_by_size_while_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gateway.log");
+        std::fs::write(&log, "from the start\n").unwrap();
+        // Only the writer: redirecting the test's own stdio is not wanted here.
+        let file = append(&log).unwrap();
+        let size = file.metadata().unwrap().len();
+        let writer = RotatingLog {
+            path: log.clone(),
+            max_size: 100,
+            keep: 2,
+            file: Mutex::new((file, size)),
+        };
+        let mut w = tracing_subscriber::fmt::MakeWriter::make_writer(&writer);
+        for i in 0..30 {
+            w.write_all(format!("line {i:02} of the daemon log\n").as_bytes())
+                .unwrap();
+        }
+        for p in [log.clone(), numbered(&log, 1), numbered(&log, 2)] {
+            let len = std::fs::metadata(&p).unwrap().len();
+            assert!(len <= 100, "{} is {len} bytes", p.display());
+        }
+        assert!(!numbered(&log, 3).exists());
+        let current = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            current.ends_with("line 29 of the daemon log\n"),
+            "{current}"
+        );
+        // A line never straddles two files.
+        let previous = std::fs::read_to_string(numbered(&log, 1)).unwrap();
+        assert!(previous.starts_with("line ") && previous.ends_with("log\n"));
     }
 
     #[test]

@@ -57,19 +57,29 @@ pub mod code {
 fn main() -> ExitCode {
     quiet_broken_pipe();
     let cli = cli::Cli::parse();
-    let foreground = matches!(
-        cli.command,
+    let (foreground, log_file) = match &cli.command {
         Some(cli::Command::Gateway {
-            command: Some(cli::GatewayCommand::Start {
-                foreground: true,
-                ..
-            })
-        })
-    );
+            command:
+                Some(cli::GatewayCommand::Start {
+                    foreground: true,
+                    log_file,
+                    log_max_size,
+                    log_max_files,
+                    ..
+                }),
+        }) => (
+            true,
+            log_file
+                .as_deref()
+                .map(|p| (p.to_path_buf(), *log_max_size, *log_max_files)),
+        ),
+        _ => (false, None),
+    };
     init_logging(
         cli.log_level.as_deref(),
         if foreground { "info" } else { "warn" },
         foreground,
+        log_file,
     );
     match cmd::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -107,14 +117,37 @@ fn quiet_broken_pipe() {
     }));
 }
 
-/// Logs go to stderr: `--log-level` wins over `RUST_LOG`, else `default`. The gateway
-/// in the foreground logs with timestamps; other commands print only the message.
-fn init_logging(level: Option<&str>, default: &str, timestamps: bool) {
+/// Logs go to stderr — or, for the daemon `gateway start` runs, to its `gateway.log`,
+/// rotated by size while it runs: `--log-level` wins over `RUST_LOG`, else `default`.
+/// The gateway in the foreground logs with timestamps; other commands print only the
+/// message.
+fn init_logging(
+    level: Option<&str>,
+    default: &str,
+    timestamps: bool,
+    log_file: Option<(std::path::PathBuf, u64, u32)>,
+) {
     use tracing_subscriber::EnvFilter;
     let filter = match level {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
     };
+    if let Some((path, max_size, keep)) = log_file {
+        match logfile::RotatingLog::open(&path, max_size, keep) {
+            Ok(log) => {
+                tracing_subscriber::fmt()
+                    .with_env_filter(filter)
+                    .with_writer(log)
+                    .with_ansi(false)
+                    .init();
+                return;
+            }
+            Err(e) => eprintln!(
+                "beige: cannot open {} for the log ({e}); logging to stderr without rotation",
+                path.display()
+            ),
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

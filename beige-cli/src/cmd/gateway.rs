@@ -162,7 +162,14 @@ pub async fn start(
     if let Some(level) = log_level {
         cmd.arg("--log-level").arg(level);
     }
-    cmd.args(["gateway", "start", "--foreground"])
+    // The daemon writes its log itself, rotating it by size while it runs; its stdout
+    // and stderr go to the same file.
+    cmd.args(["gateway", "start", "--foreground", "--log-file"])
+        .arg(&log)
+        .arg("--log-max-size")
+        .arg(gw.log.max_size_bytes.to_string())
+        .arg("--log-max-files")
+        .arg(gw.log.max_files.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));

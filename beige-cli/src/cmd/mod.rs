@@ -57,6 +57,7 @@ pub fn run(cli: Cli) -> Result<()> {
             GatewayCommand::Start {
                 foreground: false,
                 timeout,
+                ..
             } => block_on(gateway::start(
                 &home,
                 config,

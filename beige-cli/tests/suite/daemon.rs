@@ -465,3 +465,59 @@ async fn gateway_killed_mid_exec_gets_the_result_once_after_restart() {
     let run = beige(&env, &["gateway", "stop"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
 }
+
+/// `gateway.log` is rotated by size while the daemon runs (not only at start), keeping
+/// `gateway.log.maxFiles` files and the original layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_daemon_rotates_its_log_by_size_while_it_runs() {
+    let docker = docker_or_skip!();
+    let env = TestEnv::new();
+    let _guard = DaemonGuard(&env);
+    assert_eq!(beige(&env, &["setup"]).code, Some(0));
+    let port = free_port();
+    write_config(&env.home(), "http://127.0.0.1:9", port, &docker.image);
+    let config = env.home().join("config.json5");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            &format!("gateway: {{ host: \"127.0.0.1\", port: {port} }}"),
+            &format!("gateway: {{ host: \"127.0.0.1\", port: {port}, log: {{ maxSizeBytes: 4000, maxFiles: 2 }} }}"),
+        ),
+    )
+    .unwrap();
+    let run = beige(&env, &["gateway", "start", "--timeout", "120"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    // Every call leaves audit lines in the gateway log: far more than 3 × 4000 bytes.
+    let run = beige(
+        &env,
+        &[
+            "exec",
+            "a1",
+            "--",
+            "for i in $(seq 1 60); do kv set key$i value$i; done; echo ok",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let logs = env.home().join("logs");
+    let log = logs.join("gateway.log");
+    let current = std::fs::read_to_string(&log).unwrap();
+    assert!(current.len() <= 4000, "{} bytes", current.len());
+    assert!(current.contains("kv set key"), "{current}");
+    for old in ["gateway.log.1", "gateway.log.2"] {
+        let text = std::fs::read_to_string(logs.join(old)).unwrap();
+        assert!(text.len() <= 4000, "{old}: {} bytes", text.len());
+        assert!(text.ends_with('\n'), "{old} ends mid-line");
+    }
+    assert!(!logs.join("gateway.log.3").exists());
+    // The daemon still answers and logs to the current file.
+    let run = beige(&env, &["exec", "a1", "--", "kv get key60"]);
+    assert_eq!(run.stdout, "value60\n", "{}", run.stderr);
+    let run = beige(&env, &["gateway", "stop"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let last = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        last.contains("kv get key60") || last.contains("stopp"),
+        "{last}"
+    );
+}

@@ -1,16 +1,24 @@
 //! The audit log: what every tool call was, who allowed it, how it ended.
 //!
 //! Owns the record format (the original's JSONL fields and phases), the [`AuditSink`]
-//! trait and [`JsonlAudit`], an append-only file with size rotation and redaction of
-//! configured secret values. A sink that cannot write returns an error, and the caller
-//! then refuses the call (fail closed). It does not decide anything about the call.
+//! trait, [`JsonlAudit`] (an append-only file with rotation by size and age that never
+//! deletes records younger than a retention, and redaction of configured secret values)
+//! and [`BoundedAudit`], which every gateway puts in front of its sink so that a sandbox
+//! cannot erase the log by filling it: denied and malformed requests are recorded with a
+//! bounded excerpt and a hash of their arguments, and each agent has a budget of audit
+//! bytes per minute beyond which its calls are refused. A sink that cannot write (or
+//! refuses) returns an error, and the caller then refuses the call (fail closed). It does
+//! not decide anything else about the call.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
 
 use crate::policy::ToolKind;
 
@@ -85,6 +93,120 @@ pub struct AuditRecord {
     pub output_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// New in beige, on denied records: the size in bytes of the full arguments (the sum
+    /// of their UTF-8 lengths), whatever `args` kept of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_bytes: Option<u64>,
+    /// New in beige, on denied records: SHA-256 (hex) of the full arguments as a compact
+    /// JSON array, after redaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_sha256: Option<String>,
+    /// New in beige: `true` when `args` is an excerpt of longer arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_truncated: Option<bool>,
+}
+
+/// Bytes of arguments a denied record keeps, all arguments together.
+pub const DENIED_ARGS_EXCERPT: usize = 1024;
+/// Longest `error` a record keeps.
+pub const MAX_ERROR_LEN: usize = 2048;
+/// Longest `tool` a record keeps (registered tool names are far shorter; a refused
+/// request may name anything).
+pub const MAX_TOOL_LEN: usize = 128;
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl AuditRecord {
+    /// A record of an event that is not a tool call (`type: security`), `finished`.
+    pub fn security(agent: &str, tool: &str, args: Vec<String>, decision: AuditDecision) -> Self {
+        Self {
+            ts: now_ts(),
+            agent: agent.to_string(),
+            session: None,
+            model: None,
+            channel: None,
+            phase: Phase::Finished,
+            kind: AuditType::Security,
+            tool: tool.to_string(),
+            args,
+            decision,
+            target: Some(Target::Gateway),
+            duration_ms: None,
+            exit_code: None,
+            output_bytes: None,
+            error: None,
+            args_bytes: None,
+            args_sha256: None,
+            args_truncated: None,
+        }
+    }
+
+    /// Bound what a record carries: on a denied record the arguments become an excerpt
+    /// of at most [`DENIED_ARGS_EXCERPT`] bytes with their full size and hash
+    /// (`argsBytes`, `argsSha256`, `argsTruncated`); on every record `tool` and `error`
+    /// are cut to [`MAX_TOOL_LEN`] and [`MAX_ERROR_LEN`].
+    pub fn bound(&mut self) {
+        if self.tool.len() > MAX_TOOL_LEN {
+            self.tool = format!("{}…", cut(&self.tool, MAX_TOOL_LEN));
+        }
+        if let Some(e) = &mut self.error {
+            if e.len() > MAX_ERROR_LEN {
+                *e = format!("{}… ({} bytes)", cut(e, MAX_ERROR_LEN), e.len());
+            }
+        }
+        if self.decision != AuditDecision::Denied || self.args_sha256.is_some() {
+            return;
+        }
+        let total: usize = self.args.iter().map(String::len).sum();
+        let json = serde_json::to_vec(&self.args).unwrap_or_default();
+        self.args_bytes = Some(total as u64);
+        self.args_sha256 = Some(hex::encode(sha2::Sha256::digest(&json)));
+        if total <= DENIED_ARGS_EXCERPT {
+            return;
+        }
+        let mut room = DENIED_ARGS_EXCERPT;
+        let mut kept = Vec::new();
+        for a in &self.args {
+            if room == 0 {
+                break;
+            }
+            let part = cut(a, room);
+            room -= part.len();
+            kept.push(if part.len() < a.len() {
+                format!("{part}…")
+            } else {
+                part.to_string()
+            });
+        }
+        self.args = kept;
+        self.args_truncated = Some(true);
+    }
+
+    /// About how many bytes the record takes in the log (without computing the line).
+    pub fn approx_len(&self) -> u64 {
+        let strings = [
+            &self.session,
+            &self.model,
+            &self.channel,
+            &self.error,
+            &self.args_sha256,
+        ]
+        .iter()
+        .filter_map(|s| s.as_ref().map(String::len))
+        .sum::<usize>();
+        let args: usize = self.args.iter().map(|a| a.len() + 3).sum();
+        (200 + self.ts.len() + self.agent.len() + self.tool.len() + strings + args) as u64
+    }
 }
 
 /// The current local time in the audit format.
@@ -94,13 +216,23 @@ pub fn now_ts() -> String {
         .to_string()
 }
 
-/// The audit record could not be written; the call must not run.
+/// The audit record could not be written, or was refused; the call must not run.
 #[derive(Debug, thiserror::Error)]
-#[error("the audit log {path} cannot be written ({source}); tool calls are refused until it can. Check the permissions and free space of its folder.")]
-pub struct AuditError {
-    pub path: String,
-    #[source]
-    pub source: std::io::Error,
+#[non_exhaustive]
+pub enum AuditError {
+    #[error("the audit log {path} cannot be written ({source}); tool calls are refused until it can. Check the permissions and free space of its folder.")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The agent used up its audit budget ([`BoundedAudit`]).
+    #[error("agent '{agent}' made more than {budget} bytes of audit records within a minute (gateway.audit.budgetBytesPerMinute); its tool calls are refused for about {retry_secs} s. Make fewer or smaller calls (the owner can raise the budget)")]
+    Throttled {
+        agent: String,
+        budget: u64,
+        retry_secs: u64,
+    },
 }
 
 /// Where audit records go.
@@ -109,94 +241,218 @@ pub trait AuditSink: Send + Sync + std::fmt::Debug {
     async fn record(&self, record: &AuditRecord) -> Result<(), AuditError>;
 }
 
-/// `logs/audit.jsonl`, rotated by size to `.1` … `.N`, secrets redacted as `***`.
+/// `logs/audit.jsonl`, rotated by size (and age) to `.1` … `.N`, secrets redacted as
+/// `***`. A rotated file that still holds records younger than the retention is never
+/// deleted: rotation keeps more files than `max_files` instead, and warns.
 #[derive(Debug)]
 pub struct JsonlAudit {
     path: PathBuf,
     max_size: u64,
     max_files: u32,
+    retention: Duration,
+    max_age: Duration,
     secrets: Vec<String>,
-    lock: Mutex<()>,
+    /// When the current file was begun (for rotation by age), once known.
+    begun: Mutex<Option<SystemTime>>,
 }
 
 /// Shortest value treated as a secret (shorter ones would redact ordinary words).
 const MIN_SECRET_LEN: usize = 6;
 
+/// Secret values worth redacting, longest first (so a secret containing another is
+/// replaced whole).
+fn secret_list(secrets: Vec<String>) -> Vec<String> {
+    let mut secrets: Vec<String> = secrets
+        .into_iter()
+        .filter(|s| s.len() >= MIN_SECRET_LEN)
+        .collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
+}
+
+fn redact_value(secrets: &[String], v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => redact_str(secrets, s),
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| redact_value(secrets, x)),
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| redact_value(secrets, x)),
+        _ => {}
+    }
+}
+
+fn redact_str(secrets: &[String], s: &mut String) {
+    for secret in secrets {
+        if s.contains(secret.as_str()) {
+            *s = s.replace(secret.as_str(), "***");
+        }
+    }
+}
+
+/// `path` with `.n` appended.
+fn numbered(path: &Path, n: u32) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
 impl JsonlAudit {
-    /// `secrets` are values replaced by `***` wherever they appear in a record.
+    /// `secrets` are values replaced by `***` wherever they appear in a record. Rotation
+    /// by size only and no retention (as the original) until [`JsonlAudit::retention`]
+    /// and [`JsonlAudit::max_age`] say otherwise.
     pub fn new(
         path: impl Into<PathBuf>,
         max_size: u64,
         max_files: u32,
         secrets: Vec<String>,
     ) -> Self {
-        let mut secrets: Vec<String> = secrets
-            .into_iter()
-            .filter(|s| s.len() >= MIN_SECRET_LEN)
-            .collect();
-        // Longest first, so a secret containing another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
         Self {
             path: path.into(),
             max_size,
             max_files,
-            secrets,
-            lock: Mutex::new(()),
+            retention: Duration::ZERO,
+            max_age: Duration::ZERO,
+            secrets: secret_list(secrets),
+            begun: Mutex::new(None),
         }
+    }
+
+    /// Never delete a rotated file whose last record is younger than this
+    /// (`Duration::ZERO`: rotation deletes the oldest beyond `max_files`, as before).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Also rotate the current file once it was begun this long ago
+    /// (`Duration::ZERO`: by size only).
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = max_age;
+        self
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn redact(&self, v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::String(s) => {
-                for secret in &self.secrets {
-                    if s.contains(secret.as_str()) {
-                        *s = s.replace(secret.as_str(), "***");
-                    }
-                }
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(|x| self.redact(x)),
-            serde_json::Value::Object(o) => o.values_mut().for_each(|x| self.redact(x)),
-            _ => {}
-        }
-    }
-
     /// The line written for a record (redacted, without the newline).
     pub fn line(&self, record: &AuditRecord) -> String {
         let mut v = serde_json::to_value(record).unwrap_or_default();
-        self.redact(&mut v);
+        redact_value(&self.secrets, &mut v);
         v.to_string()
     }
 
-    fn rotate_if_needed(&self) {
-        let size = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        if size < self.max_size || self.max_size == 0 {
-            return;
+    /// Whether the current file is due for rotation: `begun` is when it was started.
+    fn due(&self, begun: &mut Option<SystemTime>) -> bool {
+        let Ok(meta) = std::fs::metadata(&self.path) else {
+            *begun = None;
+            return false;
+        };
+        if meta.len() == 0 {
+            return false;
         }
-        let numbered = |i: u32| PathBuf::from(format!("{}.{i}", self.path.display()));
-        if self.max_files == 0 {
+        if self.max_size > 0 && meta.len() >= self.max_size {
+            return true;
+        }
+        if self.max_age.is_zero() {
+            return false;
+        }
+        let started = *begun.get_or_insert_with(|| {
+            meta.created()
+                .or_else(|_| meta.modified())
+                .unwrap_or_else(|_| SystemTime::now())
+        });
+        started
+            .elapsed()
+            .map(|age| age >= self.max_age)
+            .unwrap_or(false)
+    }
+
+    /// May the file at `path` be deleted: all its records are older than the retention.
+    fn expired(&self, path: &Path) -> bool {
+        if self.retention.is_zero() {
+            return true;
+        }
+        std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= self.retention)
+    }
+
+    /// Indices of the rotated files present (`audit.jsonl.N`), ascending.
+    fn rotated(&self) -> Vec<u32> {
+        let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return Vec::new();
+        };
+        let prefix = format!("{}.", name.to_string_lossy());
+        let mut out: Vec<u32> = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()?
+                            .strip_prefix(&prefix)?
+                            .parse::<u32>()
+                            .ok()
+                    })
+                    .filter(|n| *n > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
+    }
+
+    /// Shift `audit.jsonl` → `.1` → `.2` …, deleting from the oldest end what would
+    /// pass `max_files` — but only files whose records are all older than the retention.
+    fn rotate(&self) {
+        let mut present = self.rotated();
+        // Index 0 stands for the current file.
+        while let Some(&oldest) = present.last() {
+            if oldest < self.max_files || !self.expired(&numbered(&self.path, oldest)) {
+                break;
+            }
+            let _ = std::fs::remove_file(numbered(&self.path, oldest));
+            present.pop();
+        }
+        if self.max_files == 0 && present.is_empty() && self.expired(&self.path) {
             let _ = std::fs::remove_file(&self.path);
             return;
         }
-        let _ = std::fs::remove_file(numbered(self.max_files));
-        for i in (1..self.max_files).rev() {
-            let _ = std::fs::rename(numbered(i), numbered(i + 1));
+        for &i in present.iter().rev() {
+            let _ = std::fs::rename(numbered(&self.path, i), numbered(&self.path, i + 1));
         }
-        let _ = std::fs::rename(&self.path, numbered(1));
+        let _ = std::fs::rename(&self.path, numbered(&self.path, 1));
+        let kept = present.len() as u32 + 1;
+        if kept > self.max_files {
+            tracing::warn!(
+                path = %self.path.display(),
+                kept,
+                max_files = self.max_files,
+                retention_days = self.retention.as_secs() / 86_400,
+                "the audit log keeps more rotated files than gateway.log.maxFiles because the oldest still holds records younger than gateway.audit.retentionDays; raise gateway.log.maxFiles or maxSizeBytes, and check which agent writes this much"
+            );
+        }
     }
 
     fn append(&self, line: &str) -> std::io::Result<()> {
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.rotate_if_needed();
+        let mut begun = self.begun.lock().unwrap_or_else(|e| e.into_inner());
+        if self.due(&mut begun) {
+            self.rotate();
+            *begun = None;
+        }
         // Opened per record, so a log that became unwritable is noticed at once.
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.path)?;
+        if begun.is_none() && !self.max_age.is_zero() {
+            let empty = f.metadata().map(|m| m.len() == 0).unwrap_or(true);
+            if empty {
+                *begun = Some(SystemTime::now());
+            }
+        }
         let mut buf = Vec::with_capacity(line.len() + 1);
         buf.extend_from_slice(line.as_bytes());
         buf.push(b'\n');
@@ -208,12 +464,185 @@ impl JsonlAudit {
 impl AuditSink for JsonlAudit {
     async fn record(&self, record: &AuditRecord) -> Result<(), AuditError> {
         let line = self.line(record);
-        self.append(&line).map_err(|source| AuditError {
+        self.append(&line).map_err(|source| AuditError::Write {
             path: self.path.display().to_string(),
             source,
         })?;
         tracing::info!(target: "beige::audit", "{}", human_line(record, &line));
         Ok(())
+    }
+}
+
+/// The audit volume one agent may cause: `bytes_per_minute` of records on average, with
+/// bursts of up to a minute's worth (a token bucket). Once over it, the agent stays
+/// refused until half a minute's worth is back. `0` is no budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditBudget {
+    pub bytes_per_minute: u64,
+}
+
+/// What one agent has left of its budget.
+#[derive(Debug)]
+struct Bucket {
+    /// May go below zero: the `finished` record of a call that was let in is always
+    /// written, and paid for later.
+    tokens: f64,
+    last: Instant,
+    /// Set while the agent is throttled: since when, and how many records were refused.
+    throttled: Option<(Instant, u64)>,
+}
+
+/// What [`BoundedAudit`] does with one record.
+enum Admission {
+    Write,
+    /// Write a `security.audit_throttle_lifted` record first (refused, throttled for).
+    LiftedThenWrite(u64, Duration),
+    /// Refuse; write a `security.audit_throttled` record first when `true`.
+    Refuse {
+        first: bool,
+        retry_secs: u64,
+    },
+}
+
+/// The sink every gateway puts in front of its own: bounds each record ([`AuditRecord::bound`],
+/// after redacting configured secrets, so that an excerpt never holds half a secret) and
+/// keeps each agent within its [`AuditBudget`]. Over the budget, records that would let a
+/// call start (or record a refusal) are refused with [`AuditError::Throttled`] — the call
+/// does not run — and one `security.audit_throttled` record says so; when the agent is
+/// back within its budget, one `security.audit_throttle_lifted` record gives the number
+/// of records refused meanwhile. `finished` records of calls that did start are always
+/// written.
+#[derive(Debug)]
+pub struct BoundedAudit {
+    inner: Arc<dyn AuditSink>,
+    secrets: Vec<String>,
+    budget: AuditBudget,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+impl BoundedAudit {
+    pub fn new(inner: Arc<dyn AuditSink>, secrets: Vec<String>, budget: AuditBudget) -> Self {
+        Self {
+            inner,
+            secrets: secret_list(secrets),
+            budget,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn admit(&self, record: &AuditRecord) -> Admission {
+        let per_minute = self.budget.bytes_per_minute;
+        if per_minute == 0 {
+            return Admission::Write;
+        }
+        let capacity = per_minute as f64;
+        let rate = capacity / 60.0;
+        let cost = record.approx_len() as f64;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let bucket = buckets.entry(record.agent.clone()).or_insert(Bucket {
+            tokens: capacity,
+            last: now,
+            throttled: None,
+        });
+        bucket.tokens =
+            (bucket.tokens + now.duration_since(bucket.last).as_secs_f64() * rate).min(capacity);
+        bucket.last = now;
+        let completes_a_call =
+            record.phase == Phase::Finished && record.decision == AuditDecision::Allowed;
+        if completes_a_call {
+            bucket.tokens -= cost;
+            return Admission::Write;
+        }
+        // A record bigger than the whole budget passes when the bucket is full; a
+        // throttled agent waits until half of it is back, so that an episode is one
+        // `throttled` and one `lifted` record, not a pair for every record it can afford.
+        let need = if bucket.throttled.is_some() {
+            (capacity / 2.0).max(cost.min(capacity))
+        } else {
+            cost.min(capacity)
+        };
+        if bucket.tokens >= need {
+            bucket.tokens -= cost;
+            return match bucket.throttled.take() {
+                Some((since, refused)) => Admission::LiftedThenWrite(refused, since.elapsed()),
+                None => Admission::Write,
+            };
+        }
+        let retry_secs = ((need - bucket.tokens) / rate).ceil().max(1.0) as u64;
+        match &mut bucket.throttled {
+            Some((_, refused)) => {
+                *refused += 1;
+                Admission::Refuse {
+                    first: false,
+                    retry_secs,
+                }
+            }
+            None => {
+                bucket.throttled = Some((now, 1));
+                Admission::Refuse {
+                    first: true,
+                    retry_secs,
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl AuditSink for BoundedAudit {
+    async fn record(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let mut r = record.clone();
+        for a in &mut r.args {
+            redact_str(&self.secrets, a);
+        }
+        if let Some(e) = &mut r.error {
+            redact_str(&self.secrets, e);
+        }
+        redact_str(&self.secrets, &mut r.tool);
+        r.bound();
+        match self.admit(&r) {
+            Admission::Write => self.inner.record(&r).await,
+            Admission::LiftedThenWrite(refused, for_how_long) => {
+                let mut lifted = AuditRecord::security(
+                    &r.agent,
+                    "security.audit_throttle_lifted",
+                    vec![
+                        format!("refused={refused}"),
+                        format!("throttledMs={}", for_how_long.as_millis()),
+                    ],
+                    AuditDecision::Allowed,
+                );
+                lifted.error = Some(format!(
+                    "agent '{}' is within its audit budget again; {refused} records (calls) were refused while it was throttled",
+                    r.agent
+                ));
+                self.inner.record(&lifted).await?;
+                self.inner.record(&r).await
+            }
+            Admission::Refuse { first, retry_secs } => {
+                let err = AuditError::Throttled {
+                    agent: r.agent.clone(),
+                    budget: self.budget.bytes_per_minute,
+                    retry_secs,
+                };
+                if first {
+                    tracing::warn!(agent = %r.agent, "{err}");
+                    let mut throttled = AuditRecord::security(
+                        &r.agent,
+                        "security.audit_throttled",
+                        vec![format!(
+                            "budgetBytesPerMinute={}",
+                            self.budget.bytes_per_minute
+                        )],
+                        AuditDecision::Denied,
+                    );
+                    throttled.error = Some(err.to_string());
+                    self.inner.record(&throttled).await?;
+                }
+                Err(err)
+            }
+        }
     }
 }
 
@@ -322,7 +751,18 @@ mod tests {
             exit_code: None,
             output_bytes: None,
             error: None,
+            args_bytes: None,
+            args_sha256: None,
+            args_truncated: None,
         }
+    }
+
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     #[tokio::test]
@@ -367,5 +807,203 @@ mod tests {
         let audit = JsonlAudit::new(dir.path().join("logs/audit.jsonl"), 1000, 2, vec![]);
         let err = audit.record(&record(vec![])).await.unwrap_err();
         assert!(err.to_string().contains("tool calls are refused"), "{err}");
+    }
+
+    #[test]
+    fn denied_records_keep_an_excerpt_with_size_and_hash() {
+        let mut r = record(vec!["a".repeat(1500), "b".repeat(600), "c".into()]);
+        r.decision = AuditDecision::Denied;
+        r.tool = "t".repeat(1000);
+        r.error = Some("e".repeat(5000));
+        let full = serde_json::to_vec(&r.args).unwrap();
+        r.bound();
+        assert_eq!(r.args.len(), 1);
+        assert_eq!(r.args[0], format!("{}…", "a".repeat(DENIED_ARGS_EXCERPT)));
+        assert_eq!(r.args_bytes, Some(2101));
+        assert_eq!(
+            r.args_sha256.as_deref(),
+            Some(hex::encode(sha2::Sha256::digest(&full)).as_str())
+        );
+        assert_eq!(r.args_truncated, Some(true));
+        assert!(r.tool.len() <= MAX_TOOL_LEN + 3);
+        assert!(r.error.as_deref().unwrap().ends_with("… (5000 bytes)"));
+        // Small denied arguments stay whole, with their size and hash.
+        let mut small = record(vec!["get".into(), "x".into()]);
+        small.decision = AuditDecision::Denied;
+        small.bound();
+        assert_eq!(small.args, ["get", "x"]);
+        assert_eq!(small.args_bytes, Some(4));
+        assert!(small.args_sha256.is_some() && small.args_truncated.is_none());
+        // Allowed records keep their arguments.
+        let mut allowed = record(vec!["z".repeat(5000)]);
+        allowed.bound();
+        assert_eq!(allowed.args[0].len(), 5000);
+        assert!(allowed.args_sha256.is_none());
+        let v = serde_json::to_value(&small).unwrap();
+        assert_eq!(v["argsBytes"], 4);
+        assert!(v.get("argsTruncated").is_none());
+    }
+
+    #[tokio::test]
+    async fn an_agent_over_its_budget_is_refused_with_one_record_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let file = Arc::new(JsonlAudit::new(&path, 0, 1, vec![]));
+        let audit = BoundedAudit::new(
+            file,
+            vec!["sk-secret-value-123".into()],
+            AuditBudget {
+                bytes_per_minute: 6000,
+            },
+        );
+        let mut denied = record(vec!["x".repeat(50_000)]);
+        denied.decision = AuditDecision::Denied;
+        denied.phase = Phase::Finished;
+        let mut refused = 0;
+        let mut first_error = None;
+        for _ in 0..40 {
+            match audit.record(&denied).await {
+                Ok(()) => {}
+                Err(e) => {
+                    refused += 1;
+                    first_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        assert!(refused > 30, "{refused}");
+        let e = first_error.unwrap();
+        assert!(
+            e.contains("agent 'a' made more than 6000 bytes of audit records within a minute")
+                && e.contains("gateway.audit.budgetBytesPerMinute"),
+            "{e}"
+        );
+        // The `finished` record of a call that started is written even now.
+        let mut finished = record(vec!["get".into()]);
+        finished.phase = Phase::Finished;
+        audit.record(&finished).await.unwrap();
+        // Another agent has its own budget.
+        let mut other = record(vec!["get".into()]);
+        other.agent = "b".into();
+        audit.record(&other).await.unwrap();
+        let written = lines(&path);
+        let throttled: Vec<_> = written
+            .iter()
+            .filter(|r| r["tool"] == "security.audit_throttled")
+            .collect();
+        assert_eq!(throttled.len(), 1, "one record for the whole episode");
+        assert_eq!(throttled[0]["type"], "security");
+        assert_eq!(throttled[0]["agent"], "a");
+        assert!(written.len() < 12, "{}", written.len());
+        // Every denied record is an excerpt, with the full size.
+        assert!(written
+            .iter()
+            .filter(|r| r["tool"] == "kv")
+            .filter(|r| r["decision"] == "denied")
+            .all(|r| r["argsBytes"] == 50_000 && r["argsTruncated"] == true));
+
+        // Once the bucket refills, calls pass again and one record says how many were
+        // refused.
+        {
+            let mut b = audit.buckets.lock().unwrap();
+            b.get_mut("a").unwrap().tokens = 6000.0;
+        }
+        audit.record(&record(vec!["get".into()])).await.unwrap();
+        let written = lines(&path);
+        let lifted: Vec<_> = written
+            .iter()
+            .filter(|r| r["tool"] == "security.audit_throttle_lifted")
+            .collect();
+        assert_eq!(lifted.len(), 1);
+        assert_eq!(lifted[0]["args"][0], format!("refused={refused}"));
+    }
+
+    #[tokio::test]
+    async fn secrets_are_redacted_before_the_excerpt_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let secret = "sk-live-0123456789abcdef";
+        let file = Arc::new(JsonlAudit::new(&path, 0, 1, vec![secret.into()]));
+        let audit = BoundedAudit::new(
+            file,
+            vec![secret.into()],
+            AuditBudget {
+                bytes_per_minute: 0,
+            },
+        );
+        // Without redaction first, the cut would fall inside the secret.
+        let mut r = record(vec![format!(
+            "{}{secret}",
+            "p".repeat(DENIED_ARGS_EXCERPT - 10)
+        )]);
+        r.decision = AuditDecision::Denied;
+        audit.record(&r).await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("sk-live-01"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn rotation_never_deletes_records_younger_than_the_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = JsonlAudit::new(&path, 300, 1, vec![]).retention(Duration::from_secs(3600));
+        let mut first = record(vec!["the-very-first".into()]);
+        first.phase = Phase::Finished;
+        audit.record(&first).await.unwrap();
+        for _ in 0..20 {
+            audit.record(&record(vec!["get".into()])).await.unwrap();
+        }
+        // More files than maxFiles, none lost.
+        assert!(numbered(&path, 3).exists());
+        let all: String = std::iter::once(path.clone())
+            .chain((1..30).map(|i| numbered(&path, i)))
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect();
+        assert_eq!(all.lines().count(), 21);
+        assert!(all.contains("the-very-first"));
+        // Without a retention the same rotation drops them (the original's behaviour).
+        let dir2 = tempfile::tempdir().unwrap();
+        let path2 = dir2.path().join("audit.jsonl");
+        let plain = JsonlAudit::new(&path2, 300, 1, vec![]);
+        plain.record(&first).await.unwrap();
+        for _ in 0..20 {
+            plain.record(&record(vec!["get".into()])).await.unwrap();
+        }
+        assert!(!numbered(&path2, 2).exists());
+        let kept: String = [path2.clone(), numbered(&path2, 1)]
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect();
+        assert!(!kept.contains("the-very-first"));
+        // Expired files beyond maxFiles do go.
+        let old = std::fs::File::options()
+            .write(true)
+            .open(numbered(&path, 3))
+            .unwrap();
+        old.set_modified(SystemTime::now() - Duration::from_secs(7200))
+            .unwrap();
+        let highest = audit.rotated().last().copied().unwrap();
+        let oldest = std::fs::File::options()
+            .write(true)
+            .open(numbered(&path, highest))
+            .unwrap();
+        oldest
+            .set_modified(SystemTime::now() - Duration::from_secs(7200))
+            .unwrap();
+        audit.rotate();
+        assert!(!numbered(&path, highest + 1).exists());
+    }
+
+    #[tokio::test]
+    async fn the_current_file_is_rotated_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = JsonlAudit::new(&path, 0, 3, vec![]).max_age(Duration::from_millis(200));
+        audit.record(&record(vec!["one".into()])).await.unwrap();
+        audit.record(&record(vec!["two".into()])).await.unwrap();
+        assert!(!numbered(&path, 1).exists());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        audit.record(&record(vec!["three".into()])).await.unwrap();
+        assert_eq!(lines(&numbered(&path, 1)).len(), 2);
+        assert_eq!(lines(&path).len(), 1);
     }
 }

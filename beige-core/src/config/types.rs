@@ -303,6 +303,9 @@ pub struct GatewayConfig {
     pub log_file: Option<PathBuf>,
     #[serde(default)]
     pub log: LogConfig,
+    /// New in beige: how the audit log is kept — each agent's budget, retention, age.
+    #[serde(default)]
+    pub audit: AuditConfig,
     /// New in beige: require the bearer token on the HTTP API (default true).
     #[serde(default = "default_true")]
     pub auth: bool,
@@ -318,6 +321,7 @@ impl Default for GatewayConfig {
             port: default_port(),
             log_file: None,
             log: LogConfig::default(),
+            audit: AuditConfig::default(),
             auth: true,
             keep_sandboxes: false,
         }
@@ -359,4 +363,40 @@ fn default_max_size() -> u64 {
 }
 fn default_max_files() -> u32 {
     5
+}
+
+/// New in beige: what keeps the audit log whole when a sandbox floods it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditConfig {
+    /// Bytes of audit records one agent may cause per minute (bursts up to a minute's
+    /// worth); beyond it the agent's tool calls are refused until it is within budget
+    /// again. `0`: no budget.
+    #[serde(default = "default_audit_budget")]
+    pub budget_bytes_per_minute: u64,
+    /// Rotated audit files holding records younger than this many days are never
+    /// deleted, even beyond `gateway.log.maxFiles` (more files are kept, with a warning).
+    /// `0`: `maxFiles` alone decides.
+    #[serde(default = "default_retention_days")]
+    pub retention_days: u32,
+    /// Also rotate `audit.jsonl` once it was begun this many hours ago. `0`: by size only.
+    #[serde(default)]
+    pub rotate_after_hours: u32,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            budget_bytes_per_minute: default_audit_budget(),
+            retention_days: default_retention_days(),
+            rotate_after_hours: 0,
+        }
+    }
+}
+
+fn default_audit_budget() -> u64 {
+    1024 * 1024
+}
+fn default_retention_days() -> u32 {
+    7
 }

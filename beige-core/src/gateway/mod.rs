@@ -30,8 +30,8 @@ use serde::Serialize;
 use crate::agent::events::AgentEvent;
 use crate::agent::router::{model_key, HealthTracker, ModelHealth, Router};
 use crate::audit::{
-    now_ts, secrets_of, AuditDecision, AuditError, AuditRecord, AuditSink, AuditType, JsonlAudit,
-    Phase, Target,
+    now_ts, secrets_of, AuditBudget, AuditDecision, AuditError, AuditRecord, AuditSink, AuditType,
+    BoundedAudit, JsonlAudit, Phase, Target,
 };
 use crate::config::{AgentConfig, Config, ConfigError};
 use crate::fsutil::validate_cwd;
@@ -463,7 +463,7 @@ impl GatewayBuilder {
         let policy: Arc<dyn Policy> = self
             .policy
             .unwrap_or_else(|| Arc::new(ConfigPolicy::from_config(&config)));
-        let audit: Arc<dyn AuditSink> = match self.audit {
+        let sink: Arc<dyn AuditSink> = match self.audit {
             Some(a) => a,
             None => {
                 let logs = home.logs_dir();
@@ -471,14 +471,29 @@ impl GatewayBuilder {
                     path: logs.display().to_string(),
                     message: e.to_string(),
                 })?;
-                Arc::new(JsonlAudit::new(
-                    home.audit_log_path(),
-                    config.gateway.log.max_size_bytes,
-                    config.gateway.log.max_files,
-                    secrets_of(&config),
-                ))
+                let days = u64::from(config.gateway.audit.retention_days);
+                let hours = u64::from(config.gateway.audit.rotate_after_hours);
+                Arc::new(
+                    JsonlAudit::new(
+                        home.audit_log_path(),
+                        config.gateway.log.max_size_bytes,
+                        config.gateway.log.max_files,
+                        secrets_of(&config),
+                    )
+                    .retention(Duration::from_secs(days * 86_400))
+                    .max_age(Duration::from_secs(hours * 3_600)),
+                )
             }
         };
+        // Whatever the sink, records are bounded and each agent kept within its budget,
+        // so that a sandbox cannot push earlier records out of the log.
+        let audit: Arc<dyn AuditSink> = Arc::new(BoundedAudit::new(
+            sink,
+            secrets_of(&config),
+            AuditBudget {
+                bytes_per_minute: config.gateway.audit.budget_bytes_per_minute,
+            },
+        ));
 
         let router = build_router(&config, store.clone(), self.providers)
             .await?
@@ -557,13 +572,15 @@ impl GatewayBuilder {
         });
         let mut sockets = Vec::new();
         let handler: Arc<dyn ToolRequestHandler> = Arc::new(SocketHandler(Arc::downgrade(&inner)));
+        let (limits, descriptors) = socket_bounds(self.socket_limits, inner.config.agents.len());
         for name in inner.config.agents.keys() {
             let path = inner.home.socket_path(name);
-            let server = SocketServer::start(name, &path, handler.clone(), self.socket_limits)
-                .map_err(|e| GatewayError::Socket {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
+            let server =
+                SocketServer::start(name, &path, handler.clone(), limits, descriptors.clone())
+                    .map_err(|e| GatewayError::Socket {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })?;
             sockets.push(server);
         }
         inner.registry.start_all().await?;
@@ -577,6 +594,38 @@ impl GatewayBuilder {
             sockets: Arc::new(std::sync::Mutex::new(sockets)),
         })
     }
+}
+
+/// Raise the descriptor limit, take the process's socket budget (the limit minus the
+/// reserve) and give each agent at most an equal share of it, so that one agent's
+/// connections can never starve another's.
+fn socket_bounds(
+    limits: SocketLimits,
+    agents: usize,
+) -> (SocketLimits, Arc<crate::socket::DescriptorBudget>) {
+    let nofile = match crate::socket::raise_nofile_limit() {
+        Ok(l) => l,
+        Err(e) => {
+            let l = crate::socket::nofile_limit();
+            tracing::warn!(error = %e, limit = %l, "could not raise the descriptor limit (ulimit -n) to its hard limit");
+            l
+        }
+    };
+    let descriptors = crate::socket::DescriptorBudget::process(limits.fd_reserve);
+    let share = (descriptors.max() / agents.max(1)).saturating_sub(1).max(1);
+    let limits = SocketLimits {
+        max_connections: limits.max_connections.min(share),
+        ..limits
+    };
+    tracing::info!(
+        limit = %nofile,
+        sockets = descriptors.max(),
+        per_agent = limits.max_connections,
+        "descriptors: the tool sockets use at most {} of the limit, {} connections per agent",
+        descriptors.max(),
+        limits.max_connections
+    );
+    (limits, descriptors)
 }
 
 #[cfg(feature = "docker")]
@@ -680,14 +729,38 @@ struct Inner {
     skills: SkillSet,
     policy: Arc<dyn Policy>,
     audit: Arc<dyn AuditSink>,
-    /// Known sessions and the agent each belongs to.
-    sessions: RwLock<HashMap<String, String>>,
+    /// Known sessions: the agent each belongs to and where its messages come from, as
+    /// the gateway itself saw it (never from a socket payload).
+    sessions: RwLock<HashMap<String, SessionOrigin>>,
     store: Arc<dyn Store>,
     router: Router,
     /// One prompt at a time per session key.
     session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancellation of the running prompt per session key.
     running: std::sync::Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
+}
+
+/// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]
+/// (or a core tool call's [`ToolContext`]) and the only source of the channel, chat and
+/// thread of a script's plugin call in that session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SessionOrigin {
+    agent: String,
+    channel: String,
+    chat_id: Option<String>,
+    thread_id: Option<String>,
+}
+
+impl SessionOrigin {
+    /// A session known only by its key: the channel is the key's first segment.
+    fn of_key(agent: &str, key: &str) -> Self {
+        Self {
+            agent: agent.to_string(),
+            channel: key.split(':').next().unwrap_or("unknown").to_string(),
+            chat_id: None,
+            thread_id: None,
+        }
+    }
 }
 
 /// Everything the guarded path needs to know about one call.
@@ -737,9 +810,14 @@ impl LocalGateway {
     }
 
     /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
-    /// sandbox are honoured only when known and owned by the calling agent).
+    /// sandbox are honoured only when known and owned by the calling agent). Its channel
+    /// is the key's first segment; it has no chat or thread until a prompt runs on it.
     pub fn register_session(&self, agent: &str, session_key: &str) {
-        self.inner.register_session(agent, session_key);
+        self.inner.record_session(
+            session_key,
+            SessionOrigin::of_key(agent, session_key),
+            false,
+        );
     }
 
     /// Handle a tool request as if it arrived on `agent`'s socket.
@@ -824,13 +902,32 @@ impl Inner {
             .clone()
     }
 
-    fn register_session(&self, agent: &str, key: &str) {
-        let mut s = self.sessions.write().unwrap_or_else(|e| e.into_inner());
-        s.entry(key.to_string())
-            .or_insert_with(|| agent.to_string());
+    /// A prompt starts on `key`: it belongs to the agent (the first agent that used the
+    /// key keeps it), and its origin is the prompt's.
+    pub(crate) fn register_prompt_session(&self, request: &PromptRequest) {
+        let origin = SessionOrigin {
+            agent: request.agent.clone(),
+            channel: request.channel(),
+            chat_id: request.chat_id.clone(),
+            thread_id: request.thread_id.clone(),
+        };
+        self.record_session(&request.session_key, origin, true);
     }
 
-    fn session_owner(&self, key: &str) -> Option<String> {
+    /// Record `origin` for `key` unless another agent owns the key; an existing record
+    /// of the same agent is replaced only when `replace`.
+    fn record_session(&self, key: &str, origin: SessionOrigin, replace: bool) {
+        let mut s = self.sessions.write().unwrap_or_else(|e| e.into_inner());
+        match s.get_mut(key) {
+            Some(known) if known.agent == origin.agent && replace => *known = origin,
+            Some(_) => {}
+            None => {
+                s.insert(key.to_string(), origin);
+            }
+        }
+    }
+
+    fn session_origin(&self, key: &str) -> Option<SessionOrigin> {
         self.sessions
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -855,6 +952,9 @@ impl Inner {
             exit_code: None,
             output_bytes: None,
             error: None,
+            args_bytes: None,
+            args_sha256: None,
+            args_truncated: None,
         }
     }
 
@@ -863,8 +963,11 @@ impl Inner {
         let mut r = self.record(meta, Phase::Finished, AuditDecision::Denied);
         r.error = Some(reason.to_string());
         r.duration_ms = Some(0);
-        if let Err(e) = self.audit.record(&r).await {
-            tracing::error!(error = %e, "could not audit a denied call");
+        match self.audit.record(&r).await {
+            Ok(()) => {}
+            // One `security.audit_throttled` record stands for these.
+            Err(AuditError::Throttled { .. }) => {}
+            Err(e) => tracing::error!(error = %e, "could not audit a denied call"),
         }
     }
 
@@ -953,7 +1056,17 @@ impl Inner {
     ) -> Result<ToolOutput, GatewayError> {
         let config = self.agent(agent)?;
         if let Some(key) = &ctx.session_key {
-            self.register_session(agent, key);
+            // The context comes from the prompt loop or the API, never from a sandbox.
+            let origin = SessionOrigin {
+                agent: agent.to_string(),
+                channel: ctx
+                    .channel
+                    .clone()
+                    .unwrap_or_else(|| SessionOrigin::of_key(agent, key).channel),
+                chat_id: ctx.chat_id.clone(),
+                thread_id: ctx.thread_id.clone(),
+            };
+            self.record_session(key, origin, false);
         }
         let meta = CallMeta {
             agent,
@@ -1001,20 +1114,22 @@ impl Inner {
     }
 
     /// The session a socket request runs in: the one it names if that exists and
-    /// belongs to the agent, else `socket:<agent>`.
+    /// belongs to the agent, else `socket:<agent>`. The payload only *names* the session:
+    /// channel, chat and thread come from the gateway's own record of it.
     fn socket_session(&self, agent: &str, ctx: Option<&SessionContext>) -> SessionInfo {
         let named = ctx.and_then(|c| c.session_key.as_deref());
-        match (named, ctx) {
-            (Some(key), Some(c)) if self.session_owner(key).as_deref() == Some(agent) => {
-                SessionInfo {
-                    agent: agent.to_string(),
-                    key: key.to_string(),
-                    channel: c.channel.clone().unwrap_or_else(|| "socket".into()),
-                    chat_id: c.chat_id.clone(),
-                    thread_id: c.thread_id.clone(),
-                }
-            }
-            _ => SessionInfo {
+        let origin = named
+            .and_then(|key| Some((key, self.session_origin(key)?)))
+            .filter(|(_, o)| o.agent == agent);
+        match origin {
+            Some((key, o)) => SessionInfo {
+                agent: agent.to_string(),
+                key: key.to_string(),
+                channel: o.channel,
+                chat_id: o.chat_id,
+                thread_id: o.thread_id,
+            },
+            None => SessionInfo {
                 agent: agent.to_string(),
                 key: format!("socket:{agent}"),
                 channel: "socket".to_string(),
@@ -1128,6 +1243,9 @@ fn audit_args(call: &CoreToolCall) -> Vec<String> {
     }
 }
 
+/// The `tool` of the audit record of a socket request whose tool could not be read.
+pub const UNPARSED_TOOL: &str = "(unparsed)";
+
 /// Routes socket requests to the gateway without keeping it alive.
 struct SocketHandler(std::sync::Weak<Inner>);
 
@@ -1140,22 +1258,43 @@ impl ToolRequestHandler for SocketHandler {
         }
     }
 
-    async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str) {
-        let (Some(inner), Some(tool)) = (self.0.upgrade(), tool) else {
+    /// Every refused request is recorded, attributed to the socket's agent: with the
+    /// tool when it was readable, and the request line itself as the one argument (the
+    /// audit keeps an excerpt, its size and hash).
+    async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str, raw: &[u8]) {
+        let Some(inner) = self.0.upgrade() else {
             tracing::warn!(agent, error, "rejected socket request");
             return;
         };
         let meta = CallMeta {
             agent,
-            tool,
+            tool: tool.unwrap_or(UNPARSED_TOOL),
             kind: ToolKind::Plugin,
-            args: Vec::new(),
+            args: vec![String::from_utf8_lossy(raw).into_owned()],
             session: Some(format!("socket:{agent}")),
             channel: Some("socket".into()),
             model: None,
             target: Target::Gateway,
         };
         inner.audit_denied(&meta, error).await;
+    }
+
+    async fn limit_reached(&self, agent: &str, limit: crate::socket::Limit, message: &str) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        let mut r = AuditRecord::security(
+            agent,
+            "security.socket_limit",
+            vec![format!("limit={}", limit.as_str())],
+            AuditDecision::Denied,
+        );
+        r.session = Some(format!("socket:{agent}"));
+        r.channel = Some("socket".into());
+        r.error = Some(message.to_string());
+        if let Err(e) = inner.audit.record(&r).await {
+            tracing::error!(agent, error = %e, "could not audit a socket limit");
+        }
     }
 }
 

@@ -439,7 +439,7 @@ impl Run<'_> {
         };
 
         let session = inner.session_for(&agent_name, &key, &channel).await?;
-        inner.register_session(&agent_name, &key);
+        inner.register_prompt_session(&self.req);
         let settings = inner.store.get_settings(&key).await?;
         let candidates = inner.candidates(&agent_name, settings.model_override.as_deref());
         let system = inner

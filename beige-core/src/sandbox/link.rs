@@ -798,6 +798,9 @@ impl LinkHub {
             exit_code,
             output_bytes,
             error,
+            args_bytes: None,
+            args_sha256: None,
+            args_truncated: None,
         };
         let agent = agent.to_string();
         tokio::spawn(async move {
@@ -844,6 +847,9 @@ impl LinkHub {
             exit_code: None,
             output_bytes: None,
             error: Some(reason.to_string()),
+            args_bytes: None,
+            args_sha256: None,
+            args_truncated: None,
         };
         if let Err(e) = audit.record(&record).await {
             tracing::error!(agent, error = %e, "could not audit a refused link peer");

@@ -2,6 +2,7 @@ mod agent;
 mod core_tools;
 mod hooks;
 mod hostile_identity;
+mod hostile_socket;
 mod hostile_workspace;
 mod http_api;
 mod link;

@@ -11,7 +11,7 @@ use beige_core::plugin::{
 };
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::sandbox_docker::exec;
@@ -305,21 +305,13 @@ async fn socket_abuse_leaves_other_agents_served() {
         .unwrap();
     assert!(answer.contains("line longer than"), "{answer}");
 
-    // 500 connections held open at once, half of them silent, half calling kv.
+    drop(big);
+
+    // 250 connections held open at once: the agent's first 64 are kept, every further
+    // one gets one error line naming the limit and is closed.
     let mut held = Vec::new();
     for _ in 0..250 {
         held.push(UnixStream::connect(&path).await.unwrap());
-    }
-    let mut calls = Vec::new();
-    for i in 0..250 {
-        let path = path.clone();
-        calls.push(tokio::spawn(async move {
-            let mut s = UnixStream::connect(&path).await.unwrap();
-            s.write_all(format!("{{\"type\":\"tool_request\",\"tool\":\"kv\",\"args\":[\"set\",\"k{i}\",\"v\"]}}\n").as_bytes()).await.unwrap();
-            let mut out = String::new();
-            BufReader::new(s).read_line(&mut out).await.unwrap();
-            out
-        }));
     }
     // Meanwhile the calm agent is answered promptly, from its sandbox.
     let started = Instant::now();
@@ -330,10 +322,40 @@ async fn socket_abuse_leaves_other_agents_served() {
         "{:?}",
         started.elapsed()
     );
+    let mut refused = 0;
+    for s in &mut held {
+        let mut out = String::new();
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(50), s.read_to_string(&mut out)).await
+        {
+            assert!(n > 0);
+            assert!(
+                out.contains(
+                    "agent 'noisy' already has 64 connections open to the tool socket (the limit)"
+                ),
+                "{out}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused >= 250 - 64, "{refused}");
+    // Once they are closed, 50 calls at once all run.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut calls = Vec::new();
+    for i in 0..50 {
+        let path = path.clone();
+        calls.push(tokio::spawn(async move {
+            let mut s = UnixStream::connect(&path).await.unwrap();
+            s.write_all(format!("{{\"type\":\"tool_request\",\"tool\":\"kv\",\"args\":[\"set\",\"k{i}\",\"v\"]}}\n").as_bytes()).await.unwrap();
+            let mut out = String::new();
+            BufReader::new(s).read_line(&mut out).await.unwrap();
+            out
+        }));
+    }
     for c in calls {
         assert!(c.await.unwrap().contains("\"success\":true"));
     }
-    drop(held);
     gw.shutdown().await.unwrap();
 }
 

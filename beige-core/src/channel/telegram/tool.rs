@@ -9,8 +9,10 @@
 //! telegram sendPhoto <chatId> [--thread <id>] <path> [caption…]   (the original's form)
 //! ```
 //!
-//! Reachable chats: the current chat (when the call comes from a Telegram session), the
-//! chats in `allowedChats`, and the chats `agentMapping` gives to the calling agent. The
+//! Reachable chats, checked on every send: the current chat (when the call comes from a
+//! Telegram session — the gateway's own record of it, whatever a script writes into its
+//! request — and that session's key is the chat), the chats in `allowedChats`, and the
+//! chats `agentMapping` gives to the calling agent. The
 //! config is the one of the call (`plugins.telegram.config` merged with the agent's
 //! `pluginConfigs.telegram`), so `allowedChats` can differ per agent. Photos are files of
 //! the agent's workspace (read beneath a handle on it with [`crate::fsutil::Beneath`]:
@@ -244,38 +246,35 @@ impl TelegramTool {
             == Some(agent)
     }
 
-    /// The chat and thread a message goes to, or the reason it may not.
+    /// The chat and thread a message goes to, or the reason it may not. Every send is
+    /// checked: a chat is reachable when it is in `allowedChats`, mapped to the agent, or
+    /// the chat of the call's session — and only when the session is a Telegram session
+    /// whose key is that very chat (`telegram:<chat>[:<thread>]`), so a session record
+    /// that disagrees with its key reaches nothing beyond the config's chats.
     fn target(
         &self,
         call: &ToolCall,
         chat: Option<i64>,
         thread: Option<i64>,
     ) -> Result<(i64, Option<i64>), String> {
-        let current = (call.session.channel == "telegram")
-            .then(|| call.session.chat_id.as_deref()?.parse::<i64>().ok())
-            .flatten();
-        let current_thread = call
-            .session
-            .thread_id
-            .as_deref()
-            .and_then(|t| t.parse::<i64>().ok());
-        match (chat, current) {
-            (None, Some(c)) => Ok((c, thread.or(current_thread))),
-            (None, None) => Err(format!(
-                "telegram: this session ({}) is not a Telegram chat; name one with --chat <id> (it must be listed in plugins.telegram.config.allowedChats)\n",
-                call.session.key
-            )),
-            (Some(c), Some(cur)) if c == cur => Ok((c, thread.or(current_thread))),
-            (Some(c), _) => {
-                if self.reachable(&call.config, &call.session.agent, c) {
-                    Ok((c, thread))
-                } else {
-                    Err(format!(
-                        "telegram: agent '{}' may not send to chat {c}; add it to plugins.telegram.config.allowedChats (or the agent's pluginConfigs.telegram.allowedChats)\n",
-                        call.session.agent
-                    ))
-                }
+        let current = session_chat(&call.session);
+        let chat = match (chat, current) {
+            (Some(c), _) => c,
+            (None, Some((c, _))) => c,
+            (None, None) => {
+                return Err(format!(
+                    "telegram: this session ({}) is not a Telegram chat; name one with --chat <id> (it must be listed in plugins.telegram.config.allowedChats)\n",
+                    call.session.key
+                ))
             }
+        };
+        match current {
+            Some((c, current_thread)) if c == chat => Ok((chat, thread.or(current_thread))),
+            _ if self.reachable(&call.config, &call.session.agent, chat) => Ok((chat, thread)),
+            _ => Err(format!(
+                "telegram: agent '{}' may not send to chat {chat}; add it to plugins.telegram.config.allowedChats (or the agent's pluginConfigs.telegram.allowedChats)\n",
+                call.session.agent
+            )),
         }
     }
 
@@ -307,6 +306,20 @@ impl TelegramTool {
             Err(e) => ToolResult::fail(format!("telegram: queued, but its state is unknown: {e}\n"), 1),
         }
     }
+}
+
+/// The chat (and thread) of a Telegram session, when its chat and thread agree with its
+/// key; `None` for any other session.
+fn session_chat(session: &crate::plugin::SessionInfo) -> Option<(i64, Option<i64>)> {
+    if session.channel != "telegram" {
+        return None;
+    }
+    let chat = session.chat_id.as_deref()?.trim().parse::<i64>().ok()?;
+    let thread = match session.thread_id.as_deref() {
+        Some(t) => Some(t.trim().parse::<i64>().ok()?),
+        None => None,
+    };
+    (session.key == super::session_key(chat, thread)).then_some((chat, thread))
 }
 
 fn mime_of(path: &str) -> Option<&'static str> {
@@ -499,6 +512,32 @@ mod tests {
         assert!(Command::parse(&args("send --chat abc hi"), None).is_err());
         assert!(Command::parse(&args("frobnicate"), None).is_err());
         assert_eq!(Command::parse(&[], None).unwrap(), Command::Help);
+    }
+
+    #[test]
+    fn only_a_session_whose_chat_matches_its_key_has_a_chat() {
+        let s = |key: &str, channel: &str, chat: Option<&str>, thread: Option<&str>| {
+            session_chat(&crate::plugin::SessionInfo {
+                agent: "a".into(),
+                key: key.into(),
+                channel: channel.into(),
+                chat_id: chat.map(String::from),
+                thread_id: thread.map(String::from),
+            })
+        };
+        assert_eq!(
+            s("telegram:42", "telegram", Some("42"), None),
+            Some((42, None))
+        );
+        assert_eq!(
+            s("telegram:-100:7", "telegram", Some("-100"), Some("7")),
+            Some((-100, Some(7)))
+        );
+        assert_eq!(s("telegram:42", "telegram", Some("-999"), None), None);
+        assert_eq!(s("telegram:42", "telegram", Some("42"), Some("7")), None);
+        assert_eq!(s("api:a:default", "telegram", Some("42"), None), None);
+        assert_eq!(s("telegram:42", "api", Some("42"), None), None);
+        assert_eq!(s("telegram:42", "telegram", None, None), None);
     }
 
     #[test]
