@@ -31,7 +31,8 @@ pub struct ToolRequest {
     /// Relative to `/workspace`; validated by the gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    /// Advisory: used only if the session exists and belongs to the calling agent.
+    /// Advisory: only `sessionKey` is used, and only if that session exists and belongs
+    /// to the calling agent; its channel, chat and thread come from the gateway's record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_context: Option<SessionContext>,
     /// Base64 of the data piped into the tool.

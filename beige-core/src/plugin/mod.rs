@@ -25,7 +25,10 @@ use crate::hooks::HookHandler;
 
 pub use registry::{merge_config, PluginRegistry, Registrar};
 
-/// The session a tool call belongs to, as far as the gateway could verify it.
+/// The session a tool call belongs to, as far as the gateway could verify it: the agent
+/// from the socket, the key only when the agent owns it, and channel, chat and thread
+/// from the gateway's own record of the session — never from the request's payload, so
+/// a tool may use them as a destination.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionInfo {
