@@ -21,6 +21,7 @@
 //! | [`skills`] | skill folders: manifests, requirements |
 //! | [`fsutil`] | host-side access to agent-writable trees (`Beneath`: openat2 beneath a handle, no links) and caller path checks |
 //! | [`store`] | sessions, messages, settings, health, channel offsets/outbox, plugin data |
+//! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
@@ -28,6 +29,7 @@ pub mod agent;
 pub mod audit;
 pub mod channel;
 pub mod config;
+pub mod disk;
 pub mod fsutil;
 pub mod gateway;
 pub mod home;

@@ -1,6 +1,7 @@
 //! `beige doctor [--agent A]`: checks what the gateway needs and says how to fix what is
-//! wrong — BEIGE_HOME and token permissions, the config, the Docker engine, the shim,
-//! the agents' images, the port and, when a gateway runs, the shim link of each agent —
+//! wrong — BEIGE_HOME and token permissions, the config, the descriptor limit, free
+//! space, the Docker engine, the shim, the agents' images, the port and, when a gateway
+//! runs, the shim link of each agent —
 //! plus, with `--agent`, what the agent's system prompt tells it about its tools and
 //! skills.
 //!
@@ -156,6 +157,10 @@ pub async fn run(
             None
         }
     };
+
+    // Descriptors and disk space.
+    descriptors(&mut r, home);
+    disk_space(&mut r, home, config.as_ref());
 
     // Docker.
     let docker =
@@ -314,6 +319,131 @@ pub async fn run(
             format!("{} check(s) failed — see the fixes above.", r.failed),
         )
         .into())
+    }
+}
+
+/// Below this many descriptors, sandboxes holding connections can starve the gateway.
+const LOW_NOFILE: u64 = 1024;
+
+/// `Max open files` (soft, hard) from a `/proc/<pid>/limits` text; `None` is unlimited.
+fn parse_nofile(limits: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    let value = |v: &str| match v {
+        "unlimited" => Some(None),
+        v => v.parse::<u64>().ok().map(Some),
+    };
+    Some((value(fields.next()?)?, value(fields.next()?)?))
+}
+
+fn show_limit(v: Option<u64>) -> String {
+    v.map_or_else(|| "unlimited".to_string(), |v| v.to_string())
+}
+
+/// The descriptor limit of the running gateway (from `/proc/<pid>/limits`), else the one
+/// a gateway started from here would get (it raises its soft limit to the hard one).
+fn descriptors(r: &mut Report, home: &BeigeHome) {
+    let fix = "raise the limit of the gateway's service (systemd: LimitNOFILE=65536; a shell: \
+               `ulimit -Hn 65536` as root, or in /etc/security/limits.conf), then restart the \
+               gateway (`beige gateway restart`)";
+    if let crate::daemon::PidState::Running(pid) = crate::daemon::PidFile::new(home).state() {
+        match std::fs::read_to_string(format!("/proc/{pid}/limits"))
+            .ok()
+            .as_deref()
+            .and_then(parse_nofile)
+        {
+            Some((soft, hard)) => {
+                let text = format!(
+                    "descriptor limit of the running gateway (pid {pid}): soft {}, hard {}",
+                    show_limit(soft),
+                    show_limit(hard)
+                );
+                if soft.is_some_and(|s| s < LOW_NOFILE) {
+                    r.warn(format!(
+                        "{text} — low: sandboxes holding many connections can leave the API and other agents without descriptors; {fix}"
+                    ));
+                } else {
+                    r.ok(text);
+                }
+            }
+            None => r.note(format!(
+                "descriptor limit of the running gateway (pid {pid}) not readable (/proc/{pid}/limits); run doctor as the gateway's user"
+            )),
+        }
+        return;
+    }
+    let Some((soft, hard)) = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .as_deref()
+        .and_then(parse_nofile)
+    else {
+        r.note("descriptor limit not checked: /proc/self/limits is not readable");
+        return;
+    };
+    let text = format!(
+        "descriptor limit here: soft {}, hard {} (a gateway started from here raises its soft limit to the hard one)",
+        show_limit(soft),
+        show_limit(hard)
+    );
+    if hard.is_some_and(|h| h < LOW_NOFILE) {
+        r.warn(format!("{text} — low: {fix}"));
+    } else {
+        r.ok(text);
+    }
+}
+
+/// The nearest folder of `path` that exists (a workspace not made yet lands there).
+fn existing(path: &Path) -> Option<&Path> {
+    path.ancestors().find(|p| p.exists())
+}
+
+/// Free space of the filesystems of BEIGE_HOME and of every workspace, against
+/// `gateway.minFreeSpace` (below it the gateway pauses agents).
+fn disk_space(r: &mut Report, home: &BeigeHome, config: Option<&Config>) {
+    use beige_core::disk::{fmt_bytes, DiskGuard, WatchPath};
+    let min_free = config.map(|c| c.gateway.min_free_space).unwrap_or_default();
+    let Some(root) = existing(home.root()) else {
+        return;
+    };
+    let mut paths = vec![WatchPath::shared(root, "BEIGE_HOME")];
+    if let Some(c) = config {
+        for name in c.agents.keys() {
+            let ws = c.agent_workspace(home, name);
+            if let Some(at) = existing(&ws) {
+                paths.push(WatchPath::workspace(at, name));
+            }
+        }
+    }
+    let status = DiskGuard::survey(min_free, paths);
+    let threshold = if min_free.is_off() {
+        "the free-space guard is off (gateway.minFreeSpace = 0)".to_string()
+    } else {
+        format!("the gateway pauses agents below {min_free} (gateway.minFreeSpace)")
+    };
+    for fs in &status.filesystems {
+        let what = fs.what.join(", ");
+        let Some(space) = fs.space else {
+            r.warn(format!(
+                "free space of {} ({what}) not readable: {}",
+                fs.path.display(),
+                fs.error.as_deref().unwrap_or("unknown error")
+            ));
+            continue;
+        };
+        let text = format!(
+            "free space on the filesystem of {} ({what}): {} of {}, {} inodes free",
+            fs.path.display(),
+            fmt_bytes(space.free_bytes),
+            fmt_bytes(space.total_bytes),
+            space.free_inodes
+        );
+        if fs.low {
+            r.warn(format!(
+                "{text} — below the threshold: {threshold}, so they are paused now or will be when the gateway starts; free space there (files in the workspaces, `docker system prune`, old logs) or lower gateway.minFreeSpace"
+            ));
+        } else {
+            r.ok(format!("{text}; {threshold}"));
+        }
     }
 }
 
@@ -518,4 +648,23 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
         },
         Some(agents_md.as_deref().unwrap_or(prompt::DEFAULT_AGENTS_MD)),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_limits_are_read_from_proc_limits() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             63471                63471                processes \n\
+                    Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_nofile(text), Some((Some(1024), Some(524288))));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_nofile(unlimited), Some((None, None)));
+        assert_eq!(parse_nofile("Max processes 1 2 processes\n"), None);
+        let own = std::fs::read_to_string("/proc/self/limits").unwrap();
+        assert!(parse_nofile(&own).is_some(), "{own}");
+    }
 }

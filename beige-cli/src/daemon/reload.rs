@@ -142,4 +142,8 @@ impl Gateway for ReloadableGateway {
     async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
         self.current().await.sandbox_status(agent).await
     }
+
+    async fn disk_status(&self) -> Result<Option<beige_core::disk::DiskStatus>, GatewayError> {
+        self.current().await.disk_status().await
+    }
 }

@@ -301,3 +301,97 @@ fn doctor_notes_a_gateway_that_does_not_report_links() {
     assert!(note.contains("beige gateway restart"), "{note}");
     assert!(!stdout.contains("⚠"), "{stdout}");
 }
+
+#[test]
+fn doctor_reports_the_descriptor_limit_and_free_space() {
+    let env = env_with_gateway_port(super::free_port());
+    let (_, stdout, _) = doctor(&env, &[]);
+    let fds = stdout
+        .lines()
+        .find(|l| l.contains("descriptor limit here: soft "))
+        .unwrap_or_else(|| panic!("no descriptor limit in:\n{stdout}"));
+    assert!(fds.contains(", hard "), "{fds}");
+    let disk = line(&stdout, '✓', "free space on the filesystem of");
+    assert!(disk.contains(&env.home().display().to_string()), "{disk}");
+    assert!(
+        disk.contains("(BEIGE_HOME, the workspace of agent 'bot')"),
+        "{disk}"
+    );
+    assert!(
+        disk.contains("the gateway pauses agents below 512.0 MiB (gateway.minFreeSpace)"),
+        "{disk}"
+    );
+}
+
+#[test]
+fn doctor_warns_when_free_space_is_below_the_threshold() {
+    let env = env_with_gateway_port(super::free_port());
+    let config = env.home().join("config.json5");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("gateway: {", "gateway: { minFreeSpace: '99.9%',");
+    std::fs::write(&config, text).unwrap();
+    let (_, stdout, _) = doctor(&env, &[]);
+    let warning = line(&stdout, '⚠', "free space on the filesystem of");
+    assert!(warning.contains("below the threshold"), "{warning}");
+    assert!(
+        warning.contains("99.9% (gateway.minFreeSpace)"),
+        "{warning}"
+    );
+    assert!(warning.contains("lower gateway.minFreeSpace"), "{warning}");
+    // A warning, not a failure.
+    assert!(!stdout.contains("✗ free space"), "{stdout}");
+
+    // Off: no threshold to warn about.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("minFreeSpace: '99.9%'", "minFreeSpace: 0");
+    std::fs::write(&config, text).unwrap();
+    let (_, stdout, _) = doctor(&env, &[]);
+    let ok = line(&stdout, '✓', "free space on the filesystem of");
+    assert!(ok.contains("the free-space guard is off"), "{ok}");
+}
+
+#[test]
+fn doctor_reads_the_descriptor_limit_of_the_running_gateway() {
+    let env = env_with_gateway_port(super::free_port());
+    // A stand-in whose command line looks like the daemon's, with a low soft limit.
+    let mut child = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -Sn 900 && read line",
+            "sh",
+            "gateway",
+            "--foreground",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(env.home().join("gateway.pid"), format!("{}\n", child.id())).unwrap();
+    // Give the shell the moment it needs to lower its own limit.
+    let limits = format!("/proc/{}/limits", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !std::fs::read_to_string(&limits)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Max open files") && l.split_whitespace().nth(3) == Some("900"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the limit was not lowered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (_, stdout, _) = doctor(&env, &[]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let warning = line(
+        &stdout,
+        '⚠',
+        &format!(
+            "descriptor limit of the running gateway (pid {}): soft 900",
+            child.id()
+        ),
+    );
+    assert!(warning.contains("LimitNOFILE"), "{warning}");
+}

@@ -298,6 +298,10 @@ impl From<GatewayError> for ApiError {
             e @ GatewayError::Unreachable { .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())
             }
+            // The agent is paused until the disk has room again: retry later.
+            e @ GatewayError::DiskLow(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
             other => {
                 tracing::error!(error = %other, "HTTP API request failed");
                 ApiError::new(
@@ -629,11 +633,24 @@ async fn ensure_agent(s: &ApiState, name: &str) -> Result<(), ApiError> {
 // ---------------------------------------------------------------------------------------
 // Handlers
 
-async fn health(State(s): State<Shared>) -> Response {
+async fn health(State(s): State<Shared>, headers: HeaderMap) -> Response {
     let mut body = json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")});
     match s.gateway.agents().await {
         Ok(a) => body["agents"] = json!(a.len()),
         Err(e) => tracing::warn!(error = %e, "health: could not list agents"),
+    }
+    // Low disk space pauses agents: say so. Paths and agents only to token holders.
+    match s.gateway.disk_status().await {
+        Ok(Some(disk)) if disk.low => {
+            body["status"] = json!("degraded");
+            body["disk"] = if s.token_ok(&headers) {
+                serde_json::to_value(&disk).unwrap_or_else(|_| json!({"low": true}))
+            } else {
+                json!({"low": true})
+            };
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "health: could not read the disk status"),
     }
     Json(body).into_response()
 }

@@ -11,6 +11,8 @@ use indexmap::IndexMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::size::{ByteSize, FreeSpace};
+
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -92,6 +94,11 @@ pub struct PluginEntry {
     /// Where the plugin was installed from (written by `beige plugins install`).
     #[serde(default, rename = "_source", skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// New in beige: for an external plugin, the most its `kv.*` data may take in the
+    /// gateway's store, all scopes together (keys, values and 64 bytes per entry);
+    /// default 256 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_store_bytes: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -236,6 +243,10 @@ pub struct AgentSandboxConfig {
     /// `off` (`docker exec` every time). Sandboxes running as `root` always use `off`.
     #[serde(default)]
     pub link: LinkMode,
+    /// New in beige: size limit of the container's root file system (Docker's
+    /// `--storage-opt size`); only some storage drivers support it. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit: Option<ByteSize>,
 }
 
 impl Default for AgentSandboxConfig {
@@ -254,6 +265,7 @@ impl Default for AgentSandboxConfig {
             max_exec_timeout: default_max_exec_timeout(),
             exec_output_limit: default_exec_output_limit(),
             link: LinkMode::Unix,
+            disk_limit: None,
         }
     }
 }
@@ -312,6 +324,11 @@ pub struct GatewayConfig {
     /// New in beige: keep containers when the gateway stops cleanly.
     #[serde(default)]
     pub keep_sandboxes: bool,
+    /// New in beige: free space kept on the filesystems of `BEIGE_HOME` and the agents'
+    /// workspaces; below it agents are paused. Bytes, a size (`"512m"`), a percentage
+    /// (`"2%"`) or `0` (off); default `"512m"`.
+    #[serde(default)]
+    pub min_free_space: FreeSpace,
 }
 
 impl Default for GatewayConfig {
@@ -324,6 +341,7 @@ impl Default for GatewayConfig {
             audit: AuditConfig::default(),
             auth: true,
             keep_sandboxes: false,
+            min_free_space: FreeSpace::default(),
         }
     }
 }

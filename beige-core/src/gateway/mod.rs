@@ -83,6 +83,9 @@ pub enum GatewayError {
     Socket { path: String, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A filesystem the agent needs is below `gateway.minFreeSpace`: it is paused.
+    #[error(transparent)]
+    DiskLow(Box<crate::disk::DiskLow>),
     #[error("{0}")]
     Prompt(String),
     #[error("model '{requested}' is not allowed for agent '{agent}'; allowed models: {allowed}")]
@@ -102,6 +105,12 @@ pub enum GatewayError {
     /// A [`RemoteGateway`] could not be set up (bad URL, unreadable token file).
     #[error("cannot use the gateway at {url}: {message}")]
     RemoteSetup { url: String, message: String },
+}
+
+impl From<crate::disk::DiskLow> for GatewayError {
+    fn from(e: crate::disk::DiskLow) -> Self {
+        GatewayError::DiskLow(Box::new(e))
+    }
 }
 
 impl From<ConfigError> for GatewayError {
@@ -242,6 +251,12 @@ pub trait Gateway: Send + Sync {
     /// The agent's container and the health of its shim link, with one live keepalive
     /// round trip when the link is up.
     async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError>;
+
+    /// Free space of the filesystems the gateway and its agents write to, and the agents
+    /// the free-space guard pauses; `None` when this gateway has no guard to report.
+    async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
+        Ok(None)
+    }
 }
 
 static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -305,6 +320,7 @@ pub struct GatewayBuilder {
     store: Option<Arc<dyn Store>>,
     providers: Vec<Arc<dyn LlmProvider>>,
     watchdog: Duration,
+    disk_probe: Option<crate::disk::Probe>,
 }
 
 impl GatewayBuilder {
@@ -322,7 +338,15 @@ impl GatewayBuilder {
             store: None,
             providers: Vec::new(),
             watchdog: crate::agent::router::DEFAULT_WATCHDOG,
+            disk_probe: None,
         }
+    }
+
+    /// Read free space with `probe` instead of `statvfs` (tests that cannot make a small
+    /// filesystem).
+    pub fn free_space_probe(mut self, probe: crate::disk::Probe) -> Self {
+        self.disk_probe = Some(probe);
+        self
     }
 
     /// Abort a model call that sends nothing for this long (default 10 minutes); it
@@ -554,7 +578,14 @@ impl GatewayBuilder {
         sandbox.set_audit(audit.clone());
         let report = sandbox.reconcile(specs.clone()).await?;
 
+        let disk = Arc::new(disk_guard(
+            &config,
+            &home,
+            self.disk_probe.unwrap_or_else(crate::disk::Probe::statvfs),
+            audit.clone(),
+        ));
         let inner = Arc::new(Inner {
+            disk,
             config,
             home,
             sandbox,
@@ -570,6 +601,7 @@ impl GatewayBuilder {
             session_locks: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
         });
+        inner.disk.watch(crate::disk::WATCH_EVERY);
         let mut sockets = Vec::new();
         let handler: Arc<dyn ToolRequestHandler> = Arc::new(SocketHandler(Arc::downgrade(&inner)));
         let (limits, descriptors) = socket_bounds(self.socket_limits, inner.config.agents.len());
@@ -720,6 +752,8 @@ pub struct LocalGateway {
 
 #[derive(Debug)]
 struct Inner {
+    /// Pauses agents while a filesystem they need is nearly full.
+    disk: Arc<crate::disk::DiskGuard>,
     config: Config,
     home: BeigeHome,
     sandbox: Arc<dyn Sandbox>,
@@ -844,6 +878,7 @@ impl LocalGateway {
         {
             list.iter().for_each(|(_, t)| t.cancel());
         }
+        self.inner.disk.stop();
         self.inner.registry.hooks().gateway_shutdown().await;
         self.inner.registry.stop_all().await;
         self.sockets
@@ -960,6 +995,12 @@ impl Inner {
 
     /// Audit a call that never ran (denied, or rejected before it could run).
     async fn audit_denied(&self, meta: &CallMeta<'_>, reason: &str) {
+        // While the agent is paused for low disk space its refusals are counted, not
+        // written one by one: a flood of them must not eat the room the guard keeps.
+        if self.disk.is_paused(meta.agent) {
+            self.disk.note_refused(meta.agent);
+            return;
+        }
         let mut r = self.record(meta, Phase::Finished, AuditDecision::Denied);
         r.error = Some(reason.to_string());
         r.duration_ms = Some(0);
@@ -984,6 +1025,11 @@ impl Inner {
     where
         F: std::future::Future<Output = Result<T, String>>,
     {
+        // Low disk space pauses the agent before anything else; the guard records the
+        // pause (`security.disk_low`) and counts the refusals.
+        if let Err(low) = self.disk.check(meta.agent).await {
+            return Ok(Guarded::Denied(low.to_string()));
+        }
         let decision = self.policy.check(&PolicyRequest {
             agent: meta.agent,
             tool: meta.tool,
@@ -1331,6 +1377,7 @@ impl Gateway for LocalGateway {
 
     async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
         self.inner.agent(&request.agent)?;
+        self.inner.disk.check(&request.agent).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let key = request.session_key.clone();
@@ -1630,6 +1677,10 @@ impl Gateway for LocalGateway {
         })
     }
 
+    async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
+        Ok(Some(self.inner.disk.status().await))
+    }
+
     async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
         self.inner.agent(agent)?;
         // Every configured agent has a spec; a missing one is a bug worth naming.
@@ -1689,6 +1740,43 @@ fn seed_agents_md(workspace: &Path, user: SandboxUser) -> Result<(), SandboxErro
         message: e.to_string(),
     })?;
     Ok(())
+}
+
+/// The free-space guard over the filesystems of `BEIGE_HOME` (store, audit log, sockets),
+/// the gateway log and every agent's workspace.
+fn disk_guard(
+    config: &Config,
+    home: &BeigeHome,
+    probe: crate::disk::Probe,
+    audit: Arc<dyn AuditSink>,
+) -> crate::disk::DiskGuard {
+    use crate::disk::WatchPath;
+    let mut paths = vec![
+        WatchPath::shared(home.root(), "BEIGE_HOME with the store"),
+        WatchPath::shared(home.logs_dir(), "the audit log"),
+    ];
+    let gateway_log = config
+        .gateway
+        .log_file
+        .clone()
+        .unwrap_or_else(|| home.gateway_log_path());
+    if let Some(dir) = gateway_log.parent() {
+        paths.push(WatchPath::shared(dir, "the gateway log"));
+    }
+    for name in config.agents.keys() {
+        paths.push(WatchPath::workspace(
+            config.agent_workspace(home, name),
+            name,
+        ));
+    }
+    // A folder not made yet (the logs of an embedder's own audit sink) is watched where
+    // it would be made.
+    for p in &mut paths {
+        if let Some(existing) = p.path.ancestors().find(|a| a.exists()) {
+            p.path = existing.to_path_buf();
+        }
+    }
+    crate::disk::DiskGuard::new(config.gateway.min_free_space, paths, probe, Some(audit))
 }
 
 /// Provider clients from config (or given by the embedder), health from the store.

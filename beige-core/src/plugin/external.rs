@@ -18,7 +18,8 @@
 //! config}` → `{output, exitCode}`; `hook.<name> {event}` → the hook's result;
 //! `shutdown`. Plugin → gateway: `log {level, message}`; `kv.get {key, scope?}`,
 //! `kv.set {key, value, scope?}`, `kv.del {key, scope?}`, `kv.list {prefix?, scope?}`
-//! (plugin data in the gateway's store, under the plugin's name); `prompt` and
+//! (plugin data in the gateway's store, under the plugin's name, at most
+//! `plugins.<name>.maxStoreBytes` of it, default [`DEFAULT_MAX_STORE_BYTES`]); `prompt` and
 //! `channel.send` are answered with an error: they are not available in this build.
 
 use std::collections::HashMap;
@@ -45,7 +46,7 @@ use crate::hooks::{
     PostToolExecEvent, PostToolExecResult, PrePromptEvent, PrePromptResult, PreToolExecEvent,
     PreToolExecResult, SessionEvent, DEFAULT_HOOK_TIMEOUT,
 };
-use crate::store::Store;
+use crate::store::{KvLimits, KvWrite, Store};
 
 /// Time limit of the `initialize` handshake.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,11 +64,18 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// The scope of `kv.*` requests that name none.
 pub const DEFAULT_KV_SCOPE: &str = "global";
+/// What a plugin's `kv.*` data may take unless `plugins.<name>.maxStoreBytes` says
+/// otherwise, all scopes together (256 MiB).
+pub const DEFAULT_MAX_STORE_BYTES: u64 = 256 * 1024 * 1024;
+/// Bytes counted per entry on top of its key and value, for the row it takes.
+pub const STORE_ENTRY_OVERHEAD: u64 = 64;
 
 /// JSON-RPC error codes the gateway answers plugin requests with.
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const INTERNAL_ERROR: i64 = -32603;
+/// `kv.set` beyond `plugins.<name>.maxStoreBytes` (a server error in JSON-RPC's range).
+const STORE_FULL: i64 = -32001;
 
 /// Why a call to a plugin process failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -225,9 +233,17 @@ impl ExternalPlugin {
                 generation: AtomicU64::new(0),
                 attempt: AtomicU32::new(0),
                 stopping: AtomicBool::new(false),
+                store_limit: AtomicU64::new(DEFAULT_MAX_STORE_BYTES),
             }),
             manifest,
         })
+    }
+
+    /// Bound what the plugin may keep in the gateway's store through `kv.set` (keys,
+    /// values and [`STORE_ENTRY_OVERHEAD`] per entry, all scopes together).
+    pub fn with_store_limit(self, bytes: u64) -> Self {
+        self.shared.store_limit.store(bytes, Ordering::SeqCst);
+        self
     }
 
     /// Read `<dir>/plugin.json` and make the plugin, with the gateway's environment.
@@ -626,6 +642,8 @@ struct Shared {
     /// Failed restarts in a row (the backoff exponent).
     attempt: AtomicU32,
     stopping: AtomicBool,
+    /// The most the plugin's `kv.*` data may take (see [`DEFAULT_MAX_STORE_BYTES`]).
+    store_limit: AtomicU64,
 }
 
 /// What every (re)start needs: the `initialize` params and the store for `kv.*`.
@@ -784,6 +802,7 @@ fn spawn(shared: &Arc<Shared>, store: Arc<dyn Store>) -> Result<Conn, ExternalEr
         stdout,
         conn.clone(),
         store,
+        shared.store_limit.load(Ordering::SeqCst),
     ));
     tokio::spawn(log_stderr(shared.name.clone(), stderr));
     tokio::spawn(wait_exit(Arc::downgrade(shared), child, conn.clone()));
@@ -1097,6 +1116,7 @@ async fn read_stdout(
     stdout: tokio::process::ChildStdout,
     conn: Conn,
     store: Arc<dyn Store>,
+    store_limit: u64,
 ) {
     let mut r = BufReader::new(stdout);
     loop {
@@ -1135,7 +1155,9 @@ async fn read_stdout(
                 Some(id) => {
                     let (name, out, store) = (name.clone(), conn.out.clone(), store.clone());
                     tokio::spawn(async move {
-                        let reply = match serve(&name, store.as_ref(), &method, params).await {
+                        let reply = match serve(&name, store.as_ref(), store_limit, &method, params)
+                            .await
+                        {
                             Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                             Err((code, message)) => json!({"jsonrpc": "2.0", "id": id,
                                 "error": {"code": code, "message": message}}),
@@ -1144,7 +1166,9 @@ async fn read_stdout(
                     });
                 }
                 None => {
-                    if let Err((_, message)) = serve(&name, store.as_ref(), &method, params).await {
+                    if let Err((_, message)) =
+                        serve(&name, store.as_ref(), store_limit, &method, params).await
+                    {
                         tracing::warn!(plugin = %name, "notification {method}: {message}");
                     }
                 }
@@ -1180,7 +1204,13 @@ async fn read_stdout(
 }
 
 /// Answer a request (or take a notification) from the plugin.
-async fn serve(name: &str, store: &dyn Store, method: &str, params: Value) -> Reply {
+async fn serve(
+    name: &str,
+    store: &dyn Store,
+    store_limit: u64,
+    method: &str,
+    params: Value,
+) -> Reply {
     let bad = |m: String| Err((INVALID_PARAMS, format!("{method}: {m}")));
     let str_param = |key: &str| params.get(key).and_then(Value::as_str).map(str::to_string);
     let scope = match params.get("scope") {
@@ -1231,11 +1261,37 @@ async fn serve(name: &str, store: &dyn Store, method: &str, params: Value) -> Re
                     super::kv::MAX_VALUE_BYTES
                 ));
             }
-            store
-                .kv_set(name, &scope, &key, &text)
+            let limits = KvLimits {
+                max_entries: None,
+                max_bytes: Some(store_limit),
+                entry_overhead: STORE_ENTRY_OVERHEAD,
+                whole_plugin: true,
+            };
+            match store
+                .kv_set_within(name, &scope, &key, &text, limits)
                 .await
-                .map_err(store_err)?;
-            Ok(Value::Null)
+                .map_err(store_err)?
+            {
+                KvWrite::Stored => Ok(Value::Null),
+                KvWrite::TooManyEntries { .. } | KvWrite::TooManyBytes { .. } => {
+                    let used = store
+                        .kv_usage(name, None)
+                        .await
+                        .map(|u| u.bytes + u.entries * STORE_ENTRY_OVERHEAD)
+                        .unwrap_or(0);
+                    Err((
+                        STORE_FULL,
+                        format!(
+                            "{method}: plugin '{name}' uses {} of its {} in the gateway's store \
+                             (keys, values and {STORE_ENTRY_OVERHEAD} bytes per entry, all scopes); \
+                             nothing was stored — delete keys (kv.del) or raise \
+                             plugins.{name}.maxStoreBytes",
+                            crate::disk::fmt_bytes(used),
+                            crate::disk::fmt_bytes(store_limit)
+                        ),
+                    ))
+                }
+            }
         }
         "kv.del" => {
             let key = key()?;
@@ -1273,6 +1329,51 @@ mod tests {
             [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
         );
         assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[tokio::test]
+    async fn kv_set_is_bounded_over_all_scopes_of_the_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path().join("beige.db")).unwrap();
+        // Each entry: key (1) + value as JSON ("x…", 12) + 64 = 77 bytes.
+        let set =
+            |scope: &str, key: &str| json!({"key": key, "value": "x".repeat(10), "scope": scope});
+        assert_eq!(
+            serve("notes", &store, 200, "kv.set", set("a", "k")).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(
+            serve("notes", &store, 200, "kv.set", set("b", "k")).await,
+            Ok(Value::Null)
+        );
+        let (code, message) = serve("notes", &store, 200, "kv.set", set("c", "k"))
+            .await
+            .unwrap_err();
+        assert_eq!(code, STORE_FULL);
+        assert_eq!(
+            message,
+            "kv.set: plugin 'notes' uses 154 B of its 200 B in the gateway's store (keys, values and 64 bytes per entry, all scopes); nothing was stored — delete keys (kv.del) or raise plugins.notes.maxStoreBytes"
+        );
+        assert_eq!(
+            serve(
+                "notes",
+                &store,
+                200,
+                "kv.get",
+                json!({"key": "k", "scope": "c"})
+            )
+            .await,
+            Ok(Value::Null)
+        );
+        // Another plugin has its own allowance; overwriting in place still works.
+        assert_eq!(
+            serve("other", &store, 200, "kv.set", set("c", "k")).await,
+            Ok(Value::Null)
+        );
+        assert_eq!(
+            serve("notes", &store, 200, "kv.set", set("a", "k")).await,
+            Ok(Value::Null)
+        );
     }
 
     #[tokio::test]

@@ -1,7 +1,8 @@
 //! The built-in `kv` plugin: a small key-value store per agent, and the worked example
 //! for plugin authors (`docs/plugins.md` quotes it).
 //!
-//! Owns the `kv` tool (`kv get|set|del|list`) and its limits. The pairs live in the
+//! Owns the `kv` tool (`kv get|set|del|list`) and its limits (`maxKeys`, `maxBytes` per
+//! agent, checked by the store in the transaction that writes). The pairs live in the
 //! gateway's store (`<BEIGE_HOME>/beige.db`, the table of plugin data) under plugin `kv`,
 //! scoped by agent; no file of them exists for agents to see. An agent only ever reaches
 //! its own pairs, because the agent comes from the socket the call arrived on, never from
@@ -14,11 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::Mutex;
 
 use super::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 use crate::config::is_valid_agent_name;
-use crate::store::{Store, StoreError};
+use crate::disk::fmt_bytes;
+use crate::store::{KvLimits, KvWrite, Store, StoreError};
 
 /// The plugin name the pairs are stored under.
 const PLUGIN: &str = "kv";
@@ -30,6 +31,8 @@ pub const README_MD: &str = include_str!("kv/README.md");
 
 /// Keys an agent may hold unless `maxKeys` says otherwise.
 pub const DEFAULT_MAX_KEYS: u64 = 10_000;
+/// Bytes (keys plus values) an agent may hold unless `maxBytes` says otherwise (64 MiB).
+pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
 /// Longest value, in bytes (1 MiB).
@@ -120,17 +123,31 @@ impl Tool for KvTool {
                 None => not_found(&key),
             },
             Command::Set(key, value) => {
-                let max_keys = max_keys(&call.config)?;
-                if self.store.set(agent, key, value, max_keys).await? {
-                    ToolResult::ok("")
-                } else {
-                    ToolResult::fail(
+                let limits = KvLimits {
+                    max_entries: Some(max_keys(&call.config)?),
+                    max_bytes: Some(max_bytes(&call.config)?),
+                    ..KvLimits::default()
+                };
+                match self.store.set(agent, &key, &value, limits).await? {
+                    KvWrite::Stored => ToolResult::ok(""),
+                    KvWrite::TooManyEntries { max, .. } => ToolResult::fail(
                         format!(
-                            "kv: limit of {max_keys} keys reached for agent '{agent}'; \
+                            "kv: limit of {max} keys reached for agent '{agent}'; \
                              delete keys or raise plugins.kv.config.maxKeys\n"
                         ),
                         1,
-                    )
+                    ),
+                    KvWrite::TooManyBytes { used, after, max } => ToolResult::fail(
+                        format!(
+                            "kv: agent '{agent}' uses {} of {} (keys and values); storing this \
+                             value would take it to {}; nothing was stored — delete keys or raise \
+                             plugins.kv.config.maxBytes\n",
+                            fmt_bytes(used),
+                            fmt_bytes(max),
+                            fmt_bytes(after)
+                        ),
+                        1,
+                    ),
                 }
             }
             Command::Del(key) => {
@@ -163,6 +180,21 @@ fn max_keys(config: &serde_json::Value) -> Result<u64, ToolError> {
                 "maxKeys (plugins.kv.config, or the agent's pluginConfigs.kv) must be a whole number ≥ 0, not {v}"
             ))
         }),
+    }
+}
+
+/// `maxBytes` from the call's config: a whole number of bytes, or a size such as `"64m"`.
+fn max_bytes(config: &serde_json::Value) -> Result<u64, ToolError> {
+    let bad = |v: &serde_json::Value| {
+        ToolError::Failed(format!(
+            "maxBytes (plugins.kv.config, or the agent's pluginConfigs.kv) must be a whole number of bytes ≥ 0 or a size such as \"64m\", not {v}"
+        ))
+    };
+    match config.get("maxBytes") {
+        None | Some(serde_json::Value::Null) => Ok(DEFAULT_MAX_BYTES),
+        Some(serde_json::Value::String(s)) => crate::config::parse_memory_limit(s)
+            .ok_or_else(|| bad(&serde_json::Value::String(s.clone()))),
+        Some(v) => v.as_u64().ok_or_else(|| bad(v)),
     }
 }
 
@@ -249,17 +281,11 @@ fn check_key(key: &str) -> Result<(), String> {
 #[derive(Debug)]
 struct KvStore {
     store: Arc<dyn Store>,
-    /// Held across the key-count check and the write of `set`, so two concurrent sets of
-    /// new keys cannot both pass the `maxKeys` check.
-    set_lock: Mutex<()>,
 }
 
 impl KvStore {
     fn new(store: Arc<dyn Store>) -> Self {
-        Self {
-            store,
-            set_lock: Mutex::new(()),
-        }
+        Self { store }
     }
 
     async fn get(&self, agent: &str, key: &str) -> Result<Option<String>, ToolError> {
@@ -267,39 +293,20 @@ impl KvStore {
         self.store.kv_get(PLUGIN, scope, key).await.map_err(failed)
     }
 
-    /// Store `value`; `false` (nothing stored) when `key` is new and the agent already
-    /// holds `max_keys` keys.
+    /// Store `value` unless that takes the agent's pairs over `limits`: the store checks
+    /// and writes in one transaction, so concurrent sets cannot together overshoot.
     async fn set(
         &self,
         agent: &str,
-        key: String,
-        value: String,
-        max_keys: u64,
-    ) -> Result<bool, ToolError> {
+        key: &str,
+        value: &str,
+        limits: KvLimits,
+    ) -> Result<KvWrite, ToolError> {
         let scope = scope(agent)?;
-        let _guard = self.set_lock.lock().await;
-        let exists = self
-            .store
-            .kv_get(PLUGIN, scope, &key)
-            .await
-            .map_err(failed)?
-            .is_some();
-        if !exists {
-            let keys = self
-                .store
-                .kv_list(PLUGIN, scope, "")
-                .await
-                .map_err(failed)?;
-            let held = u64::try_from(keys.len()).unwrap_or(u64::MAX);
-            if held >= max_keys {
-                return Ok(false);
-            }
-        }
         self.store
-            .kv_set(PLUGIN, scope, &key, &value)
+            .kv_set_within(PLUGIN, scope, key, value, limits)
             .await
-            .map_err(failed)?;
-        Ok(true)
+            .map_err(failed)
     }
 
     /// Delete `key`; `false` when it did not exist.
@@ -641,6 +648,85 @@ mod tests {
                 .contains("must be a whole number ≥ 0, not \"lots\""),
             "{call_err}"
         );
+    }
+
+    #[tokio::test]
+    async fn max_bytes_bounds_an_agents_keys_and_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::with_config(
+            dir.path(),
+            config(json!({"maxBytes": 100}), json!({"maxBytes": "1k"})),
+        )
+        .await;
+        let v60 = "v".repeat(58); // key "k1" + 58 = 60 bytes
+        assert_eq!(kv.run("a", &["set", "k1", &v60]).await, ok(""));
+        let full = kv.run("a", &["set", "k2", &v60]).await;
+        assert_eq!(
+            full,
+            ToolResult::fail(
+                "kv: agent 'a' uses 60 B of 100 B (keys and values); storing this value would take it to 120 B; nothing was stored — delete keys or raise plugins.kv.config.maxBytes\n",
+                1
+            )
+        );
+        // What was stored before survives; overwriting within the limit and deleting work.
+        assert_eq!(kv.run("a", &["get", "k1"]).await, ok(&format!("{v60}\n")));
+        assert_eq!(kv.run("a", &["get", "k2"]).await.exit_code, 1);
+        assert_eq!(kv.run("a", &["set", "k1", "short"]).await, ok(""));
+        assert_eq!(kv.run("a", &["set", "k2", &v60]).await, ok(""));
+        kv.run("a", &["del", "k1"]).await;
+        assert_eq!(kv.run("a", &["set", "k3", "x"]).await, ok(""));
+        // Agent b's override ("1k") and its own count.
+        for i in 10..26 {
+            assert_eq!(kv.run("b", &["set", &format!("k{i}"), &v60]).await, ok(""));
+        }
+        let r = kv.run("b", &["set", "k99", &v60]).await;
+        assert_eq!(r.exit_code, 1);
+        assert!(r.output.contains("uses 976 B of 1.0 KiB"), "{}", r.output);
+
+        let bad = Kv::with_config(dir.path(), config(json!({"maxBytes": "lots"}), json!({}))).await;
+        let err = bad
+            .registry
+            .tool("kv")
+            .unwrap()
+            .tool
+            .call(ToolCall {
+                tool: "kv".into(),
+                args: vec!["set".into(), "k".into(), "v".into()],
+                stdin: None,
+                cwd: None,
+                workspace: PathBuf::new(),
+                session: SessionInfo {
+                    agent: "a".into(),
+                    ..SessionInfo::default()
+                },
+                config: json!({"maxBytes": -1}),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("maxBytes (plugins.kv.config, or the agent's pluginConfigs.kv) must be a whole number of bytes ≥ 0 or a size such as \"64m\", not -1"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_default_byte_limit_is_64_mib() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::new(dir.path()).await;
+        let mib = "v".repeat(MAX_VALUE_BYTES);
+        // 63 values of 1 MiB plus their keys fit; the 64th does not.
+        for i in 0..63 {
+            assert_eq!(
+                kv.run("a", &["set", &format!("{i:02}"), &mib]).await,
+                ok("")
+            );
+        }
+        let r = kv.run("a", &["set", "63", &mib]).await;
+        assert_eq!(r.exit_code, 1, "{}", r.output);
+        assert!(r.output.contains("of 64.0 MiB"), "{}", r.output);
+        // Another agent has its own allowance.
+        assert_eq!(kv.run("b", &["set", "k", &mib]).await, ok(""));
     }
 
     #[tokio::test]

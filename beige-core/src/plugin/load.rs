@@ -318,7 +318,10 @@ pub fn load_plugin_dir(
     }
     check_plugin_configs(name, manifest.config_schema.as_ref(), config)?;
     if manifest.run.is_some() {
-        let plugin = ExternalPlugin::new(dir, manifest, &process_env)?;
+        let mut plugin = ExternalPlugin::new(dir, manifest, &process_env)?;
+        if let Some(limit) = config.plugins.get(name).and_then(|e| e.max_store_bytes) {
+            plugin = plugin.with_store_limit(limit.bytes());
+        }
         Ok(Arc::new(plugin))
     } else {
         let plugin = CommandToolPlugin::new(dir, manifest, &process_env)?;

@@ -507,7 +507,15 @@ impl DockerSandbox {
                 body,
             )
             .await
-            .map_err(docker_err(format!("create container {}", spec.name)))?;
+            .map_err(|e| match spec.disk_limit_bytes {
+                // The engine refuses a root size limit its storage driver cannot keep.
+                Some(limit) if mentions_storage_opt(&e) => SandboxError::DiskLimit {
+                    agent: spec.agent.clone(),
+                    limit: crate::disk::fmt_bytes(limit),
+                    message: e.to_string(),
+                },
+                _ => docker_err(format!("create container {}", spec.name))(e),
+            })?;
         self.docker
             .start_container(&spec.name, None::<StartContainerOptions>)
             .await
@@ -1051,6 +1059,12 @@ pub fn is_default_image(image: &str) -> bool {
     image == "beige-sandbox" || image.starts_with("beige-sandbox:")
 }
 
+/// Whether the engine's answer is about `--storage-opt` (a driver without size limits).
+fn mentions_storage_opt(e: &bollard::errors::Error) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("storage-opt") || text.contains("storage opt") || text.contains("quota")
+}
+
 /// The Engine API body for a spec.
 pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
     ContainerCreateBody {
@@ -1098,6 +1112,9 @@ pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
                     config: None,
                 }
             }),
+            storage_opt: spec
+                .disk_limit_bytes
+                .map(|b| HashMap::from([("size".to_string(), b.to_string())])),
             ..Default::default()
         }),
         ..Default::default()

@@ -47,6 +47,12 @@ pub enum SandboxError {
         spec: String,
         sandbox: String,
     },
+    #[error("agent '{agent}': the Docker engine refused sandbox.diskLimit ({limit}): {message}. A size limit on the container's root file system needs a storage driver that can keep one — overlay2 on an xfs filesystem mounted with the pquota option (Docker's data root, usually /var/lib/docker), btrfs, zfs or devicemapper; docs/sandbox.md#disk-space says more. Remove sandbox.diskLimit from the agent, or move Docker's data root to such a filesystem.")]
+    DiskLimit {
+        agent: String,
+        limit: String,
+        message: String,
+    },
     #[error("the shim at {path} cannot be used: {reason}")]
     Shim { path: String, reason: String },
     #[error("could not prepare {path}: {message}")]

@@ -159,6 +159,11 @@ pub struct ContainerSpec {
     pub open_stdin: bool,
     /// Docker log driver; `none` for the attach carrier (its stdout is the link).
     pub log_driver: Option<String>,
+    /// Size limit of the container's root file system in bytes (`sandbox.diskLimit`,
+    /// Docker's `StorageOpt size`). Unset: no limit, and the spec (and its hash) is
+    /// what it was before the key existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_limit_bytes: Option<u64>,
     /// What the extra mounts were checked against, to check them again before every
     /// (re)creation of the container.
     #[serde(skip)]
@@ -328,6 +333,7 @@ impl ContainerSpec {
             link,
             open_stdin: attach,
             log_driver: attach.then(|| "none".to_string()),
+            disk_limit_bytes: cfg.disk_limit.map(|l| l.bytes()),
             recheck: Some(recheck),
         };
         let hash = spec.hash();
@@ -606,5 +612,25 @@ mod tests {
         );
         assert_eq!(SandboxUser::parse("0:0"), Some(SandboxUser::Root));
         assert_eq!(SandboxUser::parse("bob"), None);
+    }
+
+    #[test]
+    fn disk_limit_is_passed_only_when_set() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let plain = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"}, "tools": []
+        }));
+        let spec = ContainerSpec::for_agent(&input(&home, &plain, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(spec.disk_limit_bytes, None);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert!(json.get("disk_limit_bytes").is_none(), "{json}");
+        let limited = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+            "sandbox": {"diskLimit": "10g"}
+        }));
+        let with = ContainerSpec::for_agent(&input(&home, &limited, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(with.disk_limit_bytes, Some(10 << 30));
+        // A different limit is a different container.
+        assert_ne!(with.spec_label(), spec.spec_label());
     }
 }

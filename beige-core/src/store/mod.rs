@@ -161,6 +161,47 @@ pub struct OutboxItem {
     pub created: i64,
 }
 
+/// Bounds that [`Store::kv_set_within`] checks in the same transaction as its write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvLimits {
+    /// Entries (keys) the data may hold; only a new key counts against it.
+    pub max_entries: Option<u64>,
+    /// Bytes the data may take: keys plus values (UTF-8), plus
+    /// [`entry_overhead`](Self::entry_overhead) per entry.
+    pub max_bytes: Option<u64>,
+    /// Bytes counted per entry on top of its key and value, so that many tiny entries
+    /// cannot hide their row cost from `max_bytes`.
+    pub entry_overhead: u64,
+    /// Count the plugin's data in every scope, not only in the scope written.
+    pub whole_plugin: bool,
+}
+
+/// What a plugin's data takes in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvUsage {
+    pub entries: u64,
+    /// Bytes of keys plus values, as UTF-8.
+    pub bytes: u64,
+}
+
+/// The outcome of [`Store::kv_set_within`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvWrite {
+    Stored,
+    /// The key is new and the data already holds `max` entries; nothing was stored.
+    TooManyEntries {
+        held: u64,
+        max: u64,
+    },
+    /// Storing the value would take the data from `used` to `after` bytes, over `max`
+    /// (counted as [`KvLimits::max_bytes`] says); nothing was stored.
+    TooManyBytes {
+        used: u64,
+        after: u64,
+        max: u64,
+    },
+}
+
 /// A store operation failed. Messages name the database and what to do about it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -349,6 +390,22 @@ pub trait Store: Send + Sync + Debug {
         key: &str,
         value: &str,
     ) -> Result<(), StoreError>;
+
+    /// Store `value` under `key` unless that would take the data over `limits`; the
+    /// check and the write are one transaction, so concurrent writers cannot overshoot.
+    /// Overwriting a key counts only the difference in size; a write that does not grow
+    /// the data is always stored.
+    async fn kv_set_within(
+        &self,
+        plugin: &str,
+        scope: &str,
+        key: &str,
+        value: &str,
+        limits: KvLimits,
+    ) -> Result<KvWrite, StoreError>;
+
+    /// What `plugin` holds in `scope`, or in all its scopes when `scope` is `None`.
+    async fn kv_usage(&self, plugin: &str, scope: Option<&str>) -> Result<KvUsage, StoreError>;
 
     /// `true` when the key existed.
     async fn kv_del(&self, plugin: &str, scope: &str, key: &str) -> Result<bool, StoreError>;

@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::{
-    now_ms, title_from, HealthRecord, NewMessage, NewSession, OutboxItem, SessionRecord,
-    SessionSettings, SettingsPatch, Store, StoreError, StoredMessage, SEEN_WINDOW,
+    now_ms, title_from, HealthRecord, KvLimits, KvUsage, KvWrite, NewMessage, NewSession,
+    OutboxItem, SessionRecord, SessionSettings, SettingsPatch, Store, StoreError, StoredMessage,
+    SEEN_WINDOW,
 };
 use crate::llm::{Message, Role, Usage};
 
@@ -25,7 +26,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The schema, one entry per version: entry `i` takes the database from version `i` to
 /// `i + 1`. Append new entries; never edit a released one.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 1: the initial schema.
     r#"
     CREATE TABLE sessions (
@@ -115,6 +116,59 @@ const MIGRATIONS: &[&str] = &[
         updated INTEGER NOT NULL,
         PRIMARY KEY (plugin, scope, key)
     ) WITHOUT ROWID, STRICT;
+    "#,
+    // 2: what each plugin holds per scope (entries, and bytes of keys plus values as
+    // UTF-8), kept by triggers on every write path, so limits are checked without a scan.
+    r#"
+    CREATE TABLE plugin_kv_usage (
+        plugin  TEXT NOT NULL,
+        scope   TEXT NOT NULL,
+        entries INTEGER NOT NULL,
+        bytes   INTEGER NOT NULL,
+        PRIMARY KEY (plugin, scope)
+    ) WITHOUT ROWID, STRICT;
+
+    INSERT INTO plugin_kv_usage (plugin, scope, entries, bytes)
+        SELECT plugin, scope, count(*),
+               sum(length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)))
+        FROM plugin_kv GROUP BY plugin, scope;
+
+    CREATE TRIGGER plugin_kv_usage_insert AFTER INSERT ON plugin_kv BEGIN
+        INSERT INTO plugin_kv_usage (plugin, scope, entries, bytes)
+            SELECT NEW.plugin, NEW.scope, 0, 0
+            WHERE NOT EXISTS (SELECT 1 FROM plugin_kv_usage
+                              WHERE plugin = NEW.plugin AND scope = NEW.scope);
+        UPDATE plugin_kv_usage
+            SET entries = entries + 1,
+                bytes = bytes + length(CAST(NEW.key AS BLOB)) + length(CAST(NEW.value AS BLOB))
+            WHERE plugin = NEW.plugin AND scope = NEW.scope;
+    END;
+
+    CREATE TRIGGER plugin_kv_usage_update AFTER UPDATE ON plugin_kv BEGIN
+        UPDATE plugin_kv_usage
+            SET entries = entries - 1,
+                bytes = bytes - length(CAST(OLD.key AS BLOB)) - length(CAST(OLD.value AS BLOB))
+            WHERE plugin = OLD.plugin AND scope = OLD.scope;
+        INSERT INTO plugin_kv_usage (plugin, scope, entries, bytes)
+            SELECT NEW.plugin, NEW.scope, 0, 0
+            WHERE NOT EXISTS (SELECT 1 FROM plugin_kv_usage
+                              WHERE plugin = NEW.plugin AND scope = NEW.scope);
+        UPDATE plugin_kv_usage
+            SET entries = entries + 1,
+                bytes = bytes + length(CAST(NEW.key AS BLOB)) + length(CAST(NEW.value AS BLOB))
+            WHERE plugin = NEW.plugin AND scope = NEW.scope;
+        DELETE FROM plugin_kv_usage
+            WHERE plugin = OLD.plugin AND scope = OLD.scope AND entries <= 0;
+    END;
+
+    CREATE TRIGGER plugin_kv_usage_delete AFTER DELETE ON plugin_kv BEGIN
+        UPDATE plugin_kv_usage
+            SET entries = entries - 1,
+                bytes = bytes - length(CAST(OLD.key AS BLOB)) - length(CAST(OLD.value AS BLOB))
+            WHERE plugin = OLD.plugin AND scope = OLD.scope;
+        DELETE FROM plugin_kv_usage
+            WHERE plugin = OLD.plugin AND scope = OLD.scope AND entries <= 0;
+    END;
     "#,
 ];
 
@@ -357,6 +411,30 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             .map_err(failed)?;
         tx.commit().map_err(failed)?;
         tracing::info!(path = %path.display(), version = next, "database schema migrated");
+    }
+}
+
+/// Entries and bytes `plugin` holds in `scope`, or in all its scopes.
+fn read_usage(conn: &Connection, plugin: &str, scope: Option<&str>) -> rusqlite::Result<KvUsage> {
+    let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<KvUsage> {
+        Ok(KvUsage {
+            entries: to_u64(r.get(0)?),
+            bytes: to_u64(r.get(1)?),
+        })
+    };
+    match scope {
+        Some(scope) => conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(entries), 0), COALESCE(SUM(bytes), 0) FROM plugin_kv_usage
+                 WHERE plugin = ?1 AND scope = ?2",
+            )?
+            .query_row(params![plugin, scope], row),
+        None => conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(entries), 0), COALESCE(SUM(bytes), 0) FROM plugin_kv_usage
+                 WHERE plugin = ?1",
+            )?
+            .query_row(params![plugin], row),
     }
 }
 
@@ -1134,6 +1212,81 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn kv_set_within(
+        &self,
+        plugin: &str,
+        scope: &str,
+        key: &str,
+        value: &str,
+        limits: KvLimits,
+    ) -> Result<KvWrite, StoreError> {
+        let (plugin, scope, key) = (plugin.to_string(), scope.to_string(), key.to_string());
+        let value = value.to_string();
+        self.run(move |conn, _| {
+            // One write transaction for the check and the write: no other write can come
+            // between them, so concurrent sets cannot together overshoot a limit.
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let old: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT length(CAST(key AS BLOB)) + length(CAST(value AS BLOB)) FROM plugin_kv
+                     WHERE plugin = ?1 AND scope = ?2 AND key = ?3",
+                )?
+                .query_row(params![plugin, scope, key], |r| r.get(0))
+                .optional()?;
+            let usage = if limits.whole_plugin {
+                read_usage(&tx, &plugin, None)?
+            } else {
+                read_usage(&tx, &plugin, Some(&scope))?
+            };
+            let new_entry = old.is_none();
+            if let (true, Some(max)) = (new_entry, limits.max_entries) {
+                if usage.entries >= max {
+                    return Ok(KvWrite::TooManyEntries {
+                        held: usage.entries,
+                        max,
+                    });
+                }
+            }
+            if let Some(max) = limits.max_bytes {
+                let counted = |entries: u64, bytes: u64| {
+                    bytes.saturating_add(entries.saturating_mul(limits.entry_overhead))
+                };
+                let used = counted(usage.entries, usage.bytes);
+                let old_bytes = old.map(to_u64).unwrap_or(0);
+                let new_bytes = (key.len() + value.len()) as u64;
+                let after_entries = usage.entries + u64::from(new_entry);
+                let after = counted(
+                    after_entries,
+                    usage
+                        .bytes
+                        .saturating_sub(old_bytes)
+                        .saturating_add(new_bytes),
+                );
+                // A write that does not grow the data passes even above the limit (after
+                // the limit was lowered), so an agent can always shrink its data.
+                if after > max && after > used {
+                    return Ok(KvWrite::TooManyBytes { used, after, max });
+                }
+            }
+            tx.prepare_cached(
+                "INSERT INTO plugin_kv (plugin, scope, key, value, updated)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(plugin, scope, key) DO UPDATE SET value = excluded.value,
+                                                               updated = excluded.updated",
+            )?
+            .execute(params![plugin, scope, key, value, now_ms()])?;
+            tx.commit()?;
+            Ok(KvWrite::Stored)
+        })
+        .await
+    }
+
+    async fn kv_usage(&self, plugin: &str, scope: Option<&str>) -> Result<KvUsage, StoreError> {
+        let (plugin, scope) = (plugin.to_string(), scope.map(str::to_string));
+        self.run(move |conn, _| Ok(read_usage(conn, &plugin, scope.as_deref())?))
+            .await
     }
 
     async fn kv_del(&self, plugin: &str, scope: &str, key: &str) -> Result<bool, StoreError> {

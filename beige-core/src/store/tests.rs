@@ -945,6 +945,182 @@ async fn kv_operations_and_scope_isolation() {
     );
 }
 
+#[tokio::test]
+async fn kv_usage_follows_every_write_path() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let usage = |entries, bytes| KvUsage { entries, bytes };
+    assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(0, 0));
+    store.kv_set("kv", "a", "k1", "value").await.unwrap(); // 2 + 5
+    store.kv_set("kv", "a", "ключ", "é").await.unwrap(); // 8 + 2 bytes of UTF-8
+    store.kv_set("kv", "b", "k", "v").await.unwrap();
+    assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(2, 17));
+    // An overwrite counts the new size only.
+    store.kv_set("kv", "a", "k1", "v").await.unwrap();
+    assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(2, 13));
+    assert_eq!(store.kv_usage("kv", None).await.unwrap(), usage(3, 15));
+    assert!(store.kv_del("kv", "a", "k1").await.unwrap());
+    assert!(store.kv_del("kv", "a", "ключ").await.unwrap());
+    assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(0, 0));
+    assert_eq!(store.kv_usage("kv", None).await.unwrap(), usage(1, 2));
+    // No usage row is left behind for an emptied scope.
+    let rows: i64 = raw(&path)
+        .query_row(
+            "SELECT count(*) FROM plugin_kv_usage WHERE scope = 'a'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[tokio::test]
+async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let limits = KvLimits {
+        max_entries: Some(2),
+        max_bytes: Some(20),
+        ..KvLimits::default()
+    };
+    let set = |k: &'static str, v: &'static str| {
+        let store = store.clone();
+        async move { store.kv_set_within("kv", "a", k, v, limits).await.unwrap() }
+    };
+    assert_eq!(set("k1", "12345678").await, KvWrite::Stored); // 10
+    assert_eq!(
+        set("k2", "123456789").await, // 11 → 21 > 20
+        KvWrite::TooManyBytes {
+            used: 10,
+            after: 21,
+            max: 20
+        }
+    );
+    assert_eq!(set("k2", "12345678").await, KvWrite::Stored); // 20: at the limit
+    assert_eq!(
+        set("k3", "").await,
+        KvWrite::TooManyEntries { held: 2, max: 2 }
+    );
+    // Overwriting with a value of the same size or smaller passes at the limit.
+    assert_eq!(set("k1", "abcdefgh").await, KvWrite::Stored);
+    assert_eq!(set("k1", "x").await, KvWrite::Stored);
+    assert_eq!(
+        store.kv_get("kv", "a", "k2").await.unwrap().as_deref(),
+        Some("12345678")
+    );
+    // Other scopes count separately unless the limit covers the whole plugin.
+    let whole = KvLimits {
+        max_bytes: Some(25),
+        entry_overhead: 2,
+        whole_plugin: true,
+        ..KvLimits::default()
+    };
+    assert_eq!(
+        store
+            .kv_set_within("kv", "b", "k", "v", limits)
+            .await
+            .unwrap(),
+        KvWrite::Stored
+    );
+    // a: 3 + 10 bytes, b: 2 bytes, 3 entries × 2 = 21; one more of 2 bytes + 2 = 25.
+    assert_eq!(
+        store
+            .kv_set_within("kv", "c", "k", "v", whole)
+            .await
+            .unwrap(),
+        KvWrite::Stored
+    );
+    assert_eq!(
+        store
+            .kv_set_within("kv", "d", "k", "v", whole)
+            .await
+            .unwrap(),
+        KvWrite::TooManyBytes {
+            used: 25,
+            after: 29,
+            max: 25
+        }
+    );
+    assert_eq!(store.kv_get("kv", "d", "k").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn concurrent_sets_cannot_overshoot_a_limit() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let limits = KvLimits {
+        max_entries: None,
+        max_bytes: Some(1000),
+        ..KvLimits::default()
+    };
+    let value = "v".repeat(98); // 100 bytes with a two-character key
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (store, value) = (store.clone(), value.clone());
+            tokio::spawn(async move {
+                store
+                    .kv_set_within("kv", "a", &format!("{:02}", i), &value, limits)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut stored = 0;
+    for t in tasks {
+        if t.await.unwrap() == KvWrite::Stored {
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, 10);
+    assert_eq!(
+        store.kv_usage("kv", Some("a")).await.unwrap(),
+        KvUsage {
+            entries: 10,
+            bytes: 1000
+        }
+    );
+}
+
+#[tokio::test]
+async fn migrating_counts_the_data_already_stored() {
+    let (_dir, path) = temp_db();
+    // A version-1 database with plugin data, as an earlier beige left it.
+    {
+        let conn = raw(&path);
+        conn.execute_batch(sqlite::MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute_batch(
+            "INSERT INTO plugin_kv VALUES ('kv', 'a', 'k1', 'abc', 0);
+             INSERT INTO plugin_kv VALUES ('kv', 'a', 'k2', 'de', 0);
+             INSERT INTO plugin_kv VALUES ('notes', 'global', 'n', 'x', 0);",
+        )
+        .unwrap();
+    }
+    let store = open(&path);
+    assert_eq!(
+        store.kv_usage("kv", Some("a")).await.unwrap(),
+        KvUsage {
+            entries: 2,
+            bytes: 9
+        }
+    );
+    assert_eq!(
+        store.kv_usage("notes", None).await.unwrap(),
+        KvUsage {
+            entries: 1,
+            bytes: 2
+        }
+    );
+    store.kv_set("kv", "a", "k3", "f").await.unwrap();
+    assert_eq!(
+        store.kv_usage("kv", Some("a")).await.unwrap(),
+        KvUsage {
+            entries: 3,
+            bytes: 12
+        }
+    );
+}
+
 // ---- crash safety ----
 
 /// The database the crash child writes to.

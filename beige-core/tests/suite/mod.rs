@@ -1,6 +1,7 @@
 mod agent;
 mod core_tools;
 mod hooks;
+mod hostile_disk;
 mod hostile_identity;
 mod hostile_socket;
 mod hostile_workspace;
