@@ -636,7 +636,8 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
         })
         .collect();
     let workspace = config.agent_workspace(home, agent);
-    let agents_md = std::fs::read_to_string(workspace.join("AGENTS.md")).ok();
+    // The workspace is the agent's: read beneath a handle, no links, capped.
+    let agents_md = prompt::read_agents_md(&workspace);
     Ok(prompt::assemble(
         agent,
         &tools,

@@ -39,6 +39,11 @@ use crate::store::Store;
 pub const MAX_PHOTO_BYTES: u64 = 10 * 1024 * 1024;
 /// Longest photo caption.
 pub const MAX_CAPTION_CHARS: usize = 1024;
+
+/// The longest text one `telegram send` takes: 16 Telegram messages. A sandbox cannot
+/// make one call queue megabytes in the outbox (which fills the store while Telegram is
+/// unreachable); the per-agent audit budget bounds how many calls it makes.
+pub const MAX_SEND_CHARS: usize = 16 * MAX_MESSAGE_LEN;
 /// How long the tool waits for Telegram to accept a message.
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -200,6 +205,12 @@ impl Command {
         }
         if text.trim().is_empty() {
             return Err(format!("telegram: send needs some text\n{USAGE}\n"));
+        }
+        let chars = text.chars().count();
+        if chars > MAX_SEND_CHARS {
+            return Err(format!(
+                "telegram: the text is {chars} characters; one send takes at most {MAX_SEND_CHARS} (16 messages) — send a summary, or the details as a file with `telegram photo` or in several sends\n"
+            ));
         }
         Ok(Command::Send {
             chat,
@@ -509,6 +520,11 @@ mod tests {
             }
         );
         assert!(Command::parse(&args("send"), None).is_err());
+        let huge = "x".repeat(MAX_SEND_CHARS + 1);
+        let e = Command::parse(&args("send"), Some(huge.as_bytes())).unwrap_err();
+        assert!(e.contains("one send takes at most 65536"), "{e}");
+        let most = "x".repeat(MAX_SEND_CHARS);
+        assert!(Command::parse(&args("send"), Some(most.as_bytes())).is_ok());
         assert!(Command::parse(&args("send --chat abc hi"), None).is_err());
         assert!(Command::parse(&args("frobnicate"), None).is_err());
         assert_eq!(Command::parse(&[], None).unwrap(), Command::Help);
