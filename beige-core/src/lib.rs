@@ -14,7 +14,7 @@
 //! | [`sandbox`] | the container spec, the `Sandbox` trait and the Docker backend |
 //! | [`tools`] | the four core tools and their result texts |
 //! | [`gateway`] | the `Gateway` trait every channel talks to, and `LocalGateway` |
-//! | [`policy`] | whether a tool call may run, with its reason |
+//! | [`policy`] | whether a tool call may run (allow, deny or ask, with its reason), which tools an agent sees, who is calling (`Principal`), approvers |
 //! | [`audit`] | the audit log (`audit.jsonl`) |
 //! | [`hooks`] | the nine hooks and how they chain |
 //! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
@@ -37,6 +37,7 @@ pub mod hooks;
 pub mod llm;
 pub mod plugin;
 pub mod policy;
+mod principal;
 pub mod sandbox;
 pub mod skills;
 pub mod socket;

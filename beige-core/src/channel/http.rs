@@ -749,6 +749,8 @@ async fn exec(
         channel: Some(CHANNEL_NAME.to_string()),
         model,
         model_accepts_images: images,
+        // Past the token check: the caller holds the API token (never read from the body).
+        principal: crate::policy::Principal::ApiToken,
         ..ToolContext::default()
     };
     let out = s.gateway.call_tool(&name, call, ctx).await?;
@@ -786,6 +788,8 @@ async fn prompt(
     let message = req_str(&map, "message", "Missing message")?;
     let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
     let mut request = PromptRequest::new(name, key, message);
+    // Past the token check: the caller holds the API token (never read from the body).
+    request.principal = crate::policy::Principal::ApiToken;
     request.channel = opt_key(&map, "channel")?;
     request.chat_id = opt_str(&map, "chatId")?;
     request.thread_id = opt_str(&map, "threadId")?;

@@ -41,7 +41,7 @@ use crate::llm::{LlmProvider, Message};
 use crate::plugin::{
     kv::KvPlugin, Plugin, PluginError, PluginRegistry, SessionInfo, ToolCall, ToolResult,
 };
-use crate::policy::{ConfigPolicy, Policy, PolicyRequest, ToolKind};
+use crate::policy::{Approver, ConfigPolicy, Decision, Policy, PolicyRequest, Principal, ToolKind};
 use crate::sandbox::{
     host, shim, ContainerSpec, ReconcileReport, Sandbox, SandboxError, SandboxUser, SpecInput,
 };
@@ -315,6 +315,7 @@ pub struct GatewayBuilder {
     shim: Option<PathBuf>,
     plugins: Vec<Arc<dyn Plugin>>,
     policy: Option<Arc<dyn Policy>>,
+    approver: Option<Arc<dyn Approver>>,
     audit: Option<Arc<dyn AuditSink>>,
     socket_limits: SocketLimits,
     store: Option<Arc<dyn Store>>,
@@ -333,6 +334,7 @@ impl GatewayBuilder {
             shim: None,
             plugins: Vec::new(),
             policy: None,
+            approver: None,
             audit: None,
             socket_limits: SocketLimits::default(),
             store: None,
@@ -397,6 +399,13 @@ impl GatewayBuilder {
     /// Replace the config-based policy.
     pub fn policy(mut self, policy: Arc<dyn Policy>) -> Self {
         self.policy = Some(policy);
+        self
+    }
+
+    /// Settle the policy's `Ask` decisions with `approver` (without one, a call the
+    /// policy asks about is refused).
+    pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = Some(approver);
         self
     }
 
@@ -538,7 +547,7 @@ impl GatewayBuilder {
             let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
             let user = host::prepare_agent(&home, name, &workspace, configured)?;
             seed_agents_md(&workspace, user)?;
-            let tools = launchable_tools(policy.as_ref(), &registry, name, agent);
+            let tools = launchable_tools(policy.as_ref(), &registry, name, agent).await;
             write_launchers(&home.launchers_dir(name), &tools)?;
             let tool_packages = tools
                 .iter()
@@ -594,6 +603,7 @@ impl GatewayBuilder {
             registry,
             skills,
             policy,
+            approver: self.approver,
             audit,
             sessions: RwLock::new(HashMap::new()),
             store,
@@ -684,29 +694,20 @@ async fn connect_default(
     })
 }
 
-/// The agent's tools that get a launcher: registered and allowed by policy.
-fn launchable_tools(
+/// The agent's tools that get a launcher: registered and exposed by policy.
+async fn launchable_tools(
     policy: &dyn Policy,
     registry: &PluginRegistry,
     agent: &str,
     config: &AgentConfig,
 ) -> Vec<String> {
-    config
-        .tools
-        .iter()
-        .filter(|t| registry.tool(t).is_some())
-        .filter(|t| {
-            policy
-                .check(&PolicyRequest {
-                    agent,
-                    tool: t,
-                    kind: ToolKind::Plugin,
-                    args: &[],
-                })
-                .allowed
-        })
-        .cloned()
-        .collect()
+    let mut tools = Vec::new();
+    for t in config.tools.iter().filter(|t| registry.tool(t).is_some()) {
+        if policy.exposes(agent, t).await {
+            tools.push(t.clone());
+        }
+    }
+    tools
 }
 
 /// Make `dir` hold exactly one symlink `<tool> → /beige/shim` per tool.
@@ -762,6 +763,8 @@ struct Inner {
     registry: PluginRegistry,
     skills: SkillSet,
     policy: Arc<dyn Policy>,
+    /// Settles the policy's `Ask` decisions; without one they are refused.
+    approver: Option<Arc<dyn Approver>>,
     audit: Arc<dyn AuditSink>,
     /// Known sessions: the agent each belongs to and where its messages come from, as
     /// the gateway itself saw it (never from a socket payload).
@@ -806,6 +809,8 @@ struct CallMeta<'a> {
     session: Option<String>,
     channel: Option<String>,
     model: Option<String>,
+    /// Who the call comes from: `Sandbox` on the socket, the prompt's for a model.
+    principal: Principal,
     target: Target,
 }
 
@@ -1012,6 +1017,30 @@ impl Inner {
         }
     }
 
+    /// The policy's final decision on a call: `Allow` runs it, `Deny` refuses it, `Ask`
+    /// goes to the approver (refused when there is none). `Err` holds the refusal.
+    async fn decide(&self, meta: &CallMeta<'_>) -> Result<(), String> {
+        let request = PolicyRequest::new(meta.agent, meta.tool, meta.kind, &meta.args)
+            .with_session(meta.session.as_deref())
+            .with_channel(meta.channel.as_deref())
+            .with_model(meta.model.as_deref())
+            .with_principal(&meta.principal);
+        let decision = match self.policy.check(&request).await {
+            Decision::Ask { reason } => match &self.approver {
+                Some(approver) => approver.approve(&request, &reason).await,
+                None => Decision::deny(crate::policy::no_approver_message(
+                    meta.tool, meta.agent, &reason,
+                )),
+            },
+            other => other,
+        };
+        if decision.is_allow() {
+            Ok(())
+        } else {
+            Err(decision.into_reason())
+        }
+    }
+
     /// policy → preToolExec → audit started → `run` → postToolExec → audit finished.
     /// `as_result` views the output as `{output, exitCode}` for hooks and audit;
     /// `rewrite` applies a `postToolExec` replacement.
@@ -1030,15 +1059,9 @@ impl Inner {
         if let Err(low) = self.disk.check(meta.agent).await {
             return Ok(Guarded::Denied(low.to_string()));
         }
-        let decision = self.policy.check(&PolicyRequest {
-            agent: meta.agent,
-            tool: meta.tool,
-            kind: meta.kind,
-            args: &meta.args,
-        });
-        if !decision.allowed {
-            self.audit_denied(&meta, &decision.reason).await;
-            return Ok(Guarded::Denied(decision.reason));
+        if let Err(reason) = self.decide(&meta).await {
+            self.audit_denied(&meta, &reason).await;
+            return Ok(Guarded::Denied(reason));
         }
         let pre = PreToolExecEvent {
             tool_name: meta.tool.to_string(),
@@ -1122,6 +1145,7 @@ impl Inner {
             session: ctx.session_key.clone(),
             channel: ctx.channel.clone(),
             model: ctx.model.clone(),
+            principal: ctx.principal.clone(),
             target: Target::Sandbox,
         };
         let sandbox = self.sandbox.clone();
@@ -1195,6 +1219,7 @@ impl Inner {
             session: Some(session.key.clone()),
             channel: Some(session.channel.clone()),
             model: None,
+            principal: Principal::Sandbox,
             target: Target::Gateway,
         };
         if self.agent(agent).is_err() {
@@ -1320,6 +1345,7 @@ impl ToolRequestHandler for SocketHandler {
             session: Some(format!("socket:{agent}")),
             channel: Some("socket".into()),
             model: None,
+            principal: Principal::Sandbox,
             target: Target::Gateway,
         };
         inner.audit_denied(&meta, error).await;
@@ -1349,10 +1375,10 @@ impl Gateway for LocalGateway {
     async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
         let model = |m: &crate::config::ModelRef| format!("{}/{}", m.provider, m.model);
         let c = &self.inner.config;
-        Ok(c.agents
-            .iter()
-            .map(|(name, a)| AgentInfo {
-                tool_context: self.inner.tool_context(name),
+        let mut agents = Vec::with_capacity(c.agents.len());
+        for (name, a) in &c.agents {
+            agents.push(AgentInfo {
+                tool_context: self.inner.tool_context(name).await,
                 skill_context: self.inner.skill_context(name),
                 name: name.clone(),
                 model: model(&a.model),
@@ -1360,8 +1386,9 @@ impl Gateway for LocalGateway {
                 tools: a.tools.clone(),
                 skills: a.skills.clone(),
                 workspace_dir: c.agent_workspace(&self.inner.home, name),
-            })
-            .collect())
+            });
+        }
+        Ok(agents)
     }
 
     async fn call_tool(

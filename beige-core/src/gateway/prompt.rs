@@ -24,6 +24,7 @@ use crate::hooks::{
     SessionEvent,
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
+use crate::policy::Principal;
 use crate::store::{NewMessage, NewSession, SessionRecord};
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
@@ -45,6 +46,10 @@ pub struct PromptRequest {
     /// When the session is busy: wait for it (default) or fail at once.
     #[serde(default = "yes")]
     pub wait: bool,
+    /// Who sent the message, set by the channel from its connection (never read from a
+    /// payload; the model's tool calls inherit it). Default `Unverified`.
+    #[serde(skip)]
+    pub principal: Principal,
 }
 
 fn yes() -> bool {
@@ -65,6 +70,7 @@ impl PromptRequest {
             chat_id: None,
             thread_id: None,
             wait: true,
+            principal: Principal::Unverified,
         }
     }
 
@@ -182,30 +188,25 @@ impl Inner {
         Ok(s)
     }
 
-    fn prompt_tools(&self, agent: &str) -> Vec<PromptTool> {
+    async fn prompt_tools(&self, agent: &str) -> Vec<PromptTool> {
         let Some(a) = self.config.agents.get(agent) else {
             return Vec::new();
         };
-        a.tools
-            .iter()
-            .filter(|t| {
-                // A tool the policy takes away is not described to the model either.
-                self.policy
-                    .check(&crate::policy::PolicyRequest {
-                        agent,
-                        tool: t,
-                        kind: crate::policy::ToolKind::Plugin,
-                        args: &[],
-                    })
-                    .allowed
-            })
-            .filter_map(|t| self.registry.tool(t))
-            .map(|r| PromptTool {
-                name: r.tool.name().to_string(),
-                description: r.tool.description().to_string(),
-                commands: r.tool.commands(),
-            })
-            .collect()
+        let mut tools = Vec::new();
+        for t in &a.tools {
+            // A tool the policy does not expose is not described to the model either.
+            if !self.policy.exposes(agent, t).await {
+                continue;
+            }
+            if let Some(r) = self.registry.tool(t) {
+                tools.push(PromptTool {
+                    name: r.tool.name().to_string(),
+                    description: r.tool.description().to_string(),
+                    commands: r.tool.commands(),
+                });
+            }
+        }
+        tools
     }
 
     fn prompt_skills(&self, agent: &str) -> Vec<PromptSkill> {
@@ -226,8 +227,8 @@ impl Inner {
     }
 
     /// The tools block of an agent's system prompt.
-    pub(crate) fn tool_context(&self, agent: &str) -> String {
-        prompt::tool_context(&self.prompt_tools(agent))
+    pub(crate) async fn tool_context(&self, agent: &str) -> String {
+        prompt::tool_context(&self.prompt_tools(agent).await)
     }
 
     /// The skills block of an agent's system prompt.
@@ -238,7 +239,7 @@ impl Inner {
     /// The system prompt for an agent and session. The workspace's `AGENTS.md` is read
     /// off the runtime's threads, beneath a handle on the workspace (see `fsutil`).
     pub(crate) async fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
-        let tools = self.prompt_tools(agent);
+        let tools = self.prompt_tools(agent).await;
         let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let agents_md = tokio::task::spawn_blocking(move || prompt::read_agents_md(&workspace))
@@ -670,6 +671,8 @@ impl Run<'_> {
                             thread_id: self.req.thread_id.clone(),
                             model: Some(used.clone()),
                             model_accepts_images: info.images,
+                            // The model acts for whoever sent the prompt.
+                            principal: self.req.principal.clone(),
                         };
                         let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
                         let run = inner.call_core_cancellable(

@@ -1,16 +1,68 @@
-//! Policy: whether a tool call may run, with the reason.
+//! Policy: whether a tool call may run, with the reason, and which tools an agent sees.
 //!
-//! Owns the [`Policy`] trait and [`ConfigPolicy`], the default built from config: plugin
-//! tools are denied unless listed in the agent's `tools`; core tools are allowed unless
-//! listed in the agent's `denyTools`. A decision is a plain value carrying its reason, so
-//! it can be logged, audited, returned to the caller and tested without anything else.
-//! The same policy gates core tools and plugin tools on every path.
+//! Owns the [`Policy`] trait, its question ([`PolicyRequest`]) and answer ([`Decision`]),
+//! who is asking ([`Principal`]), the [`Approver`] that settles an [`Decision::Ask`], and
+//! two implementations: [`ConfigPolicy`], the default built from config (plugin tools are
+//! denied unless listed in the agent's `tools`; core tools are allowed unless listed in
+//! the agent's `denyTools`; it never answers `Ask`), and [`PolicyStack`], a list of
+//! policies resolved deny > ask > allow.
+//!
+//! A decision is a plain value carrying its reason, so it can be logged, audited,
+//! returned to the caller and tested without anything else. The same policy gates core
+//! tools and plugin tools on every path (the gateway's guarded path):
+//!
+//! - `Allow` runs the call;
+//! - `Deny` refuses it with the reason (audited `denied`);
+//! - `Ask` goes to the gateway's [`Approver`] (`GatewayBuilder::approver`), whose answer
+//!   is final; without one the call is refused, saying it needs approval.
+//!
+//! [`Policy::exposes`] answers a separate question: which tools an agent *sees* — the
+//! launchers in its sandbox and the tools its system prompt lists. By default a tool is
+//! exposed unless `check` with no arguments denies it.
+//!
+//! The [`Principal`] comes from the connection, never from a payload: calls over the
+//! agent's tool socket are [`Principal::Sandbox`]; a model's calls inherit the principal
+//! of the prompt they run in (the HTTP API sets [`Principal::ApiToken`], Telegram
+//! [`Principal::User`]).
+//!
+//! ```
+//! use beige_core::policy::{Decision, Policy, PolicyRequest, PolicyStack, Principal, ToolKind};
+//! use std::sync::Arc;
+//!
+//! /// Anything the sandbox runs needs a human's yes; the rest is for the config to say.
+//! #[derive(Debug)]
+//! struct AskSandbox;
+//!
+//! #[async_trait::async_trait]
+//! impl Policy for AskSandbox {
+//!     async fn check(&self, r: &PolicyRequest<'_>) -> Decision {
+//!         match r.principal {
+//!             Principal::Sandbox => Decision::ask(format!("a script calls '{}'", r.tool)),
+//!             _ => Decision::allow("not from the sandbox"),
+//!         }
+//!     }
+//! }
+//!
+//! # tokio_test_block_on(async {
+//! let stack = PolicyStack::new().with(Arc::new(AskSandbox));
+//! let request = PolicyRequest::new("a", "kv", ToolKind::Plugin, &[])
+//!     .with_principal(&Principal::Sandbox);
+//! assert_eq!(stack.check(&request).await, Decision::ask("a script calls 'kv'"));
+//! # });
+//! # fn tokio_test_block_on(f: impl std::future::Future<Output = ()>) {
+//! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+//! # }
+//! ```
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::Arc;
 
+use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::config::Config;
+pub use crate::principal::Principal;
 use crate::tools::CORE_TOOLS;
 
 /// Core tool or plugin tool.
@@ -23,41 +75,191 @@ pub enum ToolKind {
     Plugin,
 }
 
-/// The question a policy answers.
+/// The principal of a [`PolicyRequest`] that names none.
+static UNVERIFIED: Principal = Principal::Unverified;
+
+/// The question a policy answers: one call, or (with empty `args`) whether a tool is
+/// usable at all. Build it with [`PolicyRequest::new`] and the `with_*` setters.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct PolicyRequest<'a> {
+    /// The calling agent.
     pub agent: &'a str,
+    /// The tool called.
     pub tool: &'a str,
+    /// Core tool or plugin tool.
     pub kind: ToolKind,
+    /// Its arguments (the audit's `args`).
     pub args: &'a [String],
+    /// The session the call runs in, when known.
+    pub session: Option<&'a str>,
+    /// The channel of that session (`api`, `telegram`, `socket`, …).
+    pub channel: Option<&'a str>,
+    /// The model making the call, as `provider/model`, when a model makes it.
+    pub model: Option<&'a str>,
+    /// Who the call comes from.
+    pub principal: &'a Principal,
 }
 
-/// The answer, with its reason.
+impl<'a> PolicyRequest<'a> {
+    /// A request with no session, channel or model, from [`Principal::Unverified`].
+    pub fn new(agent: &'a str, tool: &'a str, kind: ToolKind, args: &'a [String]) -> Self {
+        Self {
+            agent,
+            tool,
+            kind,
+            args,
+            session: None,
+            channel: None,
+            model: None,
+            principal: &UNVERIFIED,
+        }
+    }
+
+    /// The session the call runs in.
+    pub fn with_session(mut self, session: Option<&'a str>) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// The channel of the session.
+    pub fn with_channel(mut self, channel: Option<&'a str>) -> Self {
+        self.channel = channel;
+        self
+    }
+
+    /// The model making the call.
+    pub fn with_model(mut self, model: Option<&'a str>) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// Who the call comes from.
+    pub fn with_principal(mut self, principal: &'a Principal) -> Self {
+        self.principal = principal;
+        self
+    }
+}
+
+/// The answer, with its reason. Serialized as `{"decision": "allow"|"deny"|"ask",
+/// "reason": …}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Decision {
-    pub allowed: bool,
-    pub reason: String,
+#[serde(tag = "decision", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Decision {
+    /// The call may run.
+    Allow {
+        /// Why (for logs and tests).
+        reason: String,
+    },
+    /// The call is refused; the reason is what the caller sees.
+    Deny {
+        /// Why, as told to the caller and recorded in the audit.
+        reason: String,
+    },
+    /// The call needs an [`Approver`]'s answer; without one it is refused.
+    Ask {
+        /// What to ask about.
+        reason: String,
+    },
 }
 
 impl Decision {
+    /// The call may run.
     pub fn allow(reason: impl Into<String>) -> Self {
-        Self {
-            allowed: true,
+        Decision::Allow {
             reason: reason.into(),
         }
     }
 
+    /// The call is refused.
     pub fn deny(reason: impl Into<String>) -> Self {
-        Self {
-            allowed: false,
+        Decision::Deny {
             reason: reason.into(),
         }
+    }
+
+    /// The call needs approval.
+    pub fn ask(reason: impl Into<String>) -> Self {
+        Decision::Ask {
+            reason: reason.into(),
+        }
+    }
+
+    /// The reason, whatever the answer.
+    pub fn reason(&self) -> &str {
+        match self {
+            Decision::Allow { reason } | Decision::Deny { reason } | Decision::Ask { reason } => {
+                reason
+            }
+        }
+    }
+
+    /// The reason, owned.
+    pub fn into_reason(self) -> String {
+        match self {
+            Decision::Allow { reason } | Decision::Deny { reason } | Decision::Ask { reason } => {
+                reason
+            }
+        }
+    }
+
+    /// Whether the call may run.
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Decision::Allow { .. })
+    }
+
+    /// Whether the call is refused.
+    pub fn is_deny(&self) -> bool {
+        matches!(self, Decision::Deny { .. })
+    }
+
+    /// Whether the call needs approval.
+    pub fn is_ask(&self) -> bool {
+        matches!(self, Decision::Ask { .. })
     }
 }
 
-/// Decides whether a tool call may run.
-pub trait Policy: Send + Sync + std::fmt::Debug {
-    fn check(&self, request: &PolicyRequest<'_>) -> Decision;
+/// Decides whether a tool call may run, and which tools an agent sees.
+#[async_trait]
+pub trait Policy: Send + Sync + Debug {
+    /// The decision on one call.
+    async fn check(&self, request: &PolicyRequest<'_>) -> Decision;
+
+    /// Whether `agent` sees the plugin tool `tool`: a launcher in its sandbox and an
+    /// entry in its system prompt. Default: `check` with no arguments is not `Deny`.
+    async fn exposes(&self, agent: &str, tool: &str) -> bool {
+        !self
+            .check(&PolicyRequest::new(agent, tool, ToolKind::Plugin, &[]))
+            .await
+            .is_deny()
+    }
+}
+
+#[async_trait]
+impl<P: Policy + ?Sized> Policy for Arc<P> {
+    async fn check(&self, request: &PolicyRequest<'_>) -> Decision {
+        (**self).check(request).await
+    }
+
+    async fn exposes(&self, agent: &str, tool: &str) -> bool {
+        (**self).exposes(agent, tool).await
+    }
+}
+
+/// Settles a [`Decision::Ask`]: its answer is final (anything but `Allow` refuses the
+/// call, with the answer's reason). A gateway without one refuses every `Ask`.
+#[async_trait]
+pub trait Approver: Send + Sync + Debug {
+    /// The final decision on `request`, which the policy asked about for `reason`.
+    async fn approve(&self, request: &PolicyRequest<'_>, reason: &str) -> Decision;
+}
+
+/// The refusal of an `Ask` on a gateway that has no [`Approver`].
+pub fn no_approver_message(tool: &str, agent: &str, reason: &str) -> String {
+    format!(
+        "Permission denied: tool '{tool}' for agent '{agent}' needs approval, and this gateway has no approver: {reason}"
+    )
 }
 
 /// The message the original returned for a tool the agent may not use.
@@ -66,7 +268,7 @@ pub fn not_allowed_message(tool: &str, agent: &str) -> String {
 }
 
 /// Allow-lists from config: `agents.<a>.tools` for plugin tools (deny by default),
-/// `agents.<a>.denyTools` to take tools (core ones included) away.
+/// `agents.<a>.denyTools` to take tools (core ones included) away. Never answers `Ask`.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigPolicy {
     allowed: HashMap<String, HashSet<String>>,
@@ -74,6 +276,7 @@ pub struct ConfigPolicy {
 }
 
 impl ConfigPolicy {
+    /// The policy of `config`'s agents.
     pub fn from_config(config: &Config) -> Self {
         let mut p = ConfigPolicy::default();
         for (name, agent) in &config.agents {
@@ -84,10 +287,8 @@ impl ConfigPolicy {
         }
         p
     }
-}
 
-impl Policy for ConfigPolicy {
-    fn check(&self, r: &PolicyRequest<'_>) -> Decision {
+    fn decide(&self, r: &PolicyRequest<'_>) -> Decision {
         let Some(allowed) = self.allowed.get(r.agent) else {
             return Decision::deny(format!("Permission denied: unknown agent '{}'", r.agent));
         };
@@ -112,6 +313,88 @@ impl Policy for ConfigPolicy {
     }
 }
 
+#[async_trait]
+impl Policy for ConfigPolicy {
+    async fn check(&self, r: &PolicyRequest<'_>) -> Decision {
+        self.decide(r)
+    }
+}
+
+/// Several policies as one, resolved deny > ask > allow: the first `Deny` wins, else the
+/// first `Ask`, else `Allow` (with the members' reasons). A stack with no policies
+/// denies, and a tool is exposed only when every member exposes it.
+///
+/// E.g. `PolicyStack::new().with(Arc::new(ConfigPolicy::from_config(&c))).with(mine)`
+/// keeps the config's allow-lists and adds `mine`'s refusals and questions.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyStack {
+    policies: Vec<Arc<dyn Policy>>,
+}
+
+impl PolicyStack {
+    /// An empty stack (it denies everything until a policy is added).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add a policy.
+    pub fn with(mut self, policy: Arc<dyn Policy>) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Add a policy in place.
+    pub fn push(&mut self, policy: Arc<dyn Policy>) {
+        self.policies.push(policy);
+    }
+
+    /// How many policies the stack holds.
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Whether the stack holds no policy.
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+}
+
+/// The refusal of a [`PolicyStack`] with no policies.
+pub const EMPTY_STACK_MESSAGE: &str = "Permission denied: the policy stack has no policies";
+
+#[async_trait]
+impl Policy for PolicyStack {
+    async fn check(&self, request: &PolicyRequest<'_>) -> Decision {
+        if self.policies.is_empty() {
+            return Decision::deny(EMPTY_STACK_MESSAGE);
+        }
+        let mut ask: Option<Decision> = None;
+        let mut allowed: Vec<String> = Vec::new();
+        for p in &self.policies {
+            match p.check(request).await {
+                d @ Decision::Deny { .. } => return d,
+                d @ Decision::Ask { .. } => {
+                    ask.get_or_insert(d);
+                }
+                Decision::Allow { reason } => allowed.push(reason),
+            }
+        }
+        ask.unwrap_or_else(|| Decision::allow(allowed.join("; ")))
+    }
+
+    async fn exposes(&self, agent: &str, tool: &str) -> bool {
+        if self.policies.is_empty() {
+            return false;
+        }
+        for p in &self.policies {
+            if !p.exposes(agent, tool).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,40 +411,171 @@ mod tests {
         ConfigPolicy::from_config(&config)
     }
 
-    fn check(p: &ConfigPolicy, agent: &str, tool: &str, kind: ToolKind) -> Decision {
-        p.check(&PolicyRequest {
-            agent,
-            tool,
-            kind,
-            args: &[],
-        })
+    fn check(p: &dyn Policy, agent: &str, tool: &str, kind: ToolKind) -> Decision {
+        futures_util::FutureExt::now_or_never(p.check(&PolicyRequest::new(agent, tool, kind, &[])))
+            .unwrap()
+    }
+
+    fn exposes(p: &dyn Policy, agent: &str, tool: &str) -> bool {
+        futures_util::FutureExt::now_or_never(p.exposes(agent, tool)).unwrap()
     }
 
     #[test]
     fn plugin_tools_denied_by_default() {
         let p = policy();
-        assert!(check(&p, "a", "kv", ToolKind::Plugin).allowed);
+        assert!(check(&p, "a", "kv", ToolKind::Plugin).is_allow());
         let d = check(&p, "a", "git", ToolKind::Plugin);
-        assert!(!d.allowed);
+        assert!(d.is_deny());
         assert_eq!(
-            d.reason,
+            d.reason(),
             "Permission denied: tool 'git' is not allowed for agent 'a'"
         );
-        assert!(!check(&p, "nobody", "kv", ToolKind::Plugin).allowed);
+        assert!(check(&p, "nobody", "kv", ToolKind::Plugin).is_deny());
     }
 
     #[test]
     fn core_tools_allowed_unless_denied() {
         let p = policy();
         for t in CORE_TOOLS {
-            assert!(check(&p, "a", t, ToolKind::Core).allowed, "{t}");
+            assert!(check(&p, "a", t, ToolKind::Core).is_allow(), "{t}");
         }
         let d = check(&p, "b", "exec", ToolKind::Core);
-        assert!(!d.allowed);
-        assert!(d.reason.contains("denyTools"));
-        assert!(check(&p, "b", "read", ToolKind::Core).allowed);
+        assert!(d.is_deny());
+        assert!(d.reason().contains("denyTools"));
+        assert!(check(&p, "b", "read", ToolKind::Core).is_allow());
         // denyTools wins over tools.
-        assert!(!check(&p, "b", "git", ToolKind::Plugin).allowed);
-        assert!(!check(&p, "a", "kv", ToolKind::Core).allowed);
+        assert!(check(&p, "b", "git", ToolKind::Plugin).is_deny());
+        assert!(check(&p, "a", "kv", ToolKind::Core).is_deny());
+    }
+
+    /// Answers the same for every call; hides `hidden` when set.
+    #[derive(Debug)]
+    struct Fixed(Decision, Option<&'static str>);
+
+    #[async_trait]
+    impl Policy for Fixed {
+        async fn check(&self, _: &PolicyRequest<'_>) -> Decision {
+            self.0.clone()
+        }
+        async fn exposes(&self, _agent: &str, tool: &str) -> bool {
+            self.1 != Some(tool)
+        }
+    }
+
+    /// Only `check`: `exposes` is the default.
+    #[derive(Debug)]
+    struct CheckOnly(Decision);
+
+    #[async_trait]
+    impl Policy for CheckOnly {
+        async fn check(&self, _: &PolicyRequest<'_>) -> Decision {
+            self.0.clone()
+        }
+    }
+
+    fn stack(decisions: &[Decision]) -> PolicyStack {
+        decisions.iter().fold(PolicyStack::new(), |s, d| {
+            s.with(Arc::new(Fixed(d.clone(), None)))
+        })
+    }
+
+    #[test]
+    fn a_stack_resolves_deny_over_ask_over_allow() {
+        let (allow, ask, deny) = (
+            Decision::allow("ok"),
+            Decision::ask("sure?"),
+            Decision::deny("no"),
+        );
+        let t = |s: &PolicyStack| check(s, "a", "kv", ToolKind::Plugin);
+        assert_eq!(t(&stack(&[allow.clone(), ask.clone(), deny.clone()])), deny);
+        assert_eq!(t(&stack(&[deny.clone(), allow.clone()])), deny);
+        assert_eq!(t(&stack(&[allow.clone(), ask.clone()])), ask);
+        assert_eq!(
+            t(&stack(&[Decision::ask("first"), Decision::ask("second")])),
+            Decision::ask("first")
+        );
+        assert_eq!(
+            t(&stack(&[allow.clone(), Decision::allow("also")])),
+            Decision::allow("ok; also")
+        );
+        // Nothing in the stack: nothing runs and nothing is exposed.
+        let empty = PolicyStack::new();
+        assert!(empty.is_empty());
+        assert_eq!(t(&empty), Decision::deny(EMPTY_STACK_MESSAGE));
+        assert!(!exposes(&empty, "a", "kv"));
+        // The config policy inside a stack keeps its answers.
+        let s = PolicyStack::new().with(Arc::new(policy()));
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            check(&s, "a", "git", ToolKind::Plugin).reason(),
+            "Permission denied: tool 'git' is not allowed for agent 'a'"
+        );
+        assert!(check(&s, "a", "kv", ToolKind::Plugin).is_allow());
+    }
+
+    #[test]
+    fn a_stack_exposes_a_tool_only_when_no_member_hides_it() {
+        let s = PolicyStack::new()
+            .with(Arc::new(Fixed(Decision::allow("ok"), None)))
+            .with(Arc::new(Fixed(Decision::allow("ok"), Some("git"))));
+        assert!(exposes(&s, "a", "kv"));
+        assert!(!exposes(&s, "a", "git"));
+        let s = s.with(Arc::new(CheckOnly(Decision::deny("no"))));
+        assert!(!exposes(&s, "a", "kv"));
+    }
+
+    #[test]
+    fn exposes_by_default_unless_check_denies() {
+        assert!(exposes(&CheckOnly(Decision::allow("ok")), "a", "kv"));
+        // A tool that needs approval is still shown: the approver decides each call.
+        assert!(exposes(&CheckOnly(Decision::ask("sure?")), "a", "kv"));
+        assert!(!exposes(&CheckOnly(Decision::deny("no")), "a", "kv"));
+        let p = policy();
+        assert!(exposes(&p, "a", "kv"));
+        assert!(!exposes(&p, "a", "git"));
+        assert!(!exposes(&p, "b", "git"));
+        assert!(!exposes(&Arc::new(p), "nobody", "kv"));
+    }
+
+    #[test]
+    fn requests_default_to_unverified_and_carry_what_they_are_given() {
+        let args = vec!["get".to_string()];
+        let r = PolicyRequest::new("a", "kv", ToolKind::Plugin, &args);
+        assert_eq!(r.principal, &Principal::Unverified);
+        assert_eq!((r.session, r.channel, r.model), (None, None, None));
+        let user = Principal::user("telegram", "42");
+        let r = r
+            .with_session(Some("telegram:42"))
+            .with_channel(Some("telegram"))
+            .with_model(Some("anthropic/m"))
+            .with_principal(&user);
+        assert_eq!(r.session, Some("telegram:42"));
+        assert_eq!(r.channel, Some("telegram"));
+        assert_eq!(r.model, Some("anthropic/m"));
+        assert_eq!(
+            r.principal,
+            &Principal::User {
+                channel: "telegram".into(),
+                id: "42".into()
+            }
+        );
+        assert_eq!(r.args, &args[..]);
+        assert_eq!(Principal::default(), Principal::Unverified);
+    }
+
+    #[test]
+    fn decisions_carry_their_reason_and_serialize_tagged() {
+        let d = Decision::ask("sure?");
+        assert!(d.is_ask() && !d.is_allow() && !d.is_deny());
+        assert_eq!(d.reason(), "sure?");
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({"decision": "ask", "reason": "sure?"})
+        );
+        assert_eq!(
+            serde_json::to_value(Decision::deny("no")).unwrap(),
+            serde_json::json!({"decision": "deny", "reason": "no"})
+        );
+        assert_eq!(Decision::allow("ok").into_reason(), "ok");
     }
 }

@@ -231,6 +231,9 @@ pub struct ToolContext {
     pub model: Option<String>,
     /// Whether the current model accepts image input.
     pub model_accepts_images: bool,
+    /// Who the call comes from, for policy: the prompt's principal for a model's calls,
+    /// set by the channel for its own (default `Unverified`).
+    pub principal: crate::principal::Principal,
 }
 
 /// Run a core tool in the agent's sandbox and format its result.

@@ -8,6 +8,7 @@ mod hostile_workspace;
 mod http_api;
 mod link;
 mod plugins_external;
+mod policy_seam;
 mod sandbox_docker;
 mod support;
 mod telegram;

@@ -133,6 +133,8 @@ pub(crate) struct Job {
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub message_id: i64,
+    /// The Telegram user who sent the message (checked against `allowedUsers`).
+    pub user_id: i64,
     pub text: String,
     pub key: String,
     pub agent: String,
@@ -320,6 +322,7 @@ impl Ctx {
             chat_id,
             thread_id,
             message_id: msg.message_id,
+            user_id: from.id,
             key: session_key(chat_id, thread_id),
             agent: self.cfg.agent_for(chat_id, from.id).to_string(),
             text,

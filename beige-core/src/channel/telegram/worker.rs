@@ -395,6 +395,8 @@ async fn run_job(ctx: &Arc<Ctx>, job: Job) {
     request.channel = Some(CHANNEL.to_string());
     request.chat_id = Some(job.chat_id.to_string());
     request.thread_id = job.thread_id.map(|t| t.to_string());
+    // The sender as Telegram told the poller (never read from the message text).
+    request.principal = crate::policy::Principal::user(CHANNEL, job.user_id.to_string());
     let stream = match ctx.gateway.prompt(request).await {
         Ok(s) => s,
         Err(e) => {

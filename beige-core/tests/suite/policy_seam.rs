@@ -1,0 +1,446 @@
+//! The Policy seam on the gateway's guarded path: `Ask` without and with an approver,
+//! the principal a policy sees (the sandbox's socket calls, a model's calls inheriting
+//! their prompt's), and `exposes` deciding the launchers and the system prompt. Uses the
+//! labelled `FakeSandbox`: these tests are about the gateway, not Docker.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use beige_core::agent::events::AgentEvent;
+use beige_core::plugin::{
+    Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
+};
+use beige_core::policy::{
+    no_approver_message, Approver, Decision, Policy, PolicyRequest, Principal, ToolKind,
+};
+use beige_core::tools::{CoreToolCall, ToolContext};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
+use beige_protocol::socket::{ToolRequest, ToolResponse};
+use beige_testkit::anthropic::{tool_use_response, MessageStream};
+use beige_testkit::llm::FakeLlmServer;
+use serde_json::json;
+
+use super::support::{shim_or_skip, FakeSandbox};
+
+const KEY: &str = "sk-ant-test-key-0123456789";
+
+/// A plugin tool that answers with its name and arguments.
+#[derive(Debug)]
+struct Named(&'static str);
+
+#[async_trait]
+impl Tool for Named {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn description(&self) -> &str {
+        if self.0 == "secret" {
+            "reads the vault of secrets"
+        } else {
+            "echoes its arguments"
+        }
+    }
+    async fn call(&self, call: ToolCall) -> Result<ToolResult, ToolError> {
+        Ok(ToolResult::ok(format!(
+            "{}: {}",
+            self.0,
+            call.args.join(" ")
+        )))
+    }
+}
+
+#[derive(Debug)]
+struct OneTool(&'static str);
+
+#[async_trait]
+impl Plugin for OneTool {
+    fn name(&self) -> &str {
+        self.0
+    }
+    async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
+        reg.tool(Arc::new(Named(self.0)))?;
+        Ok(())
+    }
+}
+
+/// What a policy saw of one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    tool: String,
+    kind: ToolKind,
+    principal: Principal,
+    session: Option<String>,
+    channel: Option<String>,
+    model: Option<String>,
+}
+
+impl Seen {
+    fn of(r: &PolicyRequest<'_>) -> Self {
+        Seen {
+            tool: r.tool.to_string(),
+            kind: r.kind,
+            principal: r.principal.clone(),
+            session: r.session.map(str::to_string),
+            channel: r.channel.map(str::to_string),
+            model: r.model.map(str::to_string),
+        }
+    }
+}
+
+/// Asks about `ask`, hides `hide`, allows the rest; records every call it decides.
+#[derive(Debug, Default)]
+struct Recording {
+    ask: Option<&'static str>,
+    hide: Option<&'static str>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+#[async_trait]
+impl Policy for Recording {
+    async fn check(&self, r: &PolicyRequest<'_>) -> Decision {
+        self.seen.lock().unwrap().push(Seen::of(r));
+        if Some(r.tool) == self.ask {
+            Decision::ask(format!("'{}' talks to the world", r.tool))
+        } else {
+            Decision::allow("test policy")
+        }
+    }
+    async fn exposes(&self, _agent: &str, tool: &str) -> bool {
+        Some(tool) != self.hide
+    }
+}
+
+/// Answers every question with `answer`, recording what it was asked.
+#[derive(Debug)]
+struct Fixed {
+    answer: Decision,
+    asked: Mutex<Vec<(Seen, String)>>,
+}
+
+#[async_trait]
+impl Approver for Fixed {
+    async fn approve(&self, r: &PolicyRequest<'_>, reason: &str) -> Decision {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((Seen::of(r), reason.to_string()));
+        self.answer.clone()
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    home: BeigeHome,
+    gw: LocalGateway,
+}
+
+async fn setup(
+    policy: Arc<Recording>,
+    approver: Option<Arc<Fixed>>,
+    llm: Option<&FakeLlmServer>,
+) -> Option<Setup> {
+    let shim = shim_or_skip()?;
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let mut anthropic = json!({"apiKey": KEY});
+    if let Some(s) = llm {
+        anthropic["baseUrl"] = json!(s.url());
+    }
+    let config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": anthropic}},
+        "plugins": {"echo": {}, "secret": {}},
+        "agents": {"a": {
+            "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+            "tools": ["echo", "secret"]
+        }}
+    }))
+    .unwrap();
+    let mut b = GatewayBuilder::new(config, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(FakeSandbox))
+        .plugin(Arc::new(OneTool("echo")))
+        .plugin(Arc::new(OneTool("secret")))
+        .policy(policy);
+    if let Some(a) = approver {
+        b = b.approver(a);
+    }
+    let gw = b.build().await.unwrap();
+    Some(Setup {
+        _dir: dir,
+        home,
+        gw,
+    })
+}
+
+fn audit_lines(home: &BeigeHome) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn socket(gw: &LocalGateway, tool: &str, args: &[&str]) -> ToolResponse {
+    gw.handle_tool_request(
+        "a",
+        ToolRequest::new(tool, args.iter().map(|s| s.to_string()).collect()),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn policy_ask_without_an_approver_is_refused_and_audited_denied() {
+    let policy = Arc::new(Recording {
+        ask: Some("echo"),
+        ..Default::default()
+    });
+    let Some(s) = setup(policy.clone(), None, None).await else {
+        return;
+    };
+    let r = socket(&s.gw, "echo", &["hi"]).await;
+    assert!(!r.success);
+    let expected = "Permission denied: tool 'echo' for agent 'a' needs approval, and this gateway has no approver: 'echo' talks to the world";
+    assert_eq!(r.error.as_deref(), Some(expected));
+    assert_eq!(
+        no_approver_message("echo", "a", "'echo' talks to the world"),
+        expected
+    );
+    // One record: refused, with the reason, never started.
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 1, "{audit:#?}");
+    assert_eq!(audit[0]["decision"], "denied");
+    assert_eq!(audit[0]["phase"], "finished");
+    assert_eq!(audit[0]["tool"], "echo");
+    assert_eq!(audit[0]["error"], expected);
+    // A tool the policy allows still runs.
+    let r = socket(&s.gw, "secret", &["x"]).await;
+    assert_eq!(r.output.as_deref(), Some("secret: x"));
+}
+
+#[tokio::test]
+async fn policy_ask_goes_to_the_approver_whose_answer_is_final() {
+    let policy = Arc::new(Recording {
+        ask: Some("echo"),
+        ..Default::default()
+    });
+    let yes = Arc::new(Fixed {
+        answer: Decision::allow("the owner said yes"),
+        asked: Mutex::new(Vec::new()),
+    });
+    let Some(s) = setup(policy.clone(), Some(yes.clone()), None).await else {
+        return;
+    };
+    let r = socket(&s.gw, "echo", &["hi"]).await;
+    assert_eq!(r.output.as_deref(), Some("echo: hi"), "{r:?}");
+    let asked = yes.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].0.tool, "echo");
+    assert_eq!(asked[0].0.principal, Principal::Sandbox);
+    assert_eq!(asked[0].1, "'echo' talks to the world");
+    // Allowed by the approver: started and finished, like any allowed call.
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    assert!(audit.iter().all(|r| r["decision"] == "allowed"));
+    assert_eq!(audit[0]["phase"], "started");
+
+    // An approver saying no refuses the call with its own reason.
+    let no = Arc::new(Fixed {
+        answer: Decision::deny("the owner said no"),
+        asked: Mutex::new(Vec::new()),
+    });
+    let policy = Arc::new(Recording {
+        ask: Some("echo"),
+        ..Default::default()
+    });
+    let Some(s) = setup(policy, Some(no.clone()), None).await else {
+        return;
+    };
+    let r = socket(&s.gw, "echo", &["hi"]).await;
+    assert_eq!(r.error.as_deref(), Some("the owner said no"));
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0]["decision"], "denied");
+    assert_eq!(audit[0]["error"], "the owner said no");
+}
+
+#[tokio::test]
+async fn policy_sees_the_sandbox_on_the_socket_and_the_prompts_principal_for_the_model() {
+    let server = FakeLlmServer::start().await;
+    server.push(tool_use_response(&[(
+        "tu_1",
+        "exec",
+        json!({"command": "echo hi"}),
+    )]));
+    server.push(MessageStream::new().text("done").reply());
+    let policy = Arc::new(Recording::default());
+    let Some(s) = setup(policy.clone(), None, Some(&server)).await else {
+        return;
+    };
+
+    // A script in the sandbox, over the tool socket.
+    let r = socket(&s.gw, "echo", &["hi"]).await;
+    assert_eq!(r.output.as_deref(), Some("echo: hi"));
+
+    // A model's call, in a prompt a Telegram user sent.
+    let mut request = PromptRequest::new("a", "telegram:42", "run it");
+    request.principal = Principal::user("telegram", "7");
+    let events = s.gw.prompt(request).await.unwrap().collect_all().await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Done { response, .. } if response == "done")),
+        "{events:#?}"
+    );
+
+    // An in-process call that names no principal.
+    let out =
+        s.gw.call_tool(
+            "a",
+            CoreToolCall::parse("exec", json!({"command": "ls"})).unwrap(),
+            ToolContext::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.joined_text(), "Exit code: 0\nfake: ls");
+
+    let seen = policy.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            Seen {
+                tool: "echo".into(),
+                kind: ToolKind::Plugin,
+                principal: Principal::Sandbox,
+                session: Some("socket:a".into()),
+                channel: Some("socket".into()),
+                model: None,
+            },
+            Seen {
+                tool: "exec".into(),
+                kind: ToolKind::Core,
+                principal: Principal::User {
+                    channel: "telegram".into(),
+                    id: "7".into()
+                },
+                session: Some("telegram:42".into()),
+                channel: Some("telegram".into()),
+                model: Some("anthropic/claude-sonnet-4-6".into()),
+            },
+            Seen {
+                tool: "exec".into(),
+                kind: ToolKind::Core,
+                principal: Principal::Unverified,
+                session: None,
+                channel: None,
+                model: None,
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn policy_exposes_decides_the_launchers_and_the_prompts_tools() {
+    let server = FakeLlmServer::start().await;
+    server.push(MessageStream::new().text("hello").reply());
+    let policy = Arc::new(Recording {
+        hide: Some("secret"),
+        ..Default::default()
+    });
+    let Some(s) = setup(policy.clone(), None, Some(&server)).await else {
+        return;
+    };
+    let mut launchers: Vec<String> = std::fs::read_dir(s.home.launchers_dir("a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    launchers.sort();
+    assert_eq!(launchers, ["echo"]);
+
+    let agents = s.gw.agents().await.unwrap();
+    assert!(
+        agents[0].tool_context.contains("### echo"),
+        "{}",
+        agents[0].tool_context
+    );
+    assert!(
+        !agents[0].tool_context.contains("secret"),
+        "{}",
+        agents[0].tool_context
+    );
+
+    let events =
+        s.gw.prompt(PromptRequest::new("a", "api:a:default", "hi"))
+            .await
+            .unwrap()
+            .collect_all()
+            .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Done { response, .. } if response == "hello")),
+        "{events:#?}"
+    );
+    let system = server.requests()[0].body["system"].to_string();
+    assert!(system.contains("echoes its arguments"), "{system}");
+    assert!(!system.contains("vault of secrets"), "{system}");
+    // Visibility is not permission: `exposes` alone decided, `check` saw no call.
+    assert!(policy.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn policy_sees_the_api_token_for_http_calls_whatever_the_body_says() {
+    use axum::body::Body;
+    use axum::http::{header, Request, StatusCode};
+    use beige_core::channel::http::{router, ApiState};
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "test-token-0123456789abcdef";
+    let server = FakeLlmServer::start().await;
+    server.push(tool_use_response(&[(
+        "tu_1",
+        "exec",
+        json!({"command": "echo hi"}),
+    )]));
+    server.push(MessageStream::new().text("done").reply());
+    let policy = Arc::new(Recording::default());
+    let Some(s) = setup(policy.clone(), None, Some(&server)).await else {
+        return;
+    };
+    let app = router(ApiState::new(Arc::new(s.gw.clone()), Some(TOKEN.into())));
+    let post = |path: &str, body: serde_json::Value| {
+        Request::builder()
+            .method("POST")
+            .uri(path)
+            .header(header::HOST, "localhost:7433")
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    // A body naming a principal is not believed: the principal is the connection's.
+    let forged = json!({"kind": "embedder"});
+    let r = app
+        .clone()
+        .oneshot(post(
+            "/api/agents/a/exec",
+            json!({"tool": "exec", "params": {"command": "ls"}, "principal": forged}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = app
+        .oneshot(post(
+            "/api/agents/a/prompt",
+            json!({"message": "run it", "principal": forged}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = policy.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    assert!(
+        seen.iter().all(|s| s.principal == Principal::ApiToken),
+        "{seen:#?}"
+    );
+    assert_eq!(seen[1].session.as_deref(), Some("api:a:default"));
+}
