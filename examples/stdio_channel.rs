@@ -6,7 +6,7 @@
 //! line-based chat on stdin/stdout. Every line is a prompt to the agent; the answer is
 //! printed as it streams, tool activity goes to stderr. `/new` starts a new session,
 //! `/quit` (or end of input) leaves, Ctrl+C cancels a running answer. The channel gets an
-//! `Arc<dyn Gateway>` and nothing else, so it works the same in process (`LocalGateway`)
+//! `Arc<dyn GatewayFull>` and nothing else, so it works the same in process (`LocalGateway`)
 //! and against a daemon (`RemoteGateway`, used here). `docs/channels.md` walks through it.
 
 use std::io::Write;
@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use beige_core::agent::events::AgentEvent;
 use beige_core::channel::{Channel, ChannelError};
 use beige_core::gateway::RemoteGateway;
-use beige_core::{BeigeHome, Gateway, GatewayError, PromptRequest};
+use beige_core::{BeigeHome, Gateway, GatewayError, GatewayFull, PromptRequest};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -49,7 +49,7 @@ impl Channel for StdioChannel {
 
     async fn run(
         &self,
-        gateway: Arc<dyn Gateway>,
+        gateway: Arc<dyn GatewayFull>,
         shutdown: CancellationToken,
     ) -> Result<(), ChannelError> {
         // Pick the agent: the one asked for, else the first configured.

@@ -46,6 +46,7 @@ pub mod tools;
 
 pub use config::Config;
 pub use gateway::{
-    AgentEventStream, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest,
+    Admin, AgentEventStream, Gateway, GatewayBuilder, GatewayError, GatewayFull, LocalGateway,
+    PromptRequest, Sessions,
 };
 pub use home::BeigeHome;

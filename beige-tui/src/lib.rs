@@ -37,7 +37,7 @@ pub mod wrap;
 
 use std::sync::Arc;
 
-use beige_core::gateway::{Gateway, GatewayError, RemoteGateway};
+use beige_core::gateway::{Gateway, GatewayError, GatewayFull, RemoteGateway};
 use beige_core::home::BeigeHome;
 
 pub use app::App;
@@ -90,7 +90,7 @@ pub async fn run(agent: Option<String>, url: Option<String>) -> Result<i32, TuiE
 /// reports problems (unreachable, unknown agent, none configured) on stderr with exit
 /// code 1 before touching the terminal.
 pub async fn run_with(
-    gateway: Arc<dyn Gateway>,
+    gateway: Arc<dyn GatewayFull>,
     url: String,
     agent: Option<String>,
 ) -> Result<i32, TuiError> {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use beige_core::gateway::{Gateway, GatewayError, PromptRequest};
+use beige_core::gateway::{Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
 use beige_core::store::SettingsPatch;
 use crossterm::event::{
     DisableBracketedPaste, DisableMouseCapture, EnableBracketedPaste, EnableMouseCapture, Event,
@@ -70,7 +70,7 @@ pub fn failure(e: &GatewayError) -> Failure {
 /// Runs effects: every effect that talks to the gateway is a task whose result is sent
 /// back as a [`Msg`].
 pub struct Controller {
-    gateway: Arc<dyn Gateway>,
+    gateway: Arc<dyn GatewayFull>,
     tx: UnboundedSender<Msg>,
     tasks: Vec<JoinHandle<()>>,
     cancels: Vec<JoinHandle<()>>,
@@ -88,7 +88,7 @@ impl std::fmt::Debug for Controller {
 }
 
 impl Controller {
-    pub fn new(gateway: Arc<dyn Gateway>, tx: UnboundedSender<Msg>) -> Self {
+    pub fn new(gateway: Arc<dyn GatewayFull>, tx: UnboundedSender<Msg>) -> Self {
         Self {
             gateway,
             tx,
@@ -281,7 +281,7 @@ impl Controller {
 
 /// Everything `AgentLoaded` needs: settings of the agent's TUI key, allowed models, the
 /// key's current session (the newest with that key) and its messages.
-pub async fn load_agent(gw: &dyn Gateway, agent: &str) -> Result<AgentLoad, GatewayError> {
+pub async fn load_agent(gw: &dyn GatewayFull, agent: &str) -> Result<AgentLoad, GatewayError> {
     let key = session_key(agent);
     let settings = gw.settings(&key).await?;
     let models = gw.models(agent).await?;
@@ -303,7 +303,7 @@ pub async fn load_agent(gw: &dyn Gateway, agent: &str) -> Result<AgentLoad, Gate
 /// The id of a `/resume` target: a 1-based position in the session list, a full id or
 /// an unambiguous prefix of one.
 async fn resolve_session(
-    gw: &dyn Gateway,
+    gw: &dyn GatewayFull,
     agent: &str,
     target: ResumeTarget,
 ) -> Result<String, Failure> {
@@ -342,7 +342,7 @@ async fn resolve_session(
 }
 
 /// Ask the gateway for its agents with growing delays until it answers.
-async fn reconnect(gw: Arc<dyn Gateway>, tx: UnboundedSender<Msg>) {
+async fn reconnect(gw: Arc<dyn GatewayFull>, tx: UnboundedSender<Msg>) {
     let mut delay = RECONNECT_FIRST_DELAY;
     let mut attempt = 0u32;
     loop {
@@ -398,7 +398,7 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    pub fn new(app: App, gateway: Arc<dyn Gateway>) -> Self {
+    pub fn new(app: App, gateway: Arc<dyn GatewayFull>) -> Self {
         let (tx, rx) = unbounded_channel();
         Self {
             app,
@@ -542,7 +542,7 @@ impl Drop for TerminalGuard {
 
 /// Run the TUI on the current terminal until the user quits. `app` must already name a
 /// valid agent; its agent is loaded first.
-pub async fn run_terminal(mut app: App, gateway: Arc<dyn Gateway>) -> io::Result<()> {
+pub async fn run_terminal(mut app: App, gateway: Arc<dyn GatewayFull>) -> io::Result<()> {
     let mut guard = TerminalGuard::enter()?;
     let size = guard.terminal.size()?;
     app.size = (size.width, size.height);

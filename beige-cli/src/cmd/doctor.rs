@@ -23,7 +23,7 @@ use beige_core::plugin::{kv::KvPlugin, Plugin, PluginRegistry};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::skills::SkillSet;
 use beige_core::store::SqliteStore;
-use beige_core::{Gateway, GatewayError};
+use beige_core::{Admin, Gateway, GatewayError};
 
 use crate::client;
 use crate::Exit;

@@ -13,7 +13,7 @@ use anyhow::Result;
 use beige_core::agent::events::AgentEvent;
 use beige_core::store::SessionRecord;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
-use beige_core::{Gateway, GatewayError, PromptRequest};
+use beige_core::{Gateway, GatewayError, PromptRequest, Sessions};
 use futures_util::StreamExt;
 use serde_json::Value;
 

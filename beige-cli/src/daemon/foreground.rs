@@ -204,7 +204,7 @@ fn start_telegram(
         }
     };
     tokio::spawn(async move {
-        let gateway: Arc<dyn beige_core::Gateway> = gateway;
+        let gateway: Arc<dyn beige_core::GatewayFull> = gateway;
         if let Err(e) = channel.run(gateway, token).await {
             tracing::error!("Telegram channel stopped: {e}");
         }

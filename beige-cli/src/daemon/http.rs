@@ -15,7 +15,7 @@ use beige_core::channel::http::{ApiState, HttpApiChannel};
 use beige_core::channel::Channel;
 use beige_core::config::GatewayConfig;
 use beige_core::home::BeigeHome;
-use beige_core::Gateway;
+use beige_core::GatewayFull;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -81,7 +81,7 @@ pub fn serve(
     daemon: Arc<Daemon>,
     shutdown: CancellationToken,
 ) -> Result<Http> {
-    let gateway: Arc<dyn Gateway> = daemon.gateway();
+    let gateway: Arc<dyn GatewayFull> = daemon.gateway();
     let handle = tokio::runtime::Handle::current();
     let restart = Arc::new(move || {
         let daemon = daemon.clone();

@@ -17,7 +17,9 @@ use beige_core::hooks::HookName;
 use beige_core::llm::Message;
 use beige_core::store::{SessionRecord, SessionSettings, SettingsPatch};
 use beige_core::tools::{CoreToolCall, ToolContext, ToolOutput};
-use beige_core::{AgentEventStream, Gateway, GatewayError, LocalGateway, PromptRequest};
+use beige_core::{
+    Admin, AgentEventStream, Gateway, GatewayError, LocalGateway, PromptRequest, Sessions,
+};
 use tokio::sync::{RwLock, RwLockWriteGuard};
 
 /// A gateway that can be replaced while channels use it.
@@ -66,7 +68,10 @@ impl Gateway for ReloadableGateway {
     async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
         self.current().await.cancel(agent, session_key).await
     }
+}
 
+#[async_trait]
+impl Sessions for ReloadableGateway {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         self.current().await.sessions(agent).await
     }
@@ -117,7 +122,10 @@ impl Gateway for ReloadableGateway {
             .update_settings(agent, session_key, patch)
             .await
     }
+}
 
+#[async_trait]
+impl Admin for ReloadableGateway {
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         self.current().await.health().await
     }

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Channel, ChannelError};
 use crate::agent::events::AgentEvent;
-use crate::gateway::{Gateway, GatewayError, PromptRequest};
+use crate::gateway::{Admin, Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
 use crate::hooks::HookName;
 use crate::store::SettingsPatch;
 use crate::tools::{CoreToolCall, ToolContext};
@@ -70,7 +70,7 @@ pub type RestartHook = Arc<dyn Fn() + Send + Sync>;
 pub struct ApiState {
     /// Every route is served through this gateway ([`HttpApiChannel::run`] replaces it
     /// with the gateway it is given).
-    pub gateway: Arc<dyn Gateway>,
+    pub gateway: Arc<dyn GatewayFull>,
     /// The bearer token; `None` disables authentication (only allowed on loopback).
     pub token: Option<String>,
     /// Extra names accepted in `Host` and `Origin` (`name` or `name:port`), e.g. the name
@@ -103,7 +103,7 @@ impl std::fmt::Debug for ApiState {
 
 impl ApiState {
     /// A state with the default body limit, no extra hosts and no restart hook.
-    pub fn new(gateway: Arc<dyn Gateway>, token: Option<String>) -> Self {
+    pub fn new(gateway: Arc<dyn GatewayFull>, token: Option<String>) -> Self {
         Self {
             gateway,
             token,
@@ -297,6 +297,10 @@ impl From<GatewayError> for ApiError {
             ),
             e @ GatewayError::Unreachable { .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())
+            }
+            // An administration call this gateway leaves at its default.
+            e @ GatewayError::Unsupported { .. } => {
+                ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
             }
             // The agent is paused until the disk has room again: retry later.
             e @ GatewayError::DiskLow(_) => {
@@ -1148,7 +1152,7 @@ impl Channel for HttpApiChannel {
     /// (SSE streams included) a few seconds to finish. Runs once per `bind`.
     async fn run(
         &self,
-        gateway: Arc<dyn Gateway>,
+        gateway: Arc<dyn GatewayFull>,
         shutdown: CancellationToken,
     ) -> Result<(), ChannelError> {
         let failed = |message: String| ChannelError::Failed {

@@ -1,7 +1,7 @@
 //! Channels: how people reach agents (the HTTP API, Telegram, the TUI through the HTTP
 //! API, plugin channels).
 //!
-//! Owns the [`Channel`] trait. A channel gets an `Arc<dyn Gateway>` and nothing else, so
+//! Owns the [`Channel`] trait. A channel gets an `Arc<dyn GatewayFull>` and nothing else, so
 //! hooks, policy, fallback and audit apply identically whichever channel a message came
 //! from; it never reaches into the gateway's internals.
 
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::Gateway;
+use crate::gateway::GatewayFull;
 
 /// A channel failed to start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,7 @@ pub trait Channel: Send + Sync {
     /// Serve until `shutdown` fires. Errors at start-up are returned at once.
     async fn run(
         &self,
-        gateway: Arc<dyn Gateway>,
+        gateway: Arc<dyn GatewayFull>,
         shutdown: CancellationToken,
     ) -> Result<(), ChannelError>;
 

@@ -102,6 +102,13 @@ pub enum GatewayError {
     /// A remote gateway could not be reached ([`RemoteGateway`]).
     #[error("cannot reach the beige gateway at {url} ({message}); is it running? Start it with `beige gateway start` (check with `beige gateway status`)")]
     Unreachable { url: String, message: String },
+    /// This gateway does not offer the operation (an [`Admin`] method it leaves at its
+    /// default); HTTP 501.
+    #[error("this gateway does not support {what}")]
+    Unsupported {
+        /// The operation, e.g. `sandbox_status`.
+        what: &'static str,
+    },
     /// A [`RemoteGateway`] could not be set up (bad URL, unreadable token file).
     #[error("cannot use the gateway at {url}: {message}")]
     RemoteSetup { url: String, message: String },
@@ -171,7 +178,10 @@ pub struct SandboxStatus {
     pub ping_us: Option<u64>,
 }
 
-/// What channels and embedders talk to. Implemented in process by [`LocalGateway`].
+/// What channels and embedders talk to: the agents, a prompt and its events, a core tool
+/// call, cancellation. Sessions and administration are the separate traits [`Sessions`]
+/// and [`Admin`]; [`GatewayFull`] is all three. Implemented in process by
+/// [`LocalGateway`], over HTTP by [`RemoteGateway`]; `Arc<G>` and `Box<G>` forward.
 #[async_trait]
 pub trait Gateway: Send + Sync {
     /// The configured agents, in config order.
@@ -193,6 +203,43 @@ pub trait Gateway: Send + Sync {
     /// Cancel the running prompt of a session key; `false` when none was running.
     async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError>;
 
+    /// One agent by name; by default looked up in [`Gateway::agents`].
+    async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
+        let agents = self.agents().await?;
+        let known = agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        agents
+            .iter()
+            .find(|a| a.name == name)
+            .cloned()
+            .ok_or_else(|| GatewayError::UnknownAgent {
+                agent: name.to_string(),
+                known,
+            })
+    }
+
+    /// Run a shell command in an agent's sandbox (the core `exec` tool, default time
+    /// limit), through the guarded path.
+    async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
+        self.call_tool(
+            agent,
+            CoreToolCall::Exec(crate::tools::ExecParams {
+                command: command.to_string(),
+                timeout: None,
+            }),
+            ToolContext::default(),
+        )
+        .await
+    }
+}
+
+/// The sessions of an agent and their settings (`/api/agents/{name}/sessions`, the TUI's
+/// session list, Telegram's `/new` and `/resume`).
+#[async_trait]
+pub trait Sessions: Send + Sync {
     /// The agent's sessions, newest first.
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError>;
 
@@ -228,29 +275,49 @@ pub trait Gateway: Send + Sync {
         session_key: &str,
         patch: SettingsPatch,
     ) -> Result<SessionSettings, GatewayError>;
+}
 
+/// Administration: model health and catalogue, the configuration summary, hooks a
+/// channel may trigger, sandbox and disk status. Every method has a default that answers
+/// [`GatewayError::Unsupported`] (HTTP 501), so a small gateway implements none of them.
+#[async_trait]
+pub trait Admin: Send + Sync {
     /// Health of every model that has failed or cooled down.
-    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError>;
+    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "health" })
+    }
 
     /// The models an agent may use (primary first), with catalogue data and health.
-    async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError>;
+    async fn models(&self, _agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "models" })
+    }
 
     /// Agents and providers without secrets (`GET /api/config`).
-    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError>;
+    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "config_summary",
+        })
+    }
 
     /// Run one of the hooks channels may trigger (`prePrompt`, `postResponse`,
     /// `sessionCreated`, `sessionDisposed`) with a JSON event; returns the hook result
     /// as JSON (`{}` for observers).
     async fn run_hook(
         &self,
-        agent: &str,
-        hook: crate::hooks::HookName,
-        event: serde_json::Value,
-    ) -> Result<serde_json::Value, GatewayError>;
+        _agent: &str,
+        _hook: crate::hooks::HookName,
+        _event: serde_json::Value,
+    ) -> Result<serde_json::Value, GatewayError> {
+        Err(GatewayError::Unsupported { what: "run_hook" })
+    }
 
     /// The agent's container and the health of its shim link, with one live keepalive
     /// round trip when the link is up.
-    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError>;
+    async fn sandbox_status(&self, _agent: &str) -> Result<SandboxStatus, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "sandbox_status",
+        })
+    }
 
     /// Free space of the filesystems the gateway and its agents write to, and the agents
     /// the free-space guard pauses; `None` when this gateway has no guard to report.
@@ -258,6 +325,107 @@ pub trait Gateway: Send + Sync {
         Ok(None)
     }
 }
+
+/// Everything a gateway offers: [`Gateway`], [`Sessions`] and [`Admin`]. Implemented for
+/// every type that implements the three. (To pass an `Arc<dyn GatewayFull>` where an
+/// `Arc<dyn Gateway>` is wanted, wrap it once more: `Arc::new(full)`.)
+pub trait GatewayFull: Gateway + Sessions + Admin {}
+
+impl<T: Gateway + Sessions + Admin + ?Sized> GatewayFull for T {}
+
+/// `Arc<G>`, `Box<G>` and `&G` are gateways when `G` is: one forwarding implementation
+/// per trait, so wrappers need no 15-method forwarder.
+macro_rules! forward_gateway {
+    ($($ptr:ty),*) => {$(
+        #[async_trait]
+        impl<G: Gateway + ?Sized> Gateway for $ptr {
+            async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
+                (**self).agents().await
+            }
+            async fn call_tool(
+                &self,
+                agent: &str,
+                call: CoreToolCall,
+                ctx: ToolContext,
+            ) -> Result<ToolOutput, GatewayError> {
+                (**self).call_tool(agent, call, ctx).await
+            }
+            async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
+                (**self).prompt(request).await
+            }
+            async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
+                (**self).cancel(agent, session_key).await
+            }
+            async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
+                (**self).agent(name).await
+            }
+            async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
+                (**self).exec(agent, command).await
+            }
+        }
+
+        #[async_trait]
+        impl<G: Sessions + ?Sized> Sessions for $ptr {
+            async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
+                (**self).sessions(agent).await
+            }
+            async fn new_session(&self, agent: &str, session_key: &str) -> Result<SessionRecord, GatewayError> {
+                (**self).new_session(agent, session_key).await
+            }
+            async fn resume_session(
+                &self,
+                agent: &str,
+                session_key: &str,
+                session_id: &str,
+            ) -> Result<SessionRecord, GatewayError> {
+                (**self).resume_session(agent, session_key, session_id).await
+            }
+            async fn session_messages(&self, agent: &str, session_id: &str) -> Result<Vec<Message>, GatewayError> {
+                (**self).session_messages(agent, session_id).await
+            }
+            async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError> {
+                (**self).settings(session_key).await
+            }
+            async fn update_settings(
+                &self,
+                agent: &str,
+                session_key: &str,
+                patch: SettingsPatch,
+            ) -> Result<SessionSettings, GatewayError> {
+                (**self).update_settings(agent, session_key, patch).await
+            }
+        }
+
+        #[async_trait]
+        impl<G: Admin + ?Sized> Admin for $ptr {
+            async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+                (**self).health().await
+            }
+            async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+                (**self).models(agent).await
+            }
+            async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+                (**self).config_summary().await
+            }
+            async fn run_hook(
+                &self,
+                agent: &str,
+                hook: crate::hooks::HookName,
+                event: serde_json::Value,
+            ) -> Result<serde_json::Value, GatewayError> {
+                (**self).run_hook(agent, hook, event).await
+            }
+            async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+                (**self).sandbox_status(agent).await
+            }
+            async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
+                (**self).disk_status().await
+            }
+        }
+    )*};
+}
+
+forward_gateway!(Arc<G>, Box<G>);
 
 static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -1448,7 +1616,10 @@ impl Gateway for LocalGateway {
         }
         Ok(any)
     }
+}
 
+#[async_trait]
+impl Sessions for LocalGateway {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         self.inner.agent(agent)?;
         Ok(self.inner.store.list_sessions(agent).await?)
@@ -1581,7 +1752,10 @@ impl Gateway for LocalGateway {
         }
         Ok(self.inner.store.update_settings(session_key, patch).await?)
     }
+}
 
+#[async_trait]
+impl Admin for LocalGateway {
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         Ok(self.inner.router.health.all())
     }

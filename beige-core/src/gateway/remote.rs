@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest, SandboxStatus,
+    Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest,
+    SandboxStatus, Sessions,
 };
 use crate::agent::events::AgentEvent;
 use crate::agent::router::ModelHealth;
@@ -640,7 +641,10 @@ impl Gateway for RemoteGateway {
             .await?;
         field(v, "cancelled")
     }
+}
 
+#[async_trait]
+impl Sessions for RemoteGateway {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         let v = self
             .call(
@@ -761,7 +765,10 @@ impl Gateway for RemoteGateway {
         )
         .await
     }
+}
 
+#[async_trait]
+impl Admin for RemoteGateway {
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         let v = self
             .call(

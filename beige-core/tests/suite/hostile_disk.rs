@@ -18,6 +18,7 @@ use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
 use beige_core::store::{KvUsage, SqliteStore, Store};
 use beige_core::tools::ToolOutput;
+use beige_core::Admin as _;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest};
 use beige_protocol::socket::ToolRequest;
 use serde_json::json;

@@ -17,7 +17,7 @@ use beige_core::llm::LlmProvider;
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::store::{SqliteStore, Store};
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
-use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayFull, LocalGateway};
 use beige_testkit::telegram::FakeTelegram;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -175,7 +175,7 @@ async fn a_forged_session_context_cannot_send_outside_allowed_chats() {
     let run = {
         let (channel, gw, stop) = (
             channel.clone(),
-            gw.clone() as Arc<dyn Gateway>,
+            gw.clone() as Arc<dyn GatewayFull>,
             stop.clone(),
         );
         tokio::spawn(async move { channel.run(gw, stop).await })
@@ -314,7 +314,7 @@ async fn a_connection_and_line_flood_leaves_other_agents_and_the_api_answering()
     .unwrap();
     let stop = CancellationToken::new();
     let served = {
-        let (gw, stop) = (gw.clone() as Arc<dyn Gateway>, stop.clone());
+        let (gw, stop) = (gw.clone() as Arc<dyn GatewayFull>, stop.clone());
         tokio::spawn(async move { api.run(gw, stop).await })
     };
     let workspace = gw.config().agent_workspace(gw.home(), "flood");

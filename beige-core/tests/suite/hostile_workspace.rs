@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
+use beige_core::Admin as _;
 use beige_core::{Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::text_response;
 use beige_testkit::llm::FakeLlmServer;

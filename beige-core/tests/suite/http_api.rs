@@ -20,7 +20,10 @@ use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::hooks::HookName;
 use beige_core::store::SettingsPatch;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
-use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest};
+use beige_core::{Admin as _, Sessions as _};
+use beige_core::{
+    BeigeHome, Gateway, GatewayBuilder, GatewayError, GatewayFull, LocalGateway, PromptRequest,
+};
 use beige_testkit::anthropic::{text_response, MessageStream};
 use beige_testkit::llm::{FakeLlmServer, Reply};
 use eventsource_stream::Eventsource;
@@ -84,7 +87,7 @@ impl Fixture {
         let (channel, addr) = HttpApiChannel::bind("127.0.0.1", 0, state).unwrap();
         assert_eq!(channel.name(), "api");
         let shutdown = CancellationToken::new();
-        let gw: Arc<dyn Gateway> = self.gw.clone();
+        let gw: Arc<dyn GatewayFull> = self.gw.clone();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move { channel.run(gw, stop).await });
         Served {

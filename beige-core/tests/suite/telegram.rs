@@ -15,7 +15,8 @@ use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
 use beige_core::plugin::{SessionInfo, ToolCall};
 use beige_core::store::{SqliteStore, Store};
-use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_core::Sessions as _;
+use beige_core::{BeigeHome, GatewayBuilder, GatewayFull, LocalGateway};
 use beige_testkit::anthropic::{text_response, MessageStream};
 use beige_testkit::llm::{FakeLlmServer, Part, Reply};
 use beige_testkit::telegram::{FakeTelegram, SentMessage};
@@ -134,7 +135,7 @@ impl Harness {
 
     fn start(&mut self) {
         let ch = self.channel.clone();
-        let gw: Arc<dyn Gateway> = self.gw.clone();
+        let gw: Arc<dyn GatewayFull> = self.gw.clone();
         self.run = Some(tokio::spawn(async move {
             ch.run(gw, CancellationToken::new()).await
         }));

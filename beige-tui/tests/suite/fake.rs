@@ -11,7 +11,8 @@ use beige_core::agent::events::AgentEvent;
 use beige_core::agent::router::ModelHealth;
 use beige_core::config::{LinkMode, ThinkingLevel};
 use beige_core::gateway::{
-    AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest, SandboxStatus,
+    Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayError, PromptRequest,
+    SandboxStatus, Sessions,
 };
 use beige_core::hooks::HookName;
 use beige_core::llm::catalog::ModelInfo;
@@ -238,7 +239,10 @@ impl Gateway for FakeGateway {
             None => Ok(false),
         }
     }
+}
 
+#[async_trait]
+impl Sessions for FakeGateway {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         self.check()?;
         self.unknown_agent(agent)?;
@@ -359,7 +363,10 @@ impl Gateway for FakeGateway {
         }
         Ok(s.clone())
     }
+}
 
+#[async_trait]
+impl Admin for FakeGateway {
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         self.check()?;
         Ok(HashMap::new())

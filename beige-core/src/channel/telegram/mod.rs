@@ -76,7 +76,7 @@ use self::format::{render_chunks, MAX_MESSAGE_LEN};
 use self::outbox::{OutItem, KV};
 use self::poll::{Inbound, PollHealth, Poller};
 use super::{Channel, ChannelError};
-use crate::gateway::{Gateway, GatewayError};
+use crate::gateway::{GatewayError, GatewayFull};
 use crate::store::{Store, StoreError};
 
 /// Errors of the Telegram channel and plugin.
@@ -163,7 +163,7 @@ pub(crate) struct Ctx {
     pub cfg: TelegramConfig,
     pub api: BotApi,
     pub store: Arc<dyn Store>,
-    pub gateway: Arc<dyn Gateway>,
+    pub gateway: Arc<dyn GatewayFull>,
     pub token: CancellationToken,
     pub finishing: Arc<Mutex<HashSet<i64>>>,
     queues: Mutex<HashMap<String, Queue>>,
@@ -394,7 +394,7 @@ impl TelegramChannel {
         self.health.polls.load(Ordering::SeqCst)
     }
 
-    async fn check_agents(&self, gateway: &dyn Gateway) -> Result<(), ChannelError> {
+    async fn check_agents(&self, gateway: &dyn GatewayFull) -> Result<(), ChannelError> {
         let known: Vec<String> = gateway
             .agents()
             .await
@@ -431,7 +431,7 @@ impl Channel for TelegramChannel {
 
     async fn run(
         &self,
-        gateway: Arc<dyn Gateway>,
+        gateway: Arc<dyn GatewayFull>,
         shutdown: CancellationToken,
     ) -> Result<(), ChannelError> {
         // Everything this run spawns stops when the run ends, however it ends.
