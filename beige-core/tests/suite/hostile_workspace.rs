@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use beige_core::agent::events::AgentEvent;
-use beige_core::config::Config;
 use beige_core::Admin as _;
-use beige_core::{Gateway, GatewayBuilder, LocalGateway, PromptRequest};
+use beige_core::config::Config;
+use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use beige_core::{Gateway, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::text_response;
 use beige_testkit::llm::FakeLlmServer;
 use serde_json::json;
@@ -25,17 +26,14 @@ use super::sandbox_docker::exec;
 use super::support::{DockerEnv, TestHome};
 use crate::docker_or_skip;
 
-/// In the gateway's environment (each test is its own process under nextest).
+/// Set in the gateway's environment at run time (each test is its own process under
+/// nextest); `/proc/self/environ` shows only the start-up environment, which is why
+/// `assert_nothing_of_the_host_in` also looks for a variable from that.
 const ENV_CANARY: &str = "BEIGE_HOSTILE_ENV_CANARY=env-canary-7f3a9c";
 const TOKEN_CANARY: &str = "token-canary-51d0e2";
 const FILE_CANARY: &str = "host-file-canary-c4b8";
 
-fn config(
-    t: &TestHome,
-    env: &DockerEnv,
-    server: &FakeLlmServer,
-    agent: serde_json::Value,
-) -> Config {
+fn config(env: &DockerEnv, server: &FakeLlmServer, agent: serde_json::Value) -> Config {
     let mut a = json!({
         "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
         "tools": [],
@@ -44,7 +42,6 @@ fn config(
     if let (Some(o), serde_json::Value::Object(extra)) = (a.as_object_mut(), agent) {
         o.extend(extra);
     }
-    let _ = t;
     serde_json::from_value(json!({
         "llm": {"providers": {"anthropic": {"apiKey": "sk-ant-hostile-0123456789", "baseUrl": server.url()}}},
         "agents": {"a": a},
@@ -53,13 +50,21 @@ fn config(
 }
 
 async fn gateway(t: &TestHome, env: &DockerEnv, config: Config) -> LocalGateway {
-    let docker = t.docker().await;
-    GatewayBuilder::new(config, t.home.clone())
-        .shim(&env.shim)
-        .sandbox(Arc::new(docker))
-        .build()
-        .await
-        .unwrap()
+    t.gateway(env, config).await
+}
+
+/// `exec` with a longer time limit than `sandbox_docker::exec`'s 30 s.
+async fn exec_long(gw: &LocalGateway, command: String, timeout: u64) -> ToolOutput {
+    gw.call_tool(
+        "a",
+        CoreToolCall::Exec(ExecParams {
+            command,
+            timeout: Some(timeout),
+        }),
+        ToolContext::default(),
+    )
+    .await
+    .unwrap()
 }
 
 /// Host files the workspace must never reach: a canary file beside the home, the API
@@ -112,7 +117,7 @@ async fn agents_md_links_fifos_and_giants_never_reach_the_model() {
     let t = TestHome::new();
     let canary = plant_host_canaries(&t);
     let server = FakeLlmServer::start().await;
-    let gw = gateway(&t, &env, config(&t, &env, &server, json!({}))).await;
+    let gw = gateway(&t, &env, config(&env, &server, json!({}))).await;
     let token = t.home.root().join("gateway.token");
     let ws = gw.config().agent_workspace(&t.home, "a");
 
@@ -192,7 +197,7 @@ async fn seeding_agents_md_at_restart_never_writes_through_a_planted_link() {
     let canary = plant_host_canaries(&t);
     let created = t.dir.path().join("created-by-gateway");
     let server = FakeLlmServer::start().await;
-    let gw = gateway(&t, &env, config(&t, &env, &server, json!({}))).await;
+    let gw = gateway(&t, &env, config(&env, &server, json!({}))).await;
     // The old temporary name, and every other name nearby, made links to host files.
     let cmd = format!(
         "cd /workspace && rm -f AGENTS.md && ln -s {c} .AGENTS.md.beige-tmp && ln -s {c} .AGENTS.md.tmp && ln -s {n} AGENTS.md.new && ls -la",
@@ -203,7 +208,7 @@ async fn seeding_agents_md_at_restart_never_writes_through_a_planted_link() {
     assert!(!out.is_error, "{}", out.joined_text());
     gw.stop(true).await.unwrap();
     // `beige gateway restart`: a new gateway on the same home seeds AGENTS.md again.
-    let gw = gateway(&t, &env, config(&t, &env, &server, json!({}))).await;
+    let gw = gateway(&t, &env, config(&env, &server, json!({}))).await;
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), FILE_CANARY);
     assert!(!created.exists());
     let ws = gw.config().agent_workspace(&t.home, "a");
@@ -221,7 +226,7 @@ async fn seeding_agents_md_at_restart_never_writes_through_a_planted_link() {
     .await;
     assert!(!out.is_error, "{}", out.joined_text());
     gw.stop(true).await.unwrap();
-    let gw = gateway(&t, &env, config(&t, &env, &server, json!({}))).await;
+    let gw = gateway(&t, &env, config(&env, &server, json!({}))).await;
     assert!(!created.exists());
     assert!(std::fs::symlink_metadata(ws.join("AGENTS.md"))
         .unwrap()
@@ -250,7 +255,7 @@ async fn a_command_tools_working_directory_cannot_be_swapped_for_a_link() {
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("HOST-ONLY-FILE"), FILE_CANARY).unwrap();
     let server = FakeLlmServer::start().await;
-    let mut config = config(&t, &env, &server, json!({"tools": ["lister"]}));
+    let mut config = config(&env, &server, json!({"tools": ["lister"]}));
     config.plugins =
         serde_json::from_value(json!({"lister": {"path": lister(t.dir.path())}})).unwrap();
     let gw = gateway(&t, &env, config).await;
@@ -275,17 +280,7 @@ mv d.real d 2>/dev/null; true
 echo "hits=$hits ok=$ok refused=$refused""#,
         o = outside.display()
     );
-    let out = gw
-        .call_tool(
-            "a",
-            beige_core::tools::CoreToolCall::Exec(beige_core::tools::ExecParams {
-                command: script,
-                timeout: Some(120),
-            }),
-            beige_core::tools::ToolContext::default(),
-        )
-        .await
-        .unwrap();
+    let out = exec_long(&gw, script, 120).await;
     let text = out.joined_text();
     assert!(text.contains("hits=0 "), "{text}");
     let ok: u32 = text
@@ -348,7 +343,6 @@ async fn no_shipped_example_runs_a_program_the_workspace_configures() {
     // as they do for an ordinary gateway user in the docker group — so programs such as
     // git, which refuse repositories of other users, do not refuse this one.
     let mut config = config(
-        &t,
         &env,
         &server,
         json!({"tools": tools, "sandbox": {"image": env.image, "memoryLimit": "256m", "user": "root"}}),
@@ -408,7 +402,7 @@ async fn a_hostile_workspace_in_a_loop_of_swaps_reaches_nothing_and_stalls_nothi
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("HOST-ONLY-FILE"), FILE_CANARY).unwrap();
     let server = FakeLlmServer::start().await;
-    let mut config = config(&t, &env, &server, json!({"tools": ["lister"]}));
+    let mut config = config(&env, &server, json!({"tools": ["lister"]}));
     config.plugins =
         serde_json::from_value(json!({"lister": {"path": lister(t.dir.path())}})).unwrap();
     let gw = Arc::new(gateway(&t, &env, config).await);
@@ -462,17 +456,7 @@ echo swapped"#,
         tok = t.home.root().join("gateway.token").display()
     );
     let gw2 = gw.clone();
-    let swapping = tokio::spawn(async move {
-        gw2.call_tool(
-            "a",
-            beige_core::tools::CoreToolCall::Exec(beige_core::tools::ExecParams {
-                command: swapper,
-                timeout: Some(90),
-            }),
-            beige_core::tools::ToolContext::default(),
-        )
-        .await
-    });
+    let swapping = tokio::spawn(async move { exec_long(&gw2, swapper, 90).await });
     // Meanwhile: prompts (AGENTS.md read), tool calls from inside (working directory),
     // and the gateway's own answers, each bounded in time.
     let mut prompts = 0;
@@ -506,7 +490,7 @@ echo swapped"#,
         let health = tokio::time::timeout(Duration::from_secs(5), gw.health()).await;
         assert!(health.is_ok(), "health did not answer");
     }
-    let swapped = swapping.await.unwrap().unwrap();
+    let swapped = swapping.await.unwrap();
     assert!(
         swapped.joined_text().contains("swapped"),
         "{}",
