@@ -4,7 +4,7 @@
 //! Owns the bot's side of the conversation — polling, who may talk, which agent answers
 //! in which chat, session keys (`telegram:<chatId>` or `telegram:<chatId>:<threadId>` in
 //! forum topics), commands, streaming replies, formatting, delivery and the `telegram`
-//! plugin tool ([`TelegramPlugin`]). It reaches agents only through the [`Gateway`]
+//! plugin tool ([`TelegramPlugin`]). It reaches agents only through the [`Gateway`](crate::Gateway)
 //! trait, and it touches the store only for its own records: the offset, the dedup
 //! window, its inbox and outbox, and its plugin data (`telegram`). It never calls a
 //! model or a sandbox itself.
