@@ -508,7 +508,7 @@ async fn cancelling_during_exec_kills_it() {
             .any(|e| matches!(e, AgentEvent::Error { message, .. } if message == "cancelled")),
         "{rest:#?}"
     );
-    let left = exec(&gw, "a", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep' || true").await;
+    let left = exec(&gw, "a", "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done | grep -c '^sleep' || true").await;
     assert_eq!(left.joined_text(), "Exit code: 0\n0");
     // History keeps what happened, closed with a note.
     let s = &gw.sessions("a").await.unwrap()[0];

@@ -381,7 +381,7 @@ async fn exec_exit_codes_flood_cap_and_timeout() {
     let left = exec(
         &gw,
         "tools",
-        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep' || true",
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done | grep -c '^sleep' || true",
     )
     .await;
     assert_eq!(left.joined_text(), "Exit code: 0\n0");
