@@ -22,6 +22,26 @@
 //! | [`fsutil`] | host-side access to agent-writable trees (`Beneath`: openat2 beneath a handle, no links) and caller path checks |
 //! | [`store`] | sessions, messages, settings, health, channel offsets/outbox, plugin data |
 //! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
+//!
+//! ## Cargo features
+//!
+//! | feature | default | gates |
+//! |---|---|---|
+//! | `docker` | yes | the Docker sandbox backend, `sandbox::docker` (bollard, tar) |
+//! | `http-api` | yes | the HTTP API channel, `channel::http` (axum) |
+//! | `sqlite` | yes | the default store, `store::SqliteStore` (rusqlite, SQLite bundled) |
+//! | `anthropic` | yes | the `anthropic-messages` client, `llm::anthropic` |
+//! | `openai` | yes | the `openai-completions` and `openai-responses` clients, `llm::openai_completions`, `llm::openai_responses` |
+//! | `google` | yes | the `google-generative-ai` client, `llm::google` |
+//! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
+//! | `test-util` | no | reserved for test seams; gates nothing yet |
+//!
+//! With none of them the crate still has the gateway traits, [`gateway::RemoteGateway`],
+//! config, policy, audit, hooks, plugins and the core tools. A missing piece is an error
+//! of [`GatewayBuilder::build`], never a panic: a configured provider whose client is left
+//! out is [`GatewayError::NotCompiledIn`], `plugins.telegram` without `telegram` a plugin
+//! error, no [`GatewayBuilder::store`] without `sqlite` [`GatewayError::NoStore`], no
+//! [`GatewayBuilder::sandbox`] without `docker` [`GatewayError::NoSandbox`].
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 

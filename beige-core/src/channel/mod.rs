@@ -5,7 +5,9 @@
 //! hooks, policy, fallback and audit apply identically whichever channel a message came
 //! from; it never reaches into the gateway's internals.
 
+#[cfg(feature = "http-api")]
 pub mod http;
+#[cfg(feature = "telegram")]
 pub mod telegram;
 
 use std::sync::Arc;
@@ -13,7 +15,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::PluginEntry;
 use crate::gateway::GatewayFull;
+use crate::plugin::Plugin;
+
+/// The plugin of the built-in channel that the `plugins.<name>` entry `entry` enables, if
+/// it names one compiled into this build (today: `telegram`, cargo feature `telegram`).
+/// A built-in channel whose feature is off is refused when plugins are loaded.
+pub(crate) fn builtin_plugin(name: &str, entry: &PluginEntry) -> Option<Arc<dyn Plugin>> {
+    #[cfg(feature = "telegram")]
+    if name == "telegram" && telegram::is_builtin(entry) {
+        return Some(Arc::new(telegram::TelegramPlugin::new()));
+    }
+    let _ = (name, entry);
+    None
+}
 
 /// A channel failed to start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

@@ -48,7 +48,7 @@ use crate::sandbox::{
 use crate::skills::{SkillError, SkillSet};
 use crate::socket::{SocketLimits, SocketServer, ToolRequestHandler};
 use crate::store::{
-    HealthRecord, SessionRecord, SessionSettings, SettingsPatch, SqliteStore, Store, StoreError,
+    HealthRecord, SessionRecord, SessionSettings, SettingsPatch, Store, StoreError,
 };
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
 use tokio_util::sync::CancellationToken;
@@ -112,6 +112,21 @@ pub enum GatewayError {
     /// A [`RemoteGateway`] could not be set up (bad URL, unreadable token file).
     #[error("cannot use the gateway at {url}: {message}")]
     RemoteSetup { url: String, message: String },
+    /// The config names a piece this build of beige-core leaves out: its cargo feature
+    /// is off.
+    #[error("{what} is not compiled in (cargo feature `{feature}`); enable the feature in the dependency on beige-core")]
+    NotCompiledIn {
+        /// What is missing, e.g. `llm.providers.claude: the anthropic provider`.
+        what: String,
+        /// The cargo feature of beige-core that compiles it in.
+        feature: &'static str,
+    },
+    /// No store was given and the default one (SQLite) is not compiled in.
+    #[error("no store: beige-core is built without the `sqlite` feature (the default SQLite store); pass a store to GatewayBuilder::store")]
+    NoStore,
+    /// No sandbox was given and the default backend (Docker) is not compiled in.
+    #[error("no sandbox: beige-core is built without the `docker` feature (the default Docker backend); pass a sandbox to GatewayBuilder::sandbox")]
+    NoSandbox,
 }
 
 impl From<crate::disk::DiskLow> for GatewayError {
@@ -634,20 +649,14 @@ impl GatewayBuilder {
                 })?;
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
-            } else if name == "telegram" && crate::channel::telegram::is_builtin(entry) {
-                ordered.push(Arc::new(crate::channel::telegram::TelegramPlugin::new()));
+            } else if let Some(plugin) = crate::channel::builtin_plugin(name, entry) {
+                ordered.push(plugin);
             }
         }
         ordered.extend(extra);
         let store: Arc<dyn Store> = match self.store {
             Some(s) => s,
-            None => {
-                std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::Host {
-                    path: home.root().display().to_string(),
-                    message: e.to_string(),
-                })?;
-                Arc::new(SqliteStore::open(home.db_path())?)
-            }
+            None => open_default_store(&home)?,
         };
         let registry = PluginRegistry::build(
             ordered,
@@ -843,7 +852,7 @@ async fn connect_default(
     home: &BeigeHome,
     installation: &crate::home::InstallationId,
     config: &Config,
-) -> Result<Arc<dyn Sandbox>, SandboxError> {
+) -> Result<Arc<dyn Sandbox>, GatewayError> {
     let docker = crate::sandbox::docker::DockerSandbox::connect(installation.as_str())
         .await?
         .with_legacy_home(home)
@@ -856,10 +865,23 @@ async fn connect_default(
     _: &BeigeHome,
     _: &crate::home::InstallationId,
     _: &Config,
-) -> Result<Arc<dyn Sandbox>, SandboxError> {
-    Err(SandboxError::DockerUnavailable {
-        message: "beige-core was built without the `docker` feature; pass a sandbox to GatewayBuilder::sandbox".into(),
-    })
+) -> Result<Arc<dyn Sandbox>, GatewayError> {
+    Err(GatewayError::NoSandbox)
+}
+
+/// The store when none was given: `<BEIGE_HOME>/beige.db`.
+#[cfg(feature = "sqlite")]
+fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+    std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::Host {
+        path: home.root().display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(Arc::new(crate::store::SqliteStore::open(home.db_path())?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn open_default_store(_: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+    Err(GatewayError::NoStore)
 }
 
 /// The agent's tools that get a launcher: registered and exposed by policy.
@@ -2024,6 +2046,17 @@ async fn build_router(
         }
         match crate::llm::client_for(name, p) {
             Ok(client) => router.add(client, p.concurrency),
+            // A provider whose client is left out of the build: refuse to start.
+            Err(crate::llm::LlmError::NotCompiledIn {
+                provider,
+                client,
+                feature,
+            }) => {
+                return Err(GatewayError::NotCompiledIn {
+                    what: format!("llm.providers.{provider}: the {client} provider"),
+                    feature,
+                })
+            }
             Err(e) => tracing::warn!(provider = %name, error = %e, "provider unavailable"),
         }
     }

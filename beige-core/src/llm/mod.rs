@@ -7,14 +7,22 @@
 //! execution — that is the agent loop's business. API keys live inside the clients and
 //! never appear in `Debug` output, errors or logs.
 
+#[cfg(feature = "anthropic")]
 pub mod anthropic;
 pub mod catalog;
+#[cfg(feature = "google")]
 pub mod google;
+#[cfg(feature = "openai")]
 pub mod openai_completions;
+#[cfg(feature = "openai")]
 pub mod openai_responses;
 pub mod scripted;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "google"))]
+// The Google client streams but reads its errors itself.
+#[cfg_attr(not(any(feature = "anthropic", feature = "openai")), allow(dead_code))]
 pub mod sse;
 #[cfg(test)]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "google"))]
 mod test_support;
 
 use std::pin::Pin;
@@ -253,6 +261,16 @@ pub enum LlmError {
     Decode { provider: String, message: String },
     #[error("{provider}: {message}")]
     Config { provider: String, message: String },
+    /// The client of the provider's API was left out of this build of beige-core (its
+    /// cargo feature is off).
+    #[error("provider '{provider}': the {client} provider is not compiled in (cargo feature `{feature}`)")]
+    NotCompiledIn {
+        provider: String,
+        /// `anthropic`, `openai` or `google`.
+        client: &'static str,
+        /// The cargo feature of beige-core that compiles it in.
+        feature: &'static str,
+    },
 }
 
 impl LlmError {
@@ -364,7 +382,13 @@ pub fn default_base_url(provider: &str) -> Option<&'static str> {
 }
 
 /// Build the client of a configured provider: the `api` (or the provider name's
-/// default), the base URL (or the default), the key and extra headers.
+/// default), the base URL (or the default), the key and extra headers. An API whose
+/// client is not compiled in is [`LlmError::NotCompiledIn`].
+// Without some provider feature, what only its client would use goes unused.
+#[cfg_attr(
+    not(all(feature = "anthropic", feature = "openai", feature = "google")),
+    allow(unused_variables)
+)]
 pub fn client_for(
     name: &str,
     config: &crate::config::ProviderConfig,
@@ -391,25 +415,63 @@ pub fn client_for(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    Ok(match api {
-        ProviderApi::AnthropicMessages => {
-            std::sync::Arc::new(anthropic::AnthropicClient::new(name, &base, key, headers)?)
-        }
-        ProviderApi::OpenAiCompletions => std::sync::Arc::new(
+    #[cfg(not(all(feature = "anthropic", feature = "openai", feature = "google")))]
+    let not_compiled = |client: &'static str| LlmError::NotCompiledIn {
+        provider: name.to_string(),
+        client,
+        feature: client,
+    };
+    match api {
+        #[cfg(feature = "anthropic")]
+        ProviderApi::AnthropicMessages => Ok(std::sync::Arc::new(anthropic::AnthropicClient::new(
+            name, &base, key, headers,
+        )?)),
+        #[cfg(feature = "openai")]
+        ProviderApi::OpenAiCompletions => Ok(std::sync::Arc::new(
             openai_completions::OpenAiCompletionsClient::new(name, &base, key, headers)?,
-        ),
-        ProviderApi::OpenAiResponses => std::sync::Arc::new(
+        )),
+        #[cfg(feature = "openai")]
+        ProviderApi::OpenAiResponses => Ok(std::sync::Arc::new(
             openai_responses::OpenAiResponsesClient::new(name, &base, key, headers)?,
-        ),
-        ProviderApi::GoogleGenerativeAi => {
-            std::sync::Arc::new(google::GoogleClient::new(name, &base, key, headers)?)
+        )),
+        #[cfg(feature = "google")]
+        ProviderApi::GoogleGenerativeAi => Ok(std::sync::Arc::new(google::GoogleClient::new(
+            name, &base, key, headers,
+        )?)),
+        #[cfg(not(feature = "anthropic"))]
+        ProviderApi::AnthropicMessages => Err(not_compiled("anthropic")),
+        #[cfg(not(feature = "openai"))]
+        ProviderApi::OpenAiCompletions | ProviderApi::OpenAiResponses => {
+            Err(not_compiled("openai"))
         }
-    })
+        #[cfg(not(feature = "google"))]
+        ProviderApi::GoogleGenerativeAi => Err(not_compiled("google")),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only in a build without `anthropic` (`--no-default-features`).
+    #[cfg(not(feature = "anthropic"))]
+    #[test]
+    fn a_provider_left_out_of_the_build_is_named() {
+        let config: crate::config::ProviderConfig =
+            serde_json::from_value(serde_json::json!({"api": "anthropic-messages"})).unwrap();
+        let e = client_for("claude", &config).unwrap_err();
+        assert!(matches!(
+            e,
+            LlmError::NotCompiledIn {
+                feature: "anthropic",
+                ..
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "provider 'claude': the anthropic provider is not compiled in (cargo feature `anthropic`)"
+        );
+    }
 
     #[test]
     fn retry_after_forms() {

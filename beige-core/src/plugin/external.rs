@@ -1332,6 +1332,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[cfg(feature = "sqlite")]
     async fn kv_set_is_bounded_over_all_scopes_of_the_plugin() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::SqliteStore::open(dir.path().join("beige.db")).unwrap();

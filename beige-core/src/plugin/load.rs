@@ -258,6 +258,13 @@ pub fn load_plugins(config: &Config, home: &BeigeHome) -> Result<LoadedPlugins, 
             .source
             .as_deref()
             .is_some_and(|s| s.starts_with(super::install::TOOLKIT_NPM_SOURCE));
+        #[cfg(not(feature = "telegram"))]
+        if name == "telegram" && (toolkit || entry.path.is_none()) {
+            return Err(PluginError::Failed {
+                plugin: name.clone(),
+                message: "the built-in telegram channel is not compiled in (cargo feature `telegram`); enable it in the dependency on beige-core, or remove plugins.telegram".into(),
+            });
+        }
         if name == "telegram" && toolkit {
             continue;
         }

@@ -236,6 +236,7 @@ pub fn merge_config(base: &mut serde_json::Value, over: &serde_json::Value) {
 }
 
 #[cfg(test)]
+#[cfg(feature = "sqlite")]
 mod tests {
     use super::*;
     use crate::plugin::{ToolCall, ToolError, ToolResult};

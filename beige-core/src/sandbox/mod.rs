@@ -4,7 +4,7 @@
 //! and run core-tool operations in it), the pure [`spec::ContainerSpec`] computed from
 //! config, the host-side preparation of an agent's folders ([`host`]), the check that
 //! the shim is static ([`shim`]), the gateway side of the shim link ([`link`]) and the
-//! Docker backend ([`docker::DockerSandbox`]).
+//! Docker backend (`docker::DockerSandbox`, feature `docker`).
 //! It never decides *whether* a call may run — that is policy's job — and never formats
 //! results for the model — that is [`crate::tools`]'.
 

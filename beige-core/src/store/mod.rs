@@ -1,5 +1,6 @@
 //! The store: everything the gateway must remember across restarts, behind the [`Store`]
-//! trait, with [`SqliteStore`] (`<BEIGE_HOME>/beige.db`) as the implementation.
+//! trait, with `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) as the
+//! implementation.
 //!
 //! Owns the durable state and its guarantees: sessions and which one is *current* for a
 //! session key, the messages of each session (provider-neutral JSON, one transaction per
@@ -9,9 +10,11 @@
 //! and how settings resolve against channel defaults belong to the agent loop and the
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(test)]
+#[cfg(feature = "sqlite")]
 mod tests;
 
 use std::fmt::Debug;
@@ -22,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::{Message, Usage};
 
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 
 /// How many update ids [`Store::mark_seen`] remembers per channel; older ones are pruned.
