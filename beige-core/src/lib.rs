@@ -34,7 +34,7 @@
 //! | `openai` | yes | the `openai-completions` and `openai-responses` clients, `llm::openai_completions`, `llm::openai_responses` |
 //! | `google` | yes | the `google-generative-ai` client, `llm::google` |
 //! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
-//! | `test-util` | no | reserved for test seams; gates nothing yet |
+//! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
 //! With none of them the crate still has the gateway traits, [`gateway::RemoteGateway`],
 //! config, policy, audit, hooks, plugins and the core tools. A missing piece is an error
@@ -62,6 +62,8 @@ pub mod sandbox;
 pub mod skills;
 pub mod socket;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod tools;
 
 pub use config::Config;
