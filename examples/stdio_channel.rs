@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use beige_core::agent::events::AgentEvent;
-use beige_core::channel::{Channel, ChannelError};
+use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::gateway::RemoteGateway;
-use beige_core::{BeigeHome, Gateway, GatewayError, GatewayFull, PromptRequest};
+use beige_core::{BeigeHome, Gateway, GatewayError, PromptRequest};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -47,11 +47,8 @@ impl Channel for StdioChannel {
         "stdio"
     }
 
-    async fn run(
-        &self,
-        gateway: Arc<dyn GatewayFull>,
-        shutdown: CancellationToken,
-    ) -> Result<(), ChannelError> {
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        let (gateway, shutdown) = (ctx.gateway, ctx.shutdown);
         // Pick the agent: the one asked for, else the first configured.
         let agents = gateway.agents().await.map_err(failed)?;
         let agent = match &self.agent {
@@ -178,7 +175,10 @@ async fn main() -> anyhow::Result<()> {
         agent: std::env::args().nth(1),
     };
     let result = channel
-        .run(Arc::new(gateway), CancellationToken::new())
+        .run(ChannelContext::new(
+            Arc::new(gateway),
+            CancellationToken::new(),
+        ))
         .await;
     if let Err(e) = result {
         eprintln!("error: {e}");

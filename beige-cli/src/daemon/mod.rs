@@ -3,14 +3,13 @@
 //! Owns the pid file (`<BEIGE_HOME>/gateway.pid`: the pid and a newline, as in the
 //! original, so `kill "$(cat gateway.pid)"` works; the URL the daemon serves is kept in
 //! `<BEIGE_HOME>/run/gateway.url` — [`PidFile`]), the foreground server
-//! ([`foreground`]: the `LocalGateway` behind the HTTP API, signal handling, graceful
-//! stop and in-place restart) and the [`reload::ReloadableGateway`] that lets a restart
-//! swap the gateway under a running HTTP channel. Launching and stopping the daemon
+//! ([`foreground`]: the `LocalGateway` with its channels, served by beige-core, which
+//! handles signals, graceful stop and in-place restart) and the record of restarts
+//! ([`http::RestartRecord`]). Launching and stopping the daemon
 //! from another process is in [`crate::cmd::gateway`].
 
 pub mod foreground;
 pub mod http;
-pub mod reload;
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

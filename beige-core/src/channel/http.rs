@@ -30,9 +30,8 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use tokio_util::sync::CancellationToken;
 
-use super::{Channel, ChannelError};
+use super::{Channel, ChannelContext, ChannelError};
 use crate::agent::events::AgentEvent;
 use crate::gateway::{Admin, Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
 use crate::hooks::HookName;
@@ -64,6 +63,84 @@ const MAX_REWRAPPED_BODY: usize = 16 * 1024;
 /// What the daemon does on `POST /api/gateway/restart`: start an in-place restart in the
 /// background and return at once.
 pub type RestartHook = Arc<dyn Fn() + Send + Sync>;
+
+/// How the HTTP API serves, apart from the gateway it serves: what
+/// [`HttpApiChannel::bind`] takes (the gateway comes with [`Channel::run`]'s context, and
+/// the restart route from its reload handle unless a hook is set here).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ApiOptions {
+    /// The bearer token; `None` disables authentication (only allowed on loopback).
+    pub token: Option<String>,
+    /// Extra names accepted in `Host` and `Origin` (see [`ApiState::allowed_hosts`]).
+    pub allowed_hosts: Vec<String>,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
+    /// `POST /api/gateway/restart`; `None` uses the context's reload handle, else 501.
+    pub restart: Option<RestartHook>,
+    /// The port the API listens on (set by [`HttpApiChannel::bind`]).
+    pub port: Option<u16>,
+    /// Accept any IP literal in `Host`/`Origin` (set when listening on a wildcard).
+    pub allow_ip_hosts: bool,
+}
+
+impl ApiOptions {
+    /// Options with the default body limit and no extra hosts.
+    pub fn new(token: Option<String>) -> Self {
+        Self {
+            token,
+            allowed_hosts: Vec::new(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            restart: None,
+            port: None,
+            allow_ip_hosts: false,
+        }
+    }
+
+    /// Accept this name (`name` or `name:port`) in `Host` and `Origin`.
+    pub fn with_allowed_host(mut self, host: impl Into<String>) -> Self {
+        self.allowed_hosts.push(host.into());
+        self
+    }
+
+    /// Change the body limit.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The state serving `gateway` with these options.
+    pub fn with_gateway(self, gateway: Arc<dyn GatewayFull>) -> ApiState {
+        ApiState {
+            gateway,
+            token: self.token,
+            allowed_hosts: self.allowed_hosts,
+            body_limit: self.body_limit,
+            restart: self.restart,
+            port: self.port,
+            allow_ip_hosts: self.allow_ip_hosts,
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiOptions")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("body_limit", &self.body_limit)
+            .field("restart", &self.restart.is_some())
+            .field("port", &self.port)
+            .field("allow_ip_hosts", &self.allow_ip_hosts)
+            .finish()
+    }
+}
+
+impl From<ApiState> for ApiOptions {
+    fn from(state: ApiState) -> Self {
+        state.options()
+    }
+}
 
 /// Everything the HTTP API needs. Build it with [`ApiState::new`].
 #[derive(Clone)]
@@ -131,6 +208,18 @@ impl ApiState {
     pub fn with_restart(mut self, hook: RestartHook) -> Self {
         self.restart = Some(hook);
         self
+    }
+
+    /// The options, without the gateway.
+    pub fn options(&self) -> ApiOptions {
+        ApiOptions {
+            token: self.token.clone(),
+            allowed_hosts: self.allowed_hosts.clone(),
+            body_limit: self.body_limit,
+            restart: self.restart.clone(),
+            port: self.port,
+            allow_ip_hosts: self.allow_ip_hosts,
+        }
     }
 
     /// Whether a `Host` (or `Origin`) host name is acceptable, port aside.
@@ -1049,7 +1138,7 @@ async fn restart(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Api
 
 /// The HTTP API as a [`Channel`]: [`router`] served on a bound TCP listener.
 pub struct HttpApiChannel {
-    state: ApiState,
+    options: ApiOptions,
     listener: Mutex<Option<std::net::TcpListener>>,
     addr: SocketAddr,
 }
@@ -1058,7 +1147,7 @@ impl std::fmt::Debug for HttpApiChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpApiChannel")
             .field("addr", &self.addr)
-            .field("state", &self.state)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
@@ -1074,8 +1163,9 @@ impl HttpApiChannel {
     pub fn bind(
         host: &str,
         port: u16,
-        state: ApiState,
+        options: impl Into<ApiOptions>,
     ) -> Result<(Self, SocketAddr), ChannelError> {
+        let options: ApiOptions = options.into();
         let failed = |message: String| ChannelError::Failed {
             channel: CHANNEL_NAME.to_string(),
             message,
@@ -1098,7 +1188,7 @@ impl HttpApiChannel {
         // `localhost` resolves to both families; clients mostly try IPv4 first.
         candidates.sort_by_key(|a| a.is_ipv6());
         let loopback = candidates.iter().all(|a| a.ip().is_loopback());
-        if !loopback && state.token.is_none() {
+        if !loopback && options.token.is_none() {
             return Err(failed(format!(
                 "refusing to listen on {shown} without authentication: anyone who can reach that address could prompt your agents and run commands in their sandboxes. Turn gateway.auth back on (the default), or set gateway.host to 127.0.0.1"
             )));
@@ -1118,17 +1208,17 @@ impl HttpApiChannel {
         let addr = listener
             .local_addr()
             .map_err(|e| failed(format!("cannot read the address of {shown}: {e}")))?;
-        let mut state = state;
-        state.port = Some(addr.port());
+        let mut options = options;
+        options.port = Some(addr.port());
         if addr.ip().is_unspecified() {
-            state.allow_ip_hosts = true;
+            options.allow_ip_hosts = true;
         } else if !addr.ip().is_loopback() {
-            state.allowed_hosts.push(bare.to_string());
-            state.allowed_hosts.push(addr.ip().to_string());
+            options.allowed_hosts.push(bare.to_string());
+            options.allowed_hosts.push(addr.ip().to_string());
         }
         Ok((
             Self {
-                state,
+                options,
                 listener: Mutex::new(Some(listener)),
                 addr,
             },
@@ -1150,11 +1240,13 @@ impl Channel for HttpApiChannel {
 
     /// Serve the API with `gateway` until `shutdown` fires, then give open requests
     /// (SSE streams included) a few seconds to finish. Runs once per `bind`.
-    async fn run(
-        &self,
-        gateway: Arc<dyn GatewayFull>,
-        shutdown: CancellationToken,
-    ) -> Result<(), ChannelError> {
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        let ChannelContext {
+            gateway,
+            reload,
+            shutdown,
+            ..
+        } = ctx;
         let failed = |message: String| ChannelError::Failed {
             channel: CHANNEL_NAME.to_string(),
             message,
@@ -1169,8 +1261,10 @@ impl Channel for HttpApiChannel {
             })?;
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .map_err(|e| failed(format!("cannot use the listener on {}: {e}", self.addr)))?;
-        let mut state = self.state.clone();
-        state.gateway = gateway;
+        let mut state = self.options.clone().with_gateway(gateway);
+        if let (None, Some(reload)) = (&state.restart, reload) {
+            state.restart = Some(Arc::new(move || reload.request()));
+        }
         let app = router(state);
         tracing::info!(addr = %self.addr, "HTTP API listening");
         let stop = shutdown.clone();

@@ -41,19 +41,87 @@ pub enum ChannelError {
     Unsupported { channel: String },
 }
 
-/// A way to reach agents.
+/// Asks the gateway to reload its config in place (what the HTTP API's restart route
+/// does); the outcome is reported by the gateway, not to the caller. Made by
+/// `LocalGateway::reload_handle`.
+#[derive(Clone)]
+pub struct ReloadHandle(Arc<dyn Fn() + Send + Sync>);
+
+impl ReloadHandle {
+    /// A handle that runs `request` (which must return at once: start the reload in the
+    /// background).
+    pub fn new(request: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Arc::new(request))
+    }
+
+    /// Start a reload in the background.
+    pub fn request(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ReloadHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadHandle")
+    }
+}
+
+/// What a channel gets when it runs: the gateway and when to stop.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ChannelContext {
+    /// Every request goes through here, so hooks, policy and audit apply whatever the
+    /// channel. Under `LocalGateway::serve` it survives reloads.
+    pub gateway: Arc<dyn GatewayFull>,
+    /// Reload the gateway (`None` when it has nothing to reload from).
+    pub reload: Option<ReloadHandle>,
+    /// Fires when the channel must stop.
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for ChannelContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelContext")
+            .field("reload", &self.reload.is_some())
+            .field("stopped", &self.shutdown.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChannelContext {
+    /// A context serving `gateway` until `shutdown` fires, without reload (tests, and
+    /// embedders that run a channel themselves).
+    pub fn new(gateway: Arc<dyn GatewayFull>, shutdown: CancellationToken) -> Self {
+        Self {
+            gateway,
+            reload: None,
+            shutdown,
+        }
+    }
+
+    /// Let the channel reload the gateway.
+    pub fn with_reload(mut self, reload: ReloadHandle) -> Self {
+        self.reload = Some(reload);
+        self
+    }
+}
+
+/// A way to reach agents. Register one with `GatewayBuilder::channel` and
+/// `LocalGateway::serve` runs it.
 #[async_trait]
 pub trait Channel: Send + Sync {
     /// The channel's name (`api`, `telegram`, …), also the first segment of its session
     /// keys.
     fn name(&self) -> &str;
 
-    /// Serve until `shutdown` fires. Errors at start-up are returned at once.
-    async fn run(
-        &self,
-        gateway: Arc<dyn GatewayFull>,
-        shutdown: CancellationToken,
-    ) -> Result<(), ChannelError>;
+    /// Serve until `ctx.shutdown` fires. Errors at start-up are returned at once.
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError>;
+
+    /// The tools the channel brings, as a plugin registered with the gateway (its
+    /// `plugins.<name>` entry then needs no folder).
+    fn plugin(&self) -> Option<Arc<dyn Plugin>> {
+        None
+    }
 
     /// Deliver a message that no prompt asked for (reminders, plugin notifications).
     async fn send(

@@ -11,9 +11,14 @@
 
 mod prompt;
 pub mod remote;
+mod serve;
 
 pub use prompt::PromptRequest;
 pub use remote::RemoteGateway;
+pub use serve::{
+    BoxError, ConfigFile, ConfigSource, LocalGateway, ReloadOutcome, ServeError, Shutdown,
+    Snapshot, DEFAULT_DRAIN,
+};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -488,8 +493,9 @@ impl Drop for AgentEventStream {
     }
 }
 
-/// Builds a [`LocalGateway`].
-#[derive(Debug)]
+/// Builds a [`LocalGateway`]. Cloned by [`LocalGateway::reload`], which builds again with
+/// the same injected parts and a new config.
+#[derive(Debug, Clone)]
 pub struct GatewayBuilder {
     config: Config,
     config_file: Option<PathBuf>,
@@ -505,6 +511,9 @@ pub struct GatewayBuilder {
     providers: Vec<Arc<dyn LlmProvider>>,
     watchdog: Duration,
     disk_probe: Option<crate::disk::Probe>,
+    /// Channels [`LocalGateway::serve`] runs; taken out by `build`.
+    channels: Vec<serve::Registered>,
+    config_source: Option<Arc<dyn ConfigSource>>,
 }
 
 impl GatewayBuilder {
@@ -524,6 +533,8 @@ impl GatewayBuilder {
             providers: Vec::new(),
             watchdog: crate::agent::router::DEFAULT_WATCHDOG,
             disk_probe: None,
+            channels: Vec::new(),
+            config_source: None,
         }
     }
 
@@ -604,10 +615,11 @@ impl GatewayBuilder {
         self
     }
 
-    /// Start: register plugins, prepare every agent's folders and launchers, bring its
-    /// sandbox up (reattaching a running one with the same spec), open its tool socket,
-    /// start plugins and fire `gatewayStarted`.
-    pub async fn build(self) -> Result<LocalGateway, GatewayError> {
+    /// Build the engine: register plugins, prepare every agent's folders and launchers,
+    /// bring its sandbox up (reattaching a running one with the same spec), open its tool
+    /// socket, start plugins and fire `gatewayStarted`. [`GatewayBuilder::build`] wraps
+    /// it in the reloadable [`LocalGateway`].
+    async fn build_engine(self) -> Result<Engine, GatewayError> {
         let config = self.config;
         let home = self.home;
         let config_file = self.config_file.unwrap_or_else(|| home.config_path());
@@ -808,7 +820,7 @@ impl GatewayBuilder {
             agents = inner.config.agents.len(),
             "beige gateway started ✓"
         );
-        Ok(LocalGateway {
+        Ok(Engine {
             inner,
             sockets: Arc::new(std::sync::Mutex::new(sockets)),
         })
@@ -871,7 +883,7 @@ async fn connect_default(
 
 /// The store when none was given: `<BEIGE_HOME>/beige.db`.
 #[cfg(feature = "sqlite")]
-fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
     std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::Host {
         path: home.root().display().to_string(),
         message: e.to_string(),
@@ -880,7 +892,7 @@ fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> 
 }
 
 #[cfg(not(feature = "sqlite"))]
-fn open_default_store(_: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+pub(crate) fn open_default_store(_: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
     Err(GatewayError::NoStore)
 }
 
@@ -934,9 +946,10 @@ fn write_launchers(dir: &Path, tools: &[String]) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// The in-process gateway. Cheap to clone.
+/// One built gateway: what a [`LocalGateway`] serves until a reload replaces it. Cheap
+/// to clone.
 #[derive(Debug, Clone)]
-pub struct LocalGateway {
+pub(crate) struct Engine {
     inner: Arc<Inner>,
     sockets: Arc<std::sync::Mutex<Vec<SocketServer>>>,
 }
@@ -1010,13 +1023,9 @@ enum Guarded<T> {
     Denied(String),
 }
 
-impl LocalGateway {
+impl Engine {
     pub fn config(&self) -> &Config {
         &self.inner.config
-    }
-
-    pub fn home(&self) -> &BeigeHome {
-        &self.inner.home
     }
 
     /// The container specs the gateway started with.
@@ -1561,7 +1570,7 @@ impl ToolRequestHandler for SocketHandler {
 }
 
 #[async_trait]
-impl Gateway for LocalGateway {
+impl Gateway for Engine {
     async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
         let model = |m: &crate::config::ModelRef| format!("{}/{}", m.provider, m.model);
         let c = &self.inner.config;
@@ -1641,7 +1650,7 @@ impl Gateway for LocalGateway {
 }
 
 #[async_trait]
-impl Sessions for LocalGateway {
+impl Sessions for Engine {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         self.inner.agent(agent)?;
         Ok(self.inner.store.list_sessions(agent).await?)
@@ -1777,7 +1786,7 @@ impl Sessions for LocalGateway {
 }
 
 #[async_trait]
-impl Admin for LocalGateway {
+impl Admin for Engine {
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         Ok(self.inner.router.health.all())
     }

@@ -129,12 +129,8 @@ async fn same_home_path_other_installation_neither_removes_nor_adopts() {
     for id in &a_containers {
         assert!(running(id).await, "A's container {id} was touched by B");
     }
-    let b_name = &gw_b
-        .specs()
-        .iter()
-        .find(|s| s.agent == "same")
-        .unwrap()
-        .name;
+    let b_specs = gw_b.specs();
+    let b_name = &b_specs.iter().find(|s| s.agent == "same").unwrap().name;
     assert_eq!(b_name, &format!("beige-same-{}", b_id.short()));
     let b_container = inspect(b_name).await.and_then(|i| i.id).unwrap();
     assert!(!a_containers.contains(&b_container));

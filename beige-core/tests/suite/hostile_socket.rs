@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use beige_core::channel::http::{ApiState, HttpApiChannel};
 use beige_core::channel::telegram::{TelegramChannel, TelegramConfig, TelegramPlugin};
-use beige_core::channel::Channel;
+use beige_core::channel::{Channel, ChannelContext};
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
 use beige_core::sandbox::docker::DockerSandbox;
@@ -178,7 +178,7 @@ async fn a_forged_session_context_cannot_send_outside_allowed_chats() {
             gw.clone() as Arc<dyn GatewayFull>,
             stop.clone(),
         );
-        tokio::spawn(async move { channel.run(gw, stop).await })
+        tokio::spawn(async move { channel.run(ChannelContext::new(gw, stop)).await })
     };
 
     // The user writes; the channel prompts the agent with the chat it came from.
@@ -315,7 +315,7 @@ async fn a_connection_and_line_flood_leaves_other_agents_and_the_api_answering()
     let stop = CancellationToken::new();
     let served = {
         let (gw, stop) = (gw.clone() as Arc<dyn GatewayFull>, stop.clone());
-        tokio::spawn(async move { api.run(gw, stop).await })
+        tokio::spawn(async move { api.run(ChannelContext::new(gw, stop)).await })
     };
     let workspace = gw.config().agent_workspace(gw.home(), "flood");
     std::fs::write(workspace.join("flood.py"), FLOOD).unwrap();

@@ -14,7 +14,7 @@ use beige_core::agent::events::AgentEvent;
 use beige_core::channel::http::{
     router, routes, ApiState, HttpApiChannel, OPENAPI_JSON, UNAUTHORIZED_MESSAGE,
 };
-use beige_core::channel::{Channel, ChannelError};
+use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::config::Config;
 use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::hooks::HookName;
@@ -89,7 +89,7 @@ impl Fixture {
         let shutdown = CancellationToken::new();
         let gw: Arc<dyn GatewayFull> = self.gw.clone();
         let stop = shutdown.clone();
-        let task = tokio::spawn(async move { channel.run(gw, stop).await });
+        let task = tokio::spawn(async move { channel.run(ChannelContext::new(gw, stop)).await });
         Served {
             addr,
             shutdown,

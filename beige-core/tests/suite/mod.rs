@@ -11,6 +11,7 @@ mod link;
 mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
+mod serve;
 mod support;
 mod telegram;
 mod tools_socket;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use beige_core::channel::telegram::{TelegramChannel, TelegramConfig, TelegramPlugin};
-use beige_core::channel::{Channel, ChannelError};
+use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::config::Config;
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
@@ -137,7 +137,8 @@ impl Harness {
         let ch = self.channel.clone();
         let gw: Arc<dyn GatewayFull> = self.gw.clone();
         self.run = Some(tokio::spawn(async move {
-            ch.run(gw, CancellationToken::new()).await
+            ch.run(ChannelContext::new(gw, CancellationToken::new()))
+                .await
         }));
     }
 
@@ -875,7 +876,9 @@ async fn a_wrong_config_or_token_fails_with_a_clear_error() {
     else {
         return;
     };
-    let run = h.channel.run(h.gw.clone(), CancellationToken::new());
+    let run = h
+        .channel
+        .run(ChannelContext::new(h.gw.clone(), CancellationToken::new()));
     let e = within("the start error", run)
         .await
         .unwrap_err()
@@ -892,7 +895,7 @@ async fn a_wrong_config_or_token_fails_with_a_clear_error() {
     let ch = TelegramChannel::new(config, h.store.clone()).unwrap();
     let e = within(
         "the token error",
-        ch.run(h.gw.clone(), CancellationToken::new()),
+        ch.run(ChannelContext::new(h.gw.clone(), CancellationToken::new())),
     )
     .await
     .unwrap_err()

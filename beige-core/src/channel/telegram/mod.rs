@@ -75,7 +75,7 @@ use self::api::{ApiError, BotApi, Update};
 use self::format::{render_chunks, MAX_MESSAGE_LEN};
 use self::outbox::{OutItem, KV};
 use self::poll::{Inbound, PollHealth, Poller};
-use super::{Channel, ChannelError};
+use super::{Channel, ChannelContext, ChannelError};
 use crate::gateway::{GatewayError, GatewayFull};
 use crate::store::{Store, StoreError};
 
@@ -429,11 +429,14 @@ impl Channel for TelegramChannel {
         CHANNEL
     }
 
-    async fn run(
-        &self,
-        gateway: Arc<dyn GatewayFull>,
-        shutdown: CancellationToken,
-    ) -> Result<(), ChannelError> {
+    fn plugin(&self) -> Option<Arc<dyn crate::plugin::Plugin>> {
+        Some(Arc::new(TelegramPlugin::new()))
+    }
+
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        let ChannelContext {
+            gateway, shutdown, ..
+        } = ctx;
         // Everything this run spawns stops when the run ends, however it ends.
         let token = shutdown.child_token();
         let _stop_all = token.clone().drop_guard();

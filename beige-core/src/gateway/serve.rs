@@ -1,0 +1,800 @@
+//! Serving: the reloadable [`LocalGateway`], the channels it runs, signals, draining and
+//! in-place reload.
+//!
+//! Owns what the daemon used to do itself, so an embedder gets the same: a
+//! [`LocalGateway`] wraps the built engine behind a lock that a reload swaps (channels
+//! and callers keep their handle and reach the new engine), [`LocalGateway::serve`] runs
+//! the channels registered on the builder until [`Shutdown`] says stop, and
+//! [`LocalGateway::reload`] rebuilds with the same injected parts and a new config in
+//! today's order — load (keep serving on error), drain, stop keeping the containers,
+//! build, roll back on failure. It knows no specific channel and no process concerns (PID
+//! file, logs, exit codes): those stay in the binary.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use beige_protocol::socket::{ToolRequest, ToolResponse};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Admin, AgentEventStream, AgentInfo, AllowedModel, Engine, Gateway, GatewayBuilder,
+    GatewayError, GatewayFull, PromptRequest, SandboxStatus, Sessions,
+};
+use crate::agent::router::ModelHealth;
+use crate::channel::{Channel, ChannelContext, ChannelError, ReloadHandle};
+use crate::config::{Config, LoadedConfig};
+use crate::home::BeigeHome;
+use crate::hooks::HookName;
+use crate::llm::Message;
+use crate::plugin::PluginRegistry;
+use crate::sandbox::{ContainerSpec, ReconcileReport};
+use crate::skills::SkillSet;
+use crate::store::{SessionRecord, SessionSettings, SettingsPatch};
+use crate::tools::{CoreToolCall, ToolContext, ToolOutput};
+
+/// How long [`LocalGateway::serve`] and [`LocalGateway::reload`] wait for running
+/// prompts before they cancel them, unless [`Shutdown::drain`] says otherwise.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
+
+/// How long a stopping channel gets to end its `run` once its token fired.
+const CHANNEL_STOP: Duration = Duration::from_secs(2);
+
+/// An error boxed with its source chain (what a [`ConfigSource`] returns).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A channel registered on the builder, run by [`LocalGateway::serve`].
+#[derive(Clone)]
+pub(crate) struct Registered {
+    pub(crate) channel: Arc<dyn Channel>,
+    /// A required channel's failure stops `serve`; an optional one's is logged.
+    pub(crate) required: bool,
+}
+
+impl fmt::Debug for Registered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registered")
+            .field("channel", &self.channel.name())
+            .field("required", &self.required)
+            .finish()
+    }
+}
+
+/// Where [`LocalGateway::reload`] gets the next config from when a reload is requested
+/// (SIGHUP, `POST /api/gateway/restart`).
+#[async_trait]
+pub trait ConfigSource: Send + Sync + fmt::Debug {
+    /// Load the config to run next. An error keeps the running gateway as it is; its
+    /// text is the reload's outcome.
+    async fn load(&self) -> Result<LoadedConfig, BoxError>;
+}
+
+/// The default [`ConfigSource`]: read the config file again.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    path: PathBuf,
+    home: BeigeHome,
+}
+
+impl ConfigFile {
+    /// Re-read `path`, interpolating against `home`.
+    pub fn new(path: impl Into<PathBuf>, home: BeigeHome) -> Self {
+        Self {
+            path: path.into(),
+            home,
+        }
+    }
+}
+
+#[async_trait]
+impl ConfigSource for ConfigFile {
+    async fn load(&self) -> Result<LoadedConfig, BoxError> {
+        Config::load(&self.path, &self.home).map_err(|e| format!("config error: {e}").into())
+    }
+}
+
+/// What one reload did. `Display` is the text the daemon reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadOutcome {
+    /// The new config is running.
+    pub ok: bool,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl ReloadOutcome {
+    fn ok(message: String) -> Self {
+        Self { ok: true, message }
+    }
+
+    fn failed(message: String) -> Self {
+        Self { ok: false, message }
+    }
+}
+
+impl fmt::Display for ReloadOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Why [`LocalGateway::serve`] ended with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A channel registered with [`GatewayBuilder::channel`] failed.
+    #[error("channel '{channel}' failed")]
+    Channel {
+        channel: String,
+        #[source]
+        source: ChannelError,
+    },
+    /// `serve` was called a second time.
+    #[error("the gateway is already serving (its channels run once)")]
+    AlreadyServing,
+    /// Waiting for a signal failed.
+    #[error("could not wait for signals")]
+    Signals(#[source] std::io::Error),
+    /// Stopping the engine failed.
+    #[error("shutdown failed")]
+    Shutdown(#[source] GatewayError),
+    /// Stopping the engine did not finish in time.
+    #[error("shutdown did not finish within {} s", .0.as_secs())]
+    ShutdownTimeout(Duration),
+}
+
+/// When [`LocalGateway::serve`] stops: a token, and with [`Shutdown::on_signals`] also
+/// SIGTERM and SIGINT (SIGHUP reloads). A second stop request skips the drain.
+pub struct Shutdown {
+    token: CancellationToken,
+    /// The token already said stop (it is not asked again for the second request).
+    token_seen: bool,
+    #[cfg(unix)]
+    signals: Option<Signals>,
+    drain: Duration,
+}
+
+impl fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Shutdown");
+        d.field("cancelled", &self.token.is_cancelled());
+        #[cfg(unix)]
+        d.field("signals", &self.signals.is_some());
+        d.field("drain", &self.drain).finish()
+    }
+}
+
+#[cfg(unix)]
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// What [`Shutdown::next`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Request {
+    Stop,
+    Reload,
+}
+
+impl Shutdown {
+    /// Stop when `token` is cancelled.
+    pub fn on(token: CancellationToken) -> Self {
+        Self {
+            token,
+            token_seen: false,
+            #[cfg(unix)]
+            signals: None,
+            drain: DEFAULT_DRAIN,
+        }
+    }
+
+    /// Stop on SIGTERM or SIGINT, reload on SIGHUP (and stop when [`Shutdown::token`] is
+    /// cancelled). Must be called inside a Tokio runtime.
+    #[cfg(unix)]
+    pub fn on_signals() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut s = Self::on(CancellationToken::new());
+        s.signals = Some(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        });
+        Ok(s)
+    }
+
+    /// Wait at most `limit` for running prompts before stopping (default 10 s).
+    pub fn drain(mut self, limit: Duration) -> Self {
+        self.drain = limit;
+        self
+    }
+
+    /// The token that stops serving when cancelled.
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// The next stop or reload request.
+    async fn next(&mut self) -> Request {
+        let token = self.token.clone();
+        let by_token = async {
+            if self.token_seen {
+                std::future::pending::<()>().await;
+            }
+            token.cancelled().await;
+        };
+        #[cfg(unix)]
+        if let Some(s) = self.signals.as_mut() {
+            let request = tokio::select! {
+                _ = by_token => None,
+                _ = s.term.recv() => { tracing::info!("SIGTERM: stopping"); Some(Request::Stop) }
+                _ = s.int.recv() => { tracing::info!("SIGINT: stopping"); Some(Request::Stop) }
+                _ = s.hup.recv() => { tracing::info!("SIGHUP: restarting in place"); Some(Request::Reload) }
+            };
+            return match request {
+                Some(r) => r,
+                None => {
+                    self.token_seen = true;
+                    Request::Stop
+                }
+            };
+        }
+        by_token.await;
+        self.token_seen = true;
+        Request::Stop
+    }
+
+    /// The next stop request (reload requests are ignored).
+    async fn next_stop(&mut self) {
+        while self.next().await != Request::Stop {}
+    }
+}
+
+/// What [`LocalGateway`] shares between its clones.
+struct Shared {
+    home: BeigeHome,
+    /// The engine serving now. Read without waiting; replaced only under `gate`.
+    current: std::sync::RwLock<Arc<Engine>>,
+    /// Calls take it shared to pick the engine; a reload holds it exclusively while the
+    /// old engine stops and the new one starts, so calls arriving meanwhile wait and
+    /// then reach the new one.
+    gate: tokio::sync::RwLock<()>,
+    /// The parts to build with again, holding the config now in force.
+    template: tokio::sync::Mutex<GatewayBuilder>,
+    /// The channels `serve` runs (taken by the first `serve`).
+    channels: std::sync::Mutex<Option<Vec<Registered>>>,
+    source: Option<Arc<dyn ConfigSource>>,
+    outcomes: watch::Sender<Option<ReloadOutcome>>,
+    reloads: AtomicU64,
+}
+
+/// The in-process gateway: built by [`GatewayBuilder::build`], served by
+/// [`LocalGateway::serve`], replaced in place by [`LocalGateway::reload`]. Cheap to
+/// clone; every clone and every channel sees the engine of the latest reload.
+#[derive(Clone)]
+pub struct LocalGateway {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for LocalGateway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalGateway")
+            .field("agents", &self.engine_now().inner.config.agents.len())
+            .field("reloads", &self.shared.reloads.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A part of the engine serving when it was taken; a later reload does not change it.
+pub struct Snapshot<T: ?Sized + 'static> {
+    engine: Arc<Engine>,
+    get: fn(&Engine) -> &T,
+}
+
+impl<T: ?Sized> Deref for Snapshot<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        (self.get)(&self.engine)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for Snapshot<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl GatewayBuilder {
+    /// Run `channel` in [`LocalGateway::serve`]; a failure to start (or a later error)
+    /// stops serving. Tools the channel brings ([`Channel::plugin`]) are registered.
+    pub fn channel(mut self, channel: Arc<dyn Channel>) -> Self {
+        self.channels.push(Registered {
+            channel,
+            required: true,
+        });
+        self
+    }
+
+    /// Like [`GatewayBuilder::channel`], but a failure is logged and the other channels
+    /// keep serving (the daemon's Telegram channel).
+    pub fn channel_optional(mut self, channel: Arc<dyn Channel>) -> Self {
+        self.channels.push(Registered {
+            channel,
+            required: false,
+        });
+        self
+    }
+
+    /// Reload from `source` on SIGHUP and `POST /api/gateway/restart`. Without one,
+    /// the file given to [`GatewayBuilder::config_file`] is read again; without that
+    /// either, the restart route answers 501.
+    pub fn config_source(mut self, source: Arc<dyn ConfigSource>) -> Self {
+        self.config_source = Some(source);
+        self
+    }
+
+    /// Start the gateway (see `build_engine` for what starting does) and wrap it so it
+    /// can be served and reloaded.
+    pub async fn build(mut self) -> Result<LocalGateway, GatewayError> {
+        let channels = std::mem::take(&mut self.channels);
+        for r in &channels {
+            if let Some(plugin) = r.channel.plugin() {
+                if !self.plugins.iter().any(|p| p.name() == plugin.name()) {
+                    self.plugins.push(plugin);
+                }
+            }
+        }
+        let source = self.config_source.take().or_else(|| {
+            self.config_file.as_ref().map(|p| {
+                Arc::new(ConfigFile::new(p.clone(), self.home.clone())) as Arc<dyn ConfigSource>
+            })
+        });
+        // One store for the life of the gateway: a reload keeps the same handle.
+        if self.store.is_none() {
+            self.store = Some(super::open_default_store(&self.home)?);
+        }
+        let engine = self.clone().build_engine().await?;
+        let (outcomes, _) = watch::channel(None);
+        Ok(LocalGateway {
+            shared: Arc::new(Shared {
+                home: self.home.clone(),
+                current: std::sync::RwLock::new(Arc::new(engine)),
+                gate: tokio::sync::RwLock::new(()),
+                template: tokio::sync::Mutex::new(self),
+                channels: std::sync::Mutex::new(Some(channels)),
+                source,
+                outcomes,
+                reloads: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl LocalGateway {
+    /// The engine serving now, without waiting for a reload in progress.
+    fn engine_now(&self) -> Arc<Engine> {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The engine to run a call on: waits while a reload swaps it.
+    async fn engine(&self) -> Arc<Engine> {
+        let _gate = self.shared.gate.read().await;
+        self.engine_now()
+    }
+
+    fn snapshot<T: ?Sized>(&self, get: fn(&Engine) -> &T) -> Snapshot<T> {
+        Snapshot {
+            engine: self.engine_now(),
+            get,
+        }
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> Snapshot<Config> {
+        self.snapshot(|e| e.config())
+    }
+
+    /// The gateway's `BEIGE_HOME` (a reload keeps it).
+    pub fn home(&self) -> &BeigeHome {
+        &self.shared.home
+    }
+
+    /// The container specs the engine started with.
+    pub fn specs(&self) -> Snapshot<[ContainerSpec]> {
+        self.snapshot(|e| e.specs())
+    }
+
+    /// What the engine's start did to the containers.
+    pub fn reconcile_report(&self) -> Snapshot<ReconcileReport> {
+        self.snapshot(|e| e.reconcile_report())
+    }
+
+    /// The registered plugins and their tools.
+    pub fn registry(&self) -> Snapshot<PluginRegistry> {
+        self.snapshot(|e| e.registry())
+    }
+
+    /// Standalone and plugin skills.
+    pub fn skills(&self) -> Snapshot<SkillSet> {
+        self.snapshot(|e| e.skills())
+    }
+
+    /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
+    /// sandbox are honoured only when known and owned by the calling agent).
+    pub fn register_session(&self, agent: &str, session_key: &str) {
+        self.engine_now().register_session(agent, session_key);
+    }
+
+    /// Handle a tool request as if it arrived on `agent`'s socket.
+    pub async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        self.engine()
+            .await
+            .handle_tool_request(agent, request)
+            .await
+    }
+
+    /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
+    /// and remove the sandboxes unless `gateway.keepSandboxes` is set.
+    pub async fn shutdown(&self) -> Result<(), GatewayError> {
+        self.engine().await.shutdown().await
+    }
+
+    /// Stop, removing the sandboxes unless `keep_sandboxes`.
+    pub async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
+        self.engine().await.stop(keep_sandboxes).await
+    }
+
+    /// Prompts running now.
+    pub fn running_prompts(&self) -> usize {
+        self.engine_now().running_prompts()
+    }
+
+    /// A handle that asks this gateway to reload from its [`ConfigSource`], or `None`
+    /// when it has none.
+    pub fn reload_handle(&self) -> Option<ReloadHandle> {
+        self.shared.source.as_ref()?;
+        let shared: Weak<Shared> = Arc::downgrade(&self.shared);
+        Some(ReloadHandle::new(move || {
+            if let Some(shared) = shared.upgrade() {
+                tokio::spawn(async move {
+                    // The outcome is logged and published by `reload_from_source`.
+                    let _ = LocalGateway { shared }.reload_from_source().await;
+                });
+            }
+        }))
+    }
+
+    /// The outcome of every reload as it finishes (the daemon writes each to
+    /// `gateway.restart.json`).
+    pub fn reload_outcomes(&self) -> watch::Receiver<Option<ReloadOutcome>> {
+        self.shared.outcomes.subscribe()
+    }
+
+    /// Wait until no prompt runs, for at most `limit`; then running prompts are left to
+    /// be cancelled by the stop that follows.
+    pub async fn drain(&self, limit: Duration) {
+        let started = Instant::now();
+        let mut announced = false;
+        while self.running_prompts() > 0 && started.elapsed() < limit {
+            if !announced {
+                tracing::info!(
+                    running = self.running_prompts(),
+                    "waiting up to {} s for running prompts",
+                    limit.as_secs()
+                );
+                announced = true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if self.running_prompts() > 0 {
+            tracing::warn!(
+                running = self.running_prompts(),
+                "prompts still running after {} s; cancelling them",
+                limit.as_secs()
+            );
+        }
+    }
+
+    /// Load the next config from the [`ConfigSource`] and [`LocalGateway::reload`] it. A
+    /// load error keeps the running engine and is the outcome.
+    async fn reload_from_source(&self) -> ReloadOutcome {
+        let Some(source) = self.shared.source.clone() else {
+            return self.publish(ReloadOutcome::failed(
+                "this gateway has no config source to reload from".into(),
+            ));
+        };
+        tracing::info!(source = ?source, "restart requested: reloading the config");
+        let loaded = match source.load().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("restart refused, the gateway keeps its previous config: {e}");
+                return self.publish(ReloadOutcome::failed(e.to_string()));
+            }
+        };
+        for w in &loaded.warnings {
+            tracing::warn!("{}: {w}", loaded.path.display());
+        }
+        self.reload(loaded.config).await
+    }
+
+    /// Replace the engine with one built from `config` and the parts given to the
+    /// builder: wait for running prompts (up to [`DEFAULT_DRAIN`]), stop the old engine
+    /// keeping its containers, build the new one (it reattaches them) and swap it in.
+    /// When the new config cannot start, the previous one is started again. Calls that
+    /// arrive meanwhile wait and then reach the engine that serves.
+    pub async fn reload(&self, config: Config) -> ReloadOutcome {
+        let mut template = self.shared.template.lock().await;
+        let _gate = self.shared.gate.write().await;
+        let old = self.engine_now();
+        drain_engine(&old, DEFAULT_DRAIN).await;
+        if let Err(e) = old.stop(true).await {
+            tracing::warn!(error = %e, "stopping the previous gateway failed; starting the new one anyway");
+        }
+        let started = Instant::now();
+        let mut next = template.clone();
+        next.config = config;
+        let outcome = match next.clone().build_engine().await {
+            Ok(engine) => {
+                let report = engine.reconcile_report().clone();
+                self.swap(engine);
+                *template = next;
+                let msg = format!(
+                    "restarted in {} ms ({} sandbox(es) reattached, {} created)",
+                    started.elapsed().as_millis(),
+                    report.reattached.len(),
+                    report.created.len()
+                );
+                tracing::info!("{msg}");
+                ReloadOutcome::ok(msg)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the new config could not be started; going back to the previous one");
+                match template.clone().build_engine().await {
+                    Ok(back) => {
+                        self.swap(back);
+                        ReloadOutcome::failed(format!(
+                            "the new config could not be started ({e}); the gateway is running with the previous config again"
+                        ))
+                    }
+                    Err(e2) => {
+                        tracing::error!(error = %e2, "the previous config could not be started again either");
+                        ReloadOutcome::failed(format!(
+                            "the new config could not be started ({e}), and restarting the previous one failed too ({e2}); the gateway serves nothing until a restart succeeds"
+                        ))
+                    }
+                }
+            }
+        };
+        self.publish(outcome)
+    }
+
+    fn swap(&self, engine: Engine) {
+        *self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(engine);
+        self.shared.reloads.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn publish(&self, outcome: ReloadOutcome) -> ReloadOutcome {
+        self.shared.outcomes.send_replace(Some(outcome.clone()));
+        outcome
+    }
+
+    /// Run the registered channels until `shutdown` says stop (or a required channel
+    /// fails), reloading on SIGHUP; then drain running prompts (a second stop request
+    /// skips that), stop the channels in reverse order and stop the engine — removing
+    /// the sandboxes unless `gateway.keepSandboxes`.
+    pub async fn serve(&self, mut shutdown: Shutdown) -> Result<(), ServeError> {
+        let channels = self
+            .shared
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or(ServeError::AlreadyServing)?;
+        let gateway: Arc<dyn GatewayFull> = Arc::new(self.clone());
+        let mut running = Vec::with_capacity(channels.len());
+        let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        for (i, r) in channels.iter().enumerate() {
+            let token = CancellationToken::new();
+            let mut ctx = ChannelContext::new(gateway.clone(), token.clone());
+            if let Some(reload) = self.reload_handle() {
+                ctx = ctx.with_reload(reload);
+            }
+            let channel = r.channel.clone();
+            let tx = ended_tx.clone();
+            let task = tokio::spawn(async move {
+                let result = channel.run(ctx).await;
+                let _ = tx.send((i, result));
+            });
+            running.push((token, task));
+        }
+        drop(ended_tx);
+
+        let mut failed = None;
+        loop {
+            tokio::select! {
+                request = shutdown.next() => match request {
+                    Request::Stop => break,
+                    Request::Reload => {
+                        // Logged and published by `reload_from_source`.
+                        let _ = self.reload_from_source().await;
+                    }
+                },
+                Some((i, result)) = ended.recv() => {
+                    let r = &channels[i];
+                    let name = r.channel.name().to_string();
+                    match result {
+                        Err(e) if r.required => {
+                            tracing::error!("channel '{name}' failed: {e}");
+                            failed = Some(ServeError::Channel { channel: name, source: e });
+                            break;
+                        }
+                        Err(e) => tracing::error!("channel '{name}' stopped: {e}"),
+                        Ok(()) if r.required => {
+                            tracing::info!("channel '{name}' stopped; stopping the gateway");
+                            break;
+                        }
+                        Ok(()) => tracing::info!("channel '{name}' stopped"),
+                    }
+                }
+            }
+        }
+
+        // Drain while the channels still serve the running streams.
+        tokio::select! {
+            _ = self.drain(shutdown.drain) => {}
+            _ = shutdown.next_stop() => tracing::warn!("second signal: not waiting for running prompts"),
+        }
+        for (token, task) in running.into_iter().rev() {
+            token.cancel();
+            if tokio::time::timeout(CHANNEL_STOP, task).await.is_err() {
+                tracing::warn!("a channel did not stop within {} s", CHANNEL_STOP.as_secs());
+            }
+        }
+        let stopped = tokio::time::timeout(shutdown.drain, self.shutdown()).await;
+        match (failed, stopped) {
+            (Some(e), _) => Err(e),
+            (None, Ok(Ok(()))) => {
+                tracing::info!("beige gateway stopped");
+                Ok(())
+            }
+            (None, Ok(Err(e))) => Err(ServeError::Shutdown(e)),
+            (None, Err(_)) => Err(ServeError::ShutdownTimeout(shutdown.drain)),
+        }
+    }
+}
+
+/// [`LocalGateway::drain`] on one engine (a reload drains the engine it replaces).
+async fn drain_engine(engine: &Engine, limit: Duration) {
+    let started = Instant::now();
+    while engine.running_prompts() > 0 && started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if engine.running_prompts() > 0 {
+        tracing::warn!(
+            running = engine.running_prompts(),
+            "prompts still running after {} s; cancelling them",
+            limit.as_secs()
+        );
+    }
+}
+
+// The one forwarder: every call picks the engine serving now (waiting while a reload
+// swaps it) and runs on it without holding any lock.
+#[async_trait]
+impl Gateway for LocalGateway {
+    async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
+        self.engine().await.agents().await
+    }
+    async fn call_tool(
+        &self,
+        agent: &str,
+        call: CoreToolCall,
+        ctx: ToolContext,
+    ) -> Result<ToolOutput, GatewayError> {
+        self.engine().await.call_tool(agent, call, ctx).await
+    }
+    async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
+        self.engine().await.prompt(request).await
+    }
+    async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
+        self.engine().await.cancel(agent, session_key).await
+    }
+    async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
+        self.engine().await.agent(name).await
+    }
+    async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
+        self.engine().await.exec(agent, command).await
+    }
+}
+
+#[async_trait]
+impl Sessions for LocalGateway {
+    async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
+        self.engine().await.sessions(agent).await
+    }
+    async fn new_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<SessionRecord, GatewayError> {
+        self.engine().await.new_session(agent, session_key).await
+    }
+    async fn resume_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+        session_id: &str,
+    ) -> Result<SessionRecord, GatewayError> {
+        self.engine()
+            .await
+            .resume_session(agent, session_key, session_id)
+            .await
+    }
+    async fn session_messages(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Vec<Message>, GatewayError> {
+        self.engine()
+            .await
+            .session_messages(agent, session_id)
+            .await
+    }
+    async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError> {
+        self.engine().await.settings(session_key).await
+    }
+    async fn update_settings(
+        &self,
+        agent: &str,
+        session_key: &str,
+        patch: SettingsPatch,
+    ) -> Result<SessionSettings, GatewayError> {
+        self.engine()
+            .await
+            .update_settings(agent, session_key, patch)
+            .await
+    }
+}
+
+#[async_trait]
+impl Admin for LocalGateway {
+    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+        self.engine().await.health().await
+    }
+    async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+        self.engine().await.models(agent).await
+    }
+    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+        self.engine().await.config_summary().await
+    }
+    async fn run_hook(
+        &self,
+        agent: &str,
+        hook: HookName,
+        event: serde_json::Value,
+    ) -> Result<serde_json::Value, GatewayError> {
+        self.engine().await.run_hook(agent, hook, event).await
+    }
+    async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+        self.engine().await.sandbox_status(agent).await
+    }
+    async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
+        self.engine().await.disk_status().await
+    }
+}

@@ -1,0 +1,440 @@
+//! `LocalGateway::serve` and `reload`, what the daemon used to do itself: registered
+//! channels run with a gateway that survives reloads, a channel's own tools are
+//! registered, a required channel's failure ends serving and an optional one's does not,
+//! a reload swaps the engine under every handle (and keeps the old one when the new
+//! config cannot load or start), and the HTTP API's restart route reaches the reload.
+//! Uses the labelled `FakeSandbox`: these tests are about the gateway, not Docker.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use beige_core::channel::http::{ApiOptions, HttpApiChannel};
+use beige_core::channel::{Channel, ChannelContext, ChannelError};
+use beige_core::config::{Config, LoadedConfig};
+use beige_core::gateway::{BoxError, ConfigSource, ServeError, Shutdown};
+use beige_core::plugin::{
+    Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
+};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::support::{shim_or_skip, FakeSandbox};
+
+const TOKEN: &str = "serve-test-token-0123456789";
+
+fn config(agents: &[&str], tools: &[&str]) -> Config {
+    let agents: serde_json::Map<String, serde_json::Value> = agents
+        .iter()
+        .map(|a| {
+            (
+                a.to_string(),
+                json!({
+                    "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                    "tools": tools,
+                    "sandbox": {"image": super::support::test_image()},
+                }),
+            )
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": "sk-ant-serve-test", "baseUrl": "http://127.0.0.1:9"}}},
+        "agents": agents,
+    }))
+    .unwrap()
+}
+
+/// A config source the test changes: the next config, or an error text.
+#[derive(Debug)]
+struct Scripted {
+    next: Mutex<Result<Config, String>>,
+    home: BeigeHome,
+}
+
+#[async_trait]
+impl ConfigSource for Scripted {
+    async fn load(&self) -> Result<LoadedConfig, BoxError> {
+        let next = self.next.lock().unwrap().clone();
+        match next {
+            Ok(config) => Ok(LoadedConfig {
+                config,
+                path: self.home.config_path(),
+                warnings: Vec::new(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A tool a channel brings.
+#[derive(Debug)]
+struct Ping;
+
+#[async_trait]
+impl Tool for Ping {
+    fn name(&self) -> &str {
+        "probe.ping"
+    }
+    fn description(&self) -> &str {
+        "answers pong (brought by the probe channel)"
+    }
+    async fn call(&self, _call: ToolCall) -> Result<ToolResult, ToolError> {
+        Ok(ToolResult::ok("pong"))
+    }
+}
+
+#[derive(Debug)]
+struct PingPlugin;
+
+#[async_trait]
+impl Plugin for PingPlugin {
+    fn name(&self) -> &str {
+        "probe"
+    }
+    async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
+        reg.tool(Arc::new(Ping))?;
+        Ok(())
+    }
+}
+
+/// A channel that records what it saw: the agents through its gateway, whether it had
+/// a reload handle, and when it was told to stop. `fail` makes it fail at start.
+#[derive(Default)]
+struct Probe {
+    name: &'static str,
+    fail: bool,
+    started: Notify,
+    seen: Mutex<Vec<String>>,
+    had_reload: Mutex<Option<bool>>,
+    stopped: Mutex<bool>,
+    gateway: Mutex<Option<Arc<dyn beige_core::GatewayFull>>>,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe").field("name", &self.name).finish()
+    }
+}
+
+impl Probe {
+    fn new(name: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            ..Default::default()
+        })
+    }
+
+    fn failing(name: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            fail: true,
+            ..Default::default()
+        })
+    }
+}
+
+#[async_trait]
+impl Channel for Probe {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn plugin(&self) -> Option<Arc<dyn Plugin>> {
+        (self.name == "probe").then(|| Arc::new(PingPlugin) as Arc<dyn Plugin>)
+    }
+
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        *self.had_reload.lock().unwrap() = Some(ctx.reload.is_some());
+        if self.fail {
+            self.started.notify_one();
+            return Err(ChannelError::Failed {
+                channel: self.name.into(),
+                message: "the probe was told to fail".into(),
+            });
+        }
+        let agents = ctx
+            .gateway
+            .agents()
+            .await
+            .map_err(|e| ChannelError::Failed {
+                channel: self.name.into(),
+                message: e.to_string(),
+            })?;
+        *self.seen.lock().unwrap() = agents.into_iter().map(|a| a.name).collect();
+        *self.gateway.lock().unwrap() = Some(ctx.gateway.clone());
+        self.started.notify_one();
+        ctx.shutdown.cancelled().await;
+        *self.stopped.lock().unwrap() = true;
+        Ok(())
+    }
+}
+
+async fn build(builder: GatewayBuilder) -> LocalGateway {
+    builder.build().await.unwrap()
+}
+
+fn base(home: &BeigeHome, shim: &std::path::Path, config: Config) -> GatewayBuilder {
+    GatewayBuilder::new(config, home.clone())
+        .shim(shim)
+        .sandbox(Arc::new(FakeSandbox))
+}
+
+async fn agent_names(gw: &dyn Gateway) -> Vec<String> {
+    let mut names: Vec<String> = gw
+        .agents()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.name)
+        .collect();
+    names.sort();
+    names
+}
+
+async fn next_outcome(
+    rx: &mut tokio::sync::watch::Receiver<Option<beige_core::gateway::ReloadOutcome>>,
+) -> beige_core::gateway::ReloadOutcome {
+    tokio::time::timeout(Duration::from_secs(30), rx.changed())
+        .await
+        .expect("a reload outcome within 30 s")
+        .unwrap();
+    rx.borrow_and_update().clone().unwrap()
+}
+
+#[tokio::test]
+async fn serve_runs_registered_channels_with_their_tools_and_stops_them_on_the_token() {
+    let Some(shim) = shim_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let probe = Probe::new("probe");
+    let gw =
+        build(base(&home, &shim, config(&["a"], &["probe.ping"])).channel(probe.clone())).await;
+    // The channel's plugin was registered: its `plugins` entry needs no folder.
+    assert!(gw.registry().tool("probe.ping").is_some());
+
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), probe.started.notified())
+        .await
+        .expect("the channel started");
+    assert_eq!(*probe.seen.lock().unwrap(), ["a"]);
+    // No config source and no config file: nothing to reload from.
+    assert_eq!(*probe.had_reload.lock().unwrap(), Some(false));
+    assert!(!*probe.stopped.lock().unwrap());
+
+    // Serving twice is refused while the first runs.
+    let again = gw.serve(Shutdown::on(CancellationToken::new())).await;
+    assert!(
+        matches!(again, Err(ServeError::AlreadyServing)),
+        "{again:?}"
+    );
+
+    token.cancel();
+    let served = tokio::time::timeout(Duration::from_secs(20), serving)
+        .await
+        .expect("serve ends after the token")
+        .unwrap();
+    assert!(served.is_ok(), "{served:?}");
+    assert!(
+        *probe.stopped.lock().unwrap(),
+        "the channel was told to stop"
+    );
+}
+
+#[tokio::test]
+async fn a_required_channel_that_fails_ends_serving_an_optional_one_does_not() {
+    let Some(shim) = shim_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+
+    // Optional: logged, the other channel keeps serving until the token.
+    let broken = Probe::failing("broken");
+    let steady = Probe::new("steady");
+    let gw = build(
+        base(&home, &shim, config(&["a"], &[]))
+            .channel_optional(broken.clone())
+            .channel(steady.clone()),
+    )
+    .await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), steady.started.notified())
+        .await
+        .expect("the steady channel started");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !serving.is_finished(),
+        "an optional channel's failure ended serving"
+    );
+    token.cancel();
+    assert!(serving.await.unwrap().is_ok());
+
+    // Required: serving ends with that channel's error, and the others are stopped.
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let broken = Probe::failing("broken");
+    let steady = Probe::new("steady");
+    let gw = build(
+        base(&home, &shim, config(&["a"], &[]))
+            .channel(steady.clone())
+            .channel(broken.clone()),
+    )
+    .await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        gw.serve(Shutdown::on(CancellationToken::new()).drain(Duration::from_secs(1))),
+    )
+    .await
+    .expect("serve ends when a required channel fails");
+    match result {
+        Err(ServeError::Channel { channel, source }) => {
+            assert_eq!(channel, "broken");
+            assert!(
+                source.to_string().contains("the probe was told to fail"),
+                "{source}"
+            );
+        }
+        other => panic!("expected the channel's error, got {other:?}"),
+    }
+    assert!(
+        *steady.stopped.lock().unwrap(),
+        "the other channel was stopped"
+    );
+}
+
+#[tokio::test]
+async fn reload_swaps_the_engine_under_every_handle_and_keeps_it_when_the_new_config_fails() {
+    let Some(shim) = shim_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let source = Arc::new(Scripted {
+        next: Mutex::new(Ok(config(&["a"], &[]))),
+        home: home.clone(),
+    });
+    let probe = Probe::new("steady");
+    let gw = build(
+        base(&home, &shim, config(&["a"], &[]))
+            .config_source(source.clone())
+            .channel(probe.clone()),
+    )
+    .await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), probe.started.notified())
+        .await
+        .expect("the channel started");
+    assert_eq!(*probe.had_reload.lock().unwrap(), Some(true));
+    let channel_gateway = probe.gateway.lock().unwrap().clone().unwrap();
+    let mut outcomes = gw.reload_outcomes();
+    let handle = gw
+        .reload_handle()
+        .expect("a gateway with a config source can reload");
+
+    // A new agent: every handle — the builder's, a clone, the channel's — sees it.
+    *source.next.lock().unwrap() = Ok(config(&["a", "b"], &[]));
+    handle.request();
+    let outcome = next_outcome(&mut outcomes).await;
+    assert!(outcome.ok, "{outcome}");
+    assert!(
+        outcome.to_string().starts_with("restarted in "),
+        "{outcome}"
+    );
+    assert_eq!(agent_names(&gw).await, ["a", "b"]);
+    assert_eq!(agent_names(&gw.clone()).await, ["a", "b"]);
+    assert_eq!(agent_names(&*channel_gateway).await, ["a", "b"]);
+    assert_eq!(gw.config().agents.len(), 2);
+
+    // The source fails: the running engine stays, and the outcome says why.
+    *source.next.lock().unwrap() = Err("config error: line 3: expected a value".into());
+    handle.request();
+    let outcome = next_outcome(&mut outcomes).await;
+    assert!(!outcome.ok);
+    assert_eq!(outcome.message, "config error: line 3: expected a value");
+    assert_eq!(agent_names(&gw).await, ["a", "b"]);
+
+    // The new config loads but cannot start (an agent names a tool nobody provides):
+    // the previous config is started again.
+    *source.next.lock().unwrap() = Ok(config(&["a", "b", "c"], &["no_such_tool"]));
+    handle.request();
+    let outcome = next_outcome(&mut outcomes).await;
+    assert!(!outcome.ok);
+    assert!(
+        outcome
+            .message
+            .contains("the gateway is running with the previous config again"),
+        "{outcome}"
+    );
+    assert_eq!(agent_names(&*channel_gateway).await, ["a", "b"]);
+
+    token.cancel();
+    assert!(serving.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn the_http_restart_route_reloads_through_the_gateway_or_answers_501_without_a_source() {
+    let Some(shim) = shim_or_skip() else { return };
+    for with_source in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        let (api, addr) =
+            HttpApiChannel::bind("127.0.0.1", 0, ApiOptions::new(Some(TOKEN.into()))).unwrap();
+        let mut builder = base(&home, &shim, config(&["a"], &[])).channel(Arc::new(api));
+        let source = Arc::new(Scripted {
+            next: Mutex::new(Ok(config(&["a", "z"], &[]))),
+            home: home.clone(),
+        });
+        if with_source {
+            builder = builder.config_source(source.clone());
+        }
+        let gw = build(builder).await;
+        let mut outcomes = gw.reload_outcomes();
+        let token = CancellationToken::new();
+        let serving = tokio::spawn({
+            let gw = gw.clone();
+            let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+            async move { gw.serve(shutdown).await }
+        });
+        let client = reqwest::Client::new();
+        let restart = || {
+            client
+                .post(format!("http://{addr}/api/gateway/restart"))
+                .bearer_auth(TOKEN)
+                .send()
+        };
+        let mut response = restart().await;
+        // The listener was bound before `serve`; retry while the task starts up.
+        for _ in 0..50 {
+            if response.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            response = restart().await;
+        }
+        let response = response.unwrap();
+        if with_source {
+            assert_eq!(response.status(), 202);
+            let outcome = next_outcome(&mut outcomes).await;
+            assert!(outcome.ok, "{outcome}");
+            assert_eq!(agent_names(&gw).await, ["a", "z"]);
+        } else {
+            assert_eq!(response.status(), 501);
+            assert_eq!(agent_names(&gw).await, ["a"]);
+        }
+        token.cancel();
+        assert!(serving.await.unwrap().is_ok());
+    }
+}
