@@ -468,18 +468,35 @@ pub fn routes() -> Vec<(&'static str, &'static str)> {
     TABLE.iter().map(|(m, p, _)| (*m, *p)).collect()
 }
 
-/// The HTTP API as an axum app. Serve it with `axum::serve`, or drive it in tests with
-/// `tower::ServiceExt::oneshot`.
+/// The HTTP API as a whole axum app, as [`HttpApiChannel`] serves it: the routes, the
+/// checks in front of them, and JSON answers for unknown paths and methods. Serve it with
+/// `axum::serve`, or drive it in tests with `tower::ServiceExt::oneshot`.
 pub fn router(state: ApiState) -> Router {
     let shared: Shared = Arc::new(state);
+    table_routes()
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(shared.clone(), guard))
+        .with_state(shared)
+}
+
+/// The API's routes with their checks (`Host`, `Origin`, token, body limit) and no
+/// top-level fallback, to merge into an existing axum app (`app.merge(api_router(..))`):
+/// the app's own routes and fallback stay as they are, and only the API's paths get the
+/// API's checks.
+pub fn api_router(state: ApiState) -> Router {
+    let shared: Shared = Arc::new(state);
+    table_routes()
+        .route_layer(middleware::from_fn_with_state(shared.clone(), guard))
+        .with_state(shared)
+}
+
+fn table_routes() -> Router<Shared> {
     let mut app: Router<Shared> = Router::new();
     for (_, path, handler) in TABLE {
         app = app.route(path, handler());
     }
-    app.fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(shared.clone(), guard))
-        .with_state(shared)
+    app
 }
 
 async fn not_found() -> ApiError {

@@ -5,8 +5,12 @@
 //! | item | stands in for |
 //! |---|---|
 //! | [`ScriptedProvider`] | an LLM provider: a **scripted model** that plays back prepared answers, labelled as such |
+//! | [`MemoryAudit`] | the JSONL audit log: keeps the records in memory to read back |
 //!
 //! Nothing here is meant for production: these types keep everything in memory and make
 //! no promise about durability or isolation.
 
+mod memory_audit;
+
 pub use crate::llm::scripted::ScriptedProvider;
+pub use memory_audit::MemoryAudit;
