@@ -11,6 +11,7 @@
 
 mod prompt;
 pub mod remote;
+mod sandbox_host;
 mod serve;
 
 pub use prompt::PromptRequest;
@@ -48,10 +49,9 @@ use crate::plugin::{
 };
 use crate::policy::{Approver, ConfigPolicy, Decision, Policy, PolicyRequest, Principal, ToolKind};
 use crate::sandbox::{
-    host, shim, ContainerSpec, ReconcileReport, Sandbox, SandboxError, SandboxUser, SpecInput,
+    host, ReconcileReport, Sandbox, SandboxError, SandboxSpec, SandboxUser, SpecInput,
 };
 use crate::skills::{SkillError, SkillSet};
-use crate::socket::{SocketLimits, SocketServer, ToolRequestHandler};
 use crate::store::{
     HealthRecord, SessionRecord, SessionSettings, SettingsPatch, Store, StoreError,
 };
@@ -84,8 +84,6 @@ pub enum GatewayError {
     Skill(#[from] SkillError),
     #[error(transparent)]
     Home(#[from] crate::home::HomeError),
-    #[error("could not open the tool socket {path}: {message}")]
-    Socket { path: String, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A filesystem the agent needs is below `gateway.minFreeSpace`: it is paused.
@@ -179,24 +177,7 @@ pub struct AllowedModel {
     pub health: Option<ModelHealth>,
 }
 
-/// How an agent's sandbox is reached: its container and the health of the shim link to
-/// its PID 1 (`GET /api/agents/{name}/sandbox`, `beige doctor`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxStatus {
-    pub agent: String,
-    /// The container's name.
-    pub container: String,
-    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes).
-    pub link_mode: crate::config::LinkMode,
-    /// Health of the link; `None` when the mode is `off`.
-    #[serde(default)]
-    pub link: Option<crate::sandbox::LinkStatus>,
-    /// One keepalive round trip measured for this answer, in microseconds; `None` when
-    /// the link is down (or off).
-    #[serde(default)]
-    pub ping_us: Option<u64>,
-}
+pub use crate::sandbox::SandboxStatus;
 
 /// What channels and embedders talk to: the agents, a prompt and its events, a core tool
 /// call, cancellation. Sessions and administration are the separate traits [`Sessions`]
@@ -501,12 +482,13 @@ pub struct GatewayBuilder {
     config_file: Option<PathBuf>,
     home: BeigeHome,
     sandbox: Option<Arc<dyn Sandbox>>,
-    shim: Option<PathBuf>,
+    /// Options of the Docker backend (the default one, or a `DockerSandbox` given).
+    #[cfg(feature = "docker")]
+    docker: crate::sandbox::docker::DockerOptions,
     plugins: Vec<Arc<dyn Plugin>>,
     policy: Option<Arc<dyn Policy>>,
     approver: Option<Arc<dyn Approver>>,
     audit: Option<Arc<dyn AuditSink>>,
-    socket_limits: SocketLimits,
     store: Option<Arc<dyn Store>>,
     providers: Vec<Arc<dyn LlmProvider>>,
     watchdog: Duration,
@@ -523,12 +505,12 @@ impl GatewayBuilder {
             config_file: None,
             home,
             sandbox: None,
-            shim: None,
+            #[cfg(feature = "docker")]
+            docker: Default::default(),
             plugins: Vec::new(),
             policy: None,
             approver: None,
             audit: None,
-            socket_limits: SocketLimits::default(),
             store: None,
             providers: Vec::new(),
             watchdog: crate::agent::router::DEFAULT_WATCHDOG,
@@ -571,15 +553,27 @@ impl GatewayBuilder {
         self
     }
 
-    /// Use this sandbox backend instead of connecting to Docker.
+    /// Use this sandbox backend instead of connecting to Docker. A backend other than
+    /// [`crate::sandbox::docker::DockerSandbox`] gets no shim: none is located or
+    /// checked. A `DockerSandbox` given here takes the builder's shim, socket limits and
+    /// the agents' link modes (it keeps its own legacy home and build base).
     pub fn sandbox(mut self, sandbox: Arc<dyn Sandbox>) -> Self {
         self.sandbox = Some(sandbox);
         self
     }
 
-    /// Use this shim binary (still checked to be static).
+    /// Options of the Docker backend: the shim, the tool sockets' limits, the legacy
+    /// home and the build base (see [`crate::sandbox::docker::DockerOptions`]).
+    #[cfg(feature = "docker")]
+    pub fn docker(mut self, options: crate::sandbox::docker::DockerOptions) -> Self {
+        self.docker = options;
+        self
+    }
+
+    /// Use this shim binary for the Docker backend (still checked to be static).
+    #[cfg(feature = "docker")]
     pub fn shim(mut self, path: impl Into<PathBuf>) -> Self {
-        self.shim = Some(path.into());
+        self.docker.shim = Some(path.into());
         self
     }
 
@@ -609,26 +603,27 @@ impl GatewayBuilder {
         self
     }
 
-    /// Bounds of the agents' tool sockets.
-    pub fn socket_limits(mut self, limits: SocketLimits) -> Self {
-        self.socket_limits = limits;
+    /// Bounds of the agents' tool sockets (Docker backend).
+    #[cfg(feature = "docker")]
+    pub fn socket_limits(mut self, limits: crate::socket::SocketLimits) -> Self {
+        self.docker.socket_limits = limits;
         self
     }
 
-    /// Build the engine: register plugins, prepare every agent's folders and launchers,
-    /// bring its sandbox up (reattaching a running one with the same spec), open its tool
-    /// socket, start plugins and fire `gatewayStarted`. [`GatewayBuilder::build`] wraps
-    /// it in the reloadable [`LocalGateway`].
+    /// Build the engine: register plugins, prepare every agent's workspace, bring its
+    /// sandbox up (reattaching a running one with the same spec; the backend serves its
+    /// tool calls), start plugins and fire `gatewayStarted`. [`GatewayBuilder::build`]
+    /// wraps it in the reloadable [`LocalGateway`].
     async fn build_engine(self) -> Result<Engine, GatewayError> {
         let config = self.config;
         let home = self.home;
         let config_file = self.config_file.unwrap_or_else(|| home.config_path());
-        let shim = match self.shim {
-            Some(p) => {
-                shim::check_static(&p)?;
-                p
-            }
-            None => shim::locate(config.sandbox.shim.as_deref())?,
+        // The Docker backend's shim is located and checked first, so that an unusable
+        // one stops the gateway before anything starts; other backends need none.
+        #[cfg(feature = "docker")]
+        let docker_setup = match &self.sandbox {
+            Some(s) if !s.as_any().is::<crate::sandbox::docker::DockerSandbox>() => None,
+            _ => Some(self.docker.resolve(&config, &home)?),
         };
 
         // Plugins: config order first (built-ins by name), then the rest.
@@ -655,10 +650,8 @@ impl GatewayBuilder {
                 ordered.push(extra.remove(i));
             } else if name == "kv" && entry.path.is_none() {
                 let dir = home.root().join("builtin").join("kv");
-                crate::plugin::kv::write_package_dir(&dir).map_err(|e| SandboxError::Host {
-                    path: dir.display().to_string(),
-                    message: e.to_string(),
-                })?;
+                crate::plugin::kv::write_package_dir(&dir)
+                    .map_err(|e| SandboxError::host(&dir, e))?;
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
             } else if let Some(plugin) = crate::channel::builtin_plugin(name, entry) {
@@ -689,10 +682,7 @@ impl GatewayBuilder {
             Some(a) => a,
             None => {
                 let logs = home.logs_dir();
-                std::fs::create_dir_all(&logs).map_err(|e| SandboxError::Host {
-                    path: logs.display().to_string(),
-                    message: e.to_string(),
-                })?;
+                std::fs::create_dir_all(&logs).map_err(|e| SandboxError::host(&logs, e))?;
                 let days = u64::from(config.gateway.audit.retention_days);
                 let hours = u64::from(config.gateway.audit.rotate_after_hours);
                 Arc::new(
@@ -734,10 +724,9 @@ impl GatewayBuilder {
         for (name, agent) in &config.agents {
             let workspace = config.agent_workspace(&home, name);
             let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
-            let user = host::prepare_agent(&home, name, &workspace, configured)?;
+            let user = host::prepare_workspace(&workspace, configured)?;
             seed_agents_md(&workspace, user)?;
             let tools = launchable_tools(policy.as_ref(), &registry, name, agent).await;
-            write_launchers(&home.launchers_dir(name), &tools)?;
             let tool_packages = tools
                 .iter()
                 .filter_map(|t| {
@@ -753,15 +742,15 @@ impl GatewayBuilder {
                 .map(|s| (s.name, s.path))
                 .collect();
             specs.push(
-                ContainerSpec::for_agent(&SpecInput {
+                SandboxSpec::for_agent(&SpecInput {
                     home: &home,
                     installation: &installation,
                     writable: &writable,
                     agent: name,
                     config: agent,
                     workspace,
-                    shim: shim.clone(),
                     user,
+                    tools,
                     tool_packages,
                     skills: agent_skills,
                 })
@@ -771,10 +760,20 @@ impl GatewayBuilder {
 
         let sandbox: Arc<dyn Sandbox> = match self.sandbox {
             Some(s) => s,
-            None => connect_default(&home, &installation, &config).await?,
+            #[cfg(feature = "docker")]
+            None => connect_default(&home, &installation, &config, &self.docker).await?,
+            #[cfg(not(feature = "docker"))]
+            None => return Err(GatewayError::NoSandbox),
         };
-        sandbox.set_audit(audit.clone());
-        let report = sandbox.reconcile(specs.clone()).await?;
+        #[cfg(feature = "docker")]
+        if let (Some(docker), Some(setup)) = (
+            sandbox
+                .as_any()
+                .downcast_ref::<crate::sandbox::docker::DockerSandbox>(),
+            docker_setup,
+        ) {
+            docker.configure(setup);
+        }
 
         let disk = Arc::new(disk_guard(
             &config,
@@ -788,7 +787,6 @@ impl GatewayBuilder {
             home,
             sandbox,
             specs,
-            report,
             registry,
             skills,
             policy,
@@ -800,20 +798,16 @@ impl GatewayBuilder {
             session_locks: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
         });
+        // The backend serves the sandboxes' tool calls through the gateway, which it
+        // holds without keeping alive.
+        let report = inner
+            .sandbox
+            .reconcile(
+                inner.specs.clone(),
+                Arc::new(sandbox_host::GatewayHost::new(&inner)),
+            )
+            .await?;
         inner.disk.watch(crate::disk::WATCH_EVERY);
-        let mut sockets = Vec::new();
-        let handler: Arc<dyn ToolRequestHandler> = Arc::new(SocketHandler(Arc::downgrade(&inner)));
-        let (limits, descriptors) = socket_bounds(self.socket_limits, inner.config.agents.len());
-        for name in inner.config.agents.keys() {
-            let path = inner.home.socket_path(name);
-            let server =
-                SocketServer::start(name, &path, handler.clone(), limits, descriptors.clone())
-                    .map_err(|e| GatewayError::Socket {
-                        path: path.display().to_string(),
-                        message: e.to_string(),
-                    })?;
-            sockets.push(server);
-        }
         inner.registry.start_all().await?;
         inner.registry.hooks().gateway_started().await;
         tracing::info!(
@@ -822,41 +816,9 @@ impl GatewayBuilder {
         );
         Ok(Engine {
             inner,
-            sockets: Arc::new(std::sync::Mutex::new(sockets)),
+            report: Arc::new(report),
         })
     }
-}
-
-/// Raise the descriptor limit, take the process's socket budget (the limit minus the
-/// reserve) and give each agent at most an equal share of it, so that one agent's
-/// connections can never starve another's.
-fn socket_bounds(
-    limits: SocketLimits,
-    agents: usize,
-) -> (SocketLimits, Arc<crate::socket::DescriptorBudget>) {
-    let nofile = match crate::socket::raise_nofile_limit() {
-        Ok(l) => l,
-        Err(e) => {
-            let l = crate::socket::nofile_limit();
-            tracing::warn!(error = %e, limit = %l, "could not raise the descriptor limit (ulimit -n) to its hard limit");
-            l
-        }
-    };
-    let descriptors = crate::socket::DescriptorBudget::process(limits.fd_reserve);
-    let share = (descriptors.max() / agents.max(1)).saturating_sub(1).max(1);
-    let limits = SocketLimits {
-        max_connections: limits.max_connections.min(share),
-        ..limits
-    };
-    tracing::info!(
-        limit = %nofile,
-        sockets = descriptors.max(),
-        per_agent = limits.max_connections,
-        "descriptors: the tool sockets use at most {} of the limit, {} connections per agent",
-        descriptors.max(),
-        limits.max_connections
-    );
-    (limits, descriptors)
 }
 
 #[cfg(feature = "docker")]
@@ -864,30 +826,24 @@ async fn connect_default(
     home: &BeigeHome,
     installation: &crate::home::InstallationId,
     config: &Config,
+    options: &crate::sandbox::docker::DockerOptions,
 ) -> Result<Arc<dyn Sandbox>, GatewayError> {
     let docker = crate::sandbox::docker::DockerSandbox::connect(installation.as_str())
         .await?
-        .with_legacy_home(home)
-        .with_build_base(config.sandbox.base_image.clone());
+        .with_legacy_home(options.legacy_home.as_ref().unwrap_or(home))
+        .with_build_base(
+            options
+                .build_base
+                .clone()
+                .or_else(|| config.sandbox.base_image.clone()),
+        );
     Ok(Arc::new(docker))
-}
-
-#[cfg(not(feature = "docker"))]
-async fn connect_default(
-    _: &BeigeHome,
-    _: &crate::home::InstallationId,
-    _: &Config,
-) -> Result<Arc<dyn Sandbox>, GatewayError> {
-    Err(GatewayError::NoSandbox)
 }
 
 /// The store when none was given: `<BEIGE_HOME>/beige.db`.
 #[cfg(feature = "sqlite")]
 pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
-    std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::Host {
-        path: home.root().display().to_string(),
-        message: e.to_string(),
-    })?;
+    std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::host(home.root(), e))?;
     Ok(Arc::new(crate::store::SqliteStore::open(home.db_path())?))
 }
 
@@ -912,46 +868,13 @@ async fn launchable_tools(
     tools
 }
 
-/// Make `dir` hold exactly one symlink `<tool> → /beige/shim` per tool.
-fn write_launchers(dir: &Path, tools: &[String]) -> Result<(), SandboxError> {
-    let err = |p: &Path, e: std::io::Error| SandboxError::Host {
-        path: p.display().to_string(),
-        message: e.to_string(),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
-    for entry in std::fs::read_dir(dir).map_err(|e| err(dir, e))? {
-        let entry = entry.map_err(|e| err(dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let keep = tools.contains(&name)
-            && std::fs::read_link(entry.path())
-                .map(|t| t == Path::new(crate::sandbox::spec::SHIM_PATH))
-                .unwrap_or(false);
-        if !keep {
-            let p = entry.path();
-            let removed = if p.is_dir() && !p.is_symlink() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-            removed.map_err(|e| err(&p, e))?;
-        }
-    }
-    for tool in tools {
-        let link = dir.join(tool);
-        if !link.is_symlink() {
-            std::os::unix::fs::symlink(crate::sandbox::spec::SHIM_PATH, &link)
-                .map_err(|e| err(&link, e))?;
-        }
-    }
-    Ok(())
-}
-
 /// One built gateway: what a [`LocalGateway`] serves until a reload replaces it. Cheap
 /// to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Engine {
     inner: Arc<Inner>,
-    sockets: Arc<std::sync::Mutex<Vec<SocketServer>>>,
+    /// What start-up did to the sandboxes.
+    report: Arc<ReconcileReport>,
 }
 
 #[derive(Debug)]
@@ -961,8 +884,7 @@ struct Inner {
     config: Config,
     home: BeigeHome,
     sandbox: Arc<dyn Sandbox>,
-    specs: Vec<ContainerSpec>,
-    report: ReconcileReport,
+    specs: Vec<SandboxSpec>,
     registry: PluginRegistry,
     skills: SkillSet,
     policy: Arc<dyn Policy>,
@@ -1028,14 +950,14 @@ impl Engine {
         &self.inner.config
     }
 
-    /// The container specs the gateway started with.
-    pub fn specs(&self) -> &[ContainerSpec] {
+    /// The sandbox specs the gateway started with.
+    pub fn specs(&self) -> &[SandboxSpec] {
         &self.inner.specs
     }
 
-    /// What start-up did to the containers.
+    /// What start-up did to the sandboxes.
     pub fn reconcile_report(&self) -> &ReconcileReport {
-        &self.inner.report
+        &self.report
     }
 
     pub fn registry(&self) -> &PluginRegistry {
@@ -1085,10 +1007,7 @@ impl Engine {
         self.inner.disk.stop();
         self.inner.registry.hooks().gateway_shutdown().await;
         self.inner.registry.stop_all().await;
-        self.sockets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        // The backend stops serving tool calls either way.
         if keep_sandboxes {
             // The containers stay; their links end so PID 1 dials the next gateway.
             self.inner.sandbox.detach().await;
@@ -1516,59 +1435,6 @@ fn audit_args(call: &CoreToolCall) -> Vec<String> {
 /// The `tool` of the audit record of a socket request whose tool could not be read.
 pub const UNPARSED_TOOL: &str = "(unparsed)";
 
-/// Routes socket requests to the gateway without keeping it alive.
-struct SocketHandler(std::sync::Weak<Inner>);
-
-#[async_trait]
-impl ToolRequestHandler for SocketHandler {
-    async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse {
-        match self.0.upgrade() {
-            Some(inner) => inner.handle_tool_request(agent, request).await,
-            None => ToolResponse::error("the gateway is shutting down", 1),
-        }
-    }
-
-    /// Every refused request is recorded, attributed to the socket's agent: with the
-    /// tool when it was readable, and the request line itself as the one argument (the
-    /// audit keeps an excerpt, its size and hash).
-    async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str, raw: &[u8]) {
-        let Some(inner) = self.0.upgrade() else {
-            tracing::warn!(agent, error, "rejected socket request");
-            return;
-        };
-        let meta = CallMeta {
-            agent,
-            tool: tool.unwrap_or(UNPARSED_TOOL),
-            kind: ToolKind::Plugin,
-            args: vec![String::from_utf8_lossy(raw).into_owned()],
-            session: Some(format!("socket:{agent}")),
-            channel: Some("socket".into()),
-            model: None,
-            principal: Principal::Sandbox,
-            target: Target::Gateway,
-        };
-        inner.audit_denied(&meta, error).await;
-    }
-
-    async fn limit_reached(&self, agent: &str, limit: crate::socket::Limit, message: &str) {
-        let Some(inner) = self.0.upgrade() else {
-            return;
-        };
-        let mut r = AuditRecord::security(
-            agent,
-            "security.socket_limit",
-            vec![format!("limit={}", limit.as_str())],
-            AuditDecision::Denied,
-        );
-        r.session = Some(format!("socket:{agent}"));
-        r.channel = Some("socket".into());
-        r.error = Some(message.to_string());
-        if let Err(e) = inner.audit.record(&r).await {
-            tracing::error!(agent, error = %e, "could not audit a socket limit");
-        }
-    }
-}
-
 #[async_trait]
 impl Gateway for Engine {
     async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
@@ -1915,49 +1781,7 @@ impl Admin for Engine {
 
     async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
         self.inner.agent(agent)?;
-        // Every configured agent has a spec; a missing one is a bug worth naming.
-        let spec = self
-            .inner
-            .specs
-            .iter()
-            .find(|s| s.agent == agent)
-            .ok_or_else(|| SandboxError::UnknownAgent {
-                agent: agent.to_string(),
-            })?;
-        let link_mode = spec.link;
-        if link_mode == crate::config::LinkMode::Off {
-            return Ok(SandboxStatus {
-                agent: agent.to_string(),
-                container: spec.name.clone(),
-                link_mode,
-                link: None,
-                ping_us: None,
-            });
-        }
-        // Ping first, so the status read afterwards carries this round trip.
-        let ping_us = self
-            .inner
-            .sandbox
-            .link_ping(agent)
-            .await
-            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        let link = self
-            .inner
-            .sandbox
-            .link_status()
-            .into_iter()
-            .find(|l| l.agent == agent)
-            .unwrap_or_else(|| crate::sandbox::LinkStatus {
-                agent: agent.to_string(),
-                ..Default::default()
-            });
-        Ok(SandboxStatus {
-            agent: agent.to_string(),
-            container: spec.name.clone(),
-            link_mode,
-            ping_us: ping_us.filter(|_| link.connected),
-            link: Some(link),
-        })
+        Ok(self.inner.sandbox.status(agent).await)
     }
 }
 
@@ -1967,9 +1791,8 @@ fn seed_agents_md(workspace: &Path, user: SandboxUser) -> Result<(), SandboxErro
         SandboxUser::Id { uid, gid } => Some((uid, gid)),
         _ => None,
     };
-    crate::agent::prompt::seed_agents_md(workspace, owner).map_err(|e| SandboxError::Host {
-        path: workspace.join("AGENTS.md").display().to_string(),
-        message: e.to_string(),
+    crate::agent::prompt::seed_agents_md(workspace, owner).map_err(|e| {
+        SandboxError::host(workspace.join("AGENTS.md"), std::io::Error::other(e))
     })?;
     Ok(())
 }

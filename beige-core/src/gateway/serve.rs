@@ -34,7 +34,7 @@ use crate::home::BeigeHome;
 use crate::hooks::HookName;
 use crate::llm::Message;
 use crate::plugin::PluginRegistry;
-use crate::sandbox::{ContainerSpec, ReconcileReport};
+use crate::sandbox::{ReconcileReport, SandboxSpec};
 use crate::skills::SkillSet;
 use crate::store::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::tools::{CoreToolCall, ToolContext, ToolOutput};
@@ -411,8 +411,8 @@ impl LocalGateway {
         &self.shared.home
     }
 
-    /// The container specs the engine started with.
-    pub fn specs(&self) -> Snapshot<[ContainerSpec]> {
+    /// The sandbox specs the engine started with.
+    pub fn specs(&self) -> Snapshot<[SandboxSpec]> {
         self.snapshot(|e| e.specs())
     }
 

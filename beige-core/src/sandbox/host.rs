@@ -1,8 +1,9 @@
-//! Host-side preparation of an agent's folders before its container starts.
+//! Host-side preparation of an agent's folders before its sandbox starts.
 //!
-//! Owns creating the workspace, launcher and socket folders with the right owners and
-//! modes, and deciding which uid:gid the sandbox runs as (the workspace's owner, or
-//! `1000:1000` with the workspace handed over once when the gateway runs as root).
+//! Owns creating the workspace with the right owner, and deciding which uid:gid the
+//! sandbox runs as (the workspace's owner, or `1000:1000` with the workspace handed over
+//! once when the gateway runs as root); and, for backends that mount them (Docker), the
+//! launcher and socket folders.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -11,25 +12,26 @@ use super::{SandboxError, SandboxUser};
 use crate::home::BeigeHome;
 
 fn host_err(path: &Path, e: std::io::Error) -> SandboxError {
-    SandboxError::Host {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
+    SandboxError::host(path, e)
 }
 
-/// Create the agent's workspace, launcher folder and socket folder, and return the user
-/// the sandbox runs as. `configured` is the config's `sandbox.user`.
-pub fn prepare_agent(
-    home: &BeigeHome,
-    agent: &str,
-    workspace: &Path,
-    configured: Option<SandboxUser>,
-) -> Result<SandboxUser, SandboxError> {
+/// Create the agent's launcher folder (`agents/<agent>/launchers`) and socket folder
+/// (`run/<agent>`), mode 0755: what the Docker backend mounts besides the workspace.
+pub fn prepare_run_dirs(home: &BeigeHome, agent: &str) -> Result<(), SandboxError> {
     for dir in [home.launchers_dir(agent), home.run_dir(agent)] {
         std::fs::create_dir_all(&dir).map_err(|e| host_err(&dir, e))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| host_err(&dir, e))?;
     }
+    Ok(())
+}
+
+/// Create the agent's workspace and return the user the sandbox runs as. `configured`
+/// is the config's `sandbox.user`.
+pub fn prepare_workspace(
+    workspace: &Path,
+    configured: Option<SandboxUser>,
+) -> Result<SandboxUser, SandboxError> {
     let fresh = !workspace.exists();
     std::fs::create_dir_all(workspace).map_err(|e| host_err(workspace, e))?;
     let meta = std::fs::metadata(workspace).map_err(|e| host_err(workspace, e))?;
@@ -73,10 +75,7 @@ fn is_root() -> bool {
 fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
     crate::fsutil::Beneath::open(root)
         .and_then(|ws| ws.chown_tree(uid, gid))
-        .map_err(|e| SandboxError::Host {
-            path: root.display().to_string(),
-            message: e.to_string(),
-        })
+        .map_err(|e| host_err(root, std::io::Error::other(e)))
 }
 
 #[cfg(test)]
@@ -88,7 +87,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(tmp.path());
         let ws = home.default_workspace("a");
-        let user = prepare_agent(&home, "a", &ws, None).unwrap();
+        prepare_run_dirs(&home, "a").unwrap();
+        let user = prepare_workspace(&ws, None).unwrap();
         assert!(ws.is_dir());
         assert!(home.launchers_dir("a").is_dir());
         assert!(home.run_dir("a").is_dir());

@@ -7,8 +7,8 @@
 //! acknowledging and de-duplicating results replayed after a gateway restart, keepalive,
 //! and the per-agent health figures. It also owns the Unix carrier's listener at
 //! `run/<agent>/ctl.sock`, which accepts only the peer whose `SO_PEERCRED` pid is the
-//! container's PID 1 (asked of a [`PeerVerifier`]) and uid is root, and audits every
-//! other peer as `security.link_reject`. It never decides whether an op may run (the
+//! container's PID 1 (asked of a [`PeerVerifier`]) and uid is root, and reports every
+//! other peer to the [`SandboxHost`] (audited as `security.link_reject`). It never decides whether an op may run (the
 //! gateway's guarded path did) and never talks to Docker itself: the Docker backend
 //! supplies the verifier and the attach streams.
 
@@ -26,8 +26,7 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use super::{OutputChunk, OutputSink, OutputStream};
-use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase, Target};
+use super::{OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent};
 
 /// How long the shim has to answer the gateway's hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -187,7 +186,17 @@ struct HubInner {
     instance: String,
     next_id: AtomicU64,
     agents: Mutex<HashMap<String, Arc<AgentLink>>>,
-    audit: std::sync::RwLock<Option<Arc<dyn AuditSink>>>,
+    host: HostSlot,
+}
+
+/// Where a hub reports (a [`SandboxHost`] need not be `Debug`).
+#[derive(Default)]
+struct HostSlot(std::sync::RwLock<Option<Arc<dyn SandboxHost>>>);
+
+impl std::fmt::Debug for HostSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostSlot")
+    }
 }
 
 impl Default for LinkHub {
@@ -203,18 +212,19 @@ impl LinkHub {
                 instance: format!("g{:08x}", rand::random::<u32>()),
                 next_id: AtomicU64::new(1),
                 agents: Mutex::default(),
-                audit: std::sync::RwLock::default(),
+                host: HostSlot::default(),
             }),
         }
     }
 
-    /// Where rejected peers are recorded.
-    pub fn set_audit(&self, audit: Arc<dyn AuditSink>) {
+    /// Where rejected peers and recovered results are reported.
+    pub fn set_host(&self, host: Arc<dyn SandboxHost>) {
         *self
             .inner
-            .audit
+            .host
+            .0
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(audit);
+            .unwrap_or_else(PoisonError::into_inner) = Some(host);
     }
 
     fn link(&self, agent: &str) -> Arc<AgentLink> {
@@ -759,60 +769,24 @@ impl LinkHub {
         self.serve(agent, Carrier::Unix, r, w).await;
     }
 
-    /// Records the `finished` line a previous gateway could not write: the op's
+    /// Reports the `finished` line a previous gateway could not write: the op's
     /// outcome, marked `recovered`, with the op id.
     fn audit_recovered(&self, agent: &str, id: &str, payload: &[u8]) {
-        let Some(audit) = self.audit_sink() else {
+        let Some(host) = self.host() else {
             return;
         };
-        use beige_protocol::op::OpReply;
-        let reply = serde_json::from_slice::<OpReply>(payload).ok();
-        let (tool, exit_code, output_bytes, duration_ms, error) = match &reply {
-            Some(OpReply::Exec(e)) => (
-                "exec",
-                e.exit_code.or(e.signal.map(|s| 128 + s)),
-                Some((e.stdout.len() + e.stderr.len()) as u64),
-                Some(e.duration_ms),
-                e.timed_out.then(|| "timed out".to_string()),
-            ),
-            Some(OpReply::Read(_)) => ("read", Some(0), None, None, None),
-            Some(OpReply::Write(_)) => ("write", Some(0), None, None, None),
-            Some(OpReply::Patch(_)) => ("patch", Some(0), None, None, None),
-            Some(OpReply::Kill(_)) => ("kill", Some(0), None, None, None),
-            Some(OpReply::Error(e)) => ("op", Some(1), None, None, Some(e.message.clone())),
-            None => ("op", None, None, None, Some("unreadable reply".to_string())),
-        };
-        let record = AuditRecord {
-            ts: now_ts(),
+        let event = SecurityEvent::OpRecovered {
             agent: agent.to_string(),
-            session: None,
-            model: None,
-            channel: None,
-            phase: Phase::Finished,
-            kind: AuditType::CoreTool,
-            tool: tool.to_string(),
-            args: vec!["recovered-after-restart".to_string(), id.to_string()],
-            decision: AuditDecision::Allowed,
-            target: Some(Target::Sandbox),
-            duration_ms,
-            exit_code,
-            output_bytes,
-            error,
-            args_bytes: None,
-            args_sha256: None,
-            args_truncated: None,
+            op_id: id.to_string(),
+            reply: serde_json::from_slice(payload).ok(),
         };
-        let agent = agent.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = audit.record(&record).await {
-                tracing::error!(agent, error = %e, "could not audit a recovered result");
-            }
-        });
+        tokio::spawn(async move { host.security_event(event).await });
     }
 
-    fn audit_sink(&self) -> Option<Arc<dyn AuditSink>> {
+    fn host(&self) -> Option<Arc<dyn SandboxHost>> {
         self.inner
-            .audit
+            .host
+            .0
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -827,33 +801,16 @@ impl LinkHub {
             reason,
             "refused a connection to the sandbox control socket"
         );
-        let Some(audit) = self.audit_sink() else {
+        let Some(host) = self.host() else {
             return;
         };
-        let show = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
-        let record = AuditRecord {
-            ts: now_ts(),
+        host.security_event(SecurityEvent::LinkRejected {
             agent: agent.to_string(),
-            session: None,
-            model: None,
-            channel: None,
-            phase: Phase::Finished,
-            kind: AuditType::Security,
-            tool: "security.link_reject".to_string(),
-            args: vec![format!("pid={}", show(pid)), format!("uid={}", show(uid))],
-            decision: AuditDecision::Denied,
-            target: Some(Target::Gateway),
-            duration_ms: None,
-            exit_code: None,
-            output_bytes: None,
-            error: Some(reason.to_string()),
-            args_bytes: None,
-            args_sha256: None,
-            args_truncated: None,
-        };
-        if let Err(e) = audit.record(&record).await {
-            tracing::error!(agent, error = %e, "could not audit a refused link peer");
-        }
+            pid,
+            uid,
+            reason: reason.to_string(),
+        })
+        .await;
     }
 }
 
@@ -1140,13 +1097,22 @@ mod tests {
     }
 
     #[derive(Debug, Default)]
-    struct Recorded(Mutex<Vec<AuditRecord>>);
+    struct Recorded(Mutex<Vec<SecurityEvent>>);
 
     #[async_trait]
-    impl AuditSink for Recorded {
-        async fn record(&self, r: &AuditRecord) -> Result<(), crate::audit::AuditError> {
-            self.0.lock().unwrap().push(r.clone());
-            Ok(())
+    impl SandboxHost for Recorded {
+        async fn tool_call(
+            &self,
+            _agent: &str,
+            _request: beige_protocol::socket::ToolRequest,
+        ) -> beige_protocol::socket::ToolResponse {
+            unreachable!("the link carries no tool calls")
+        }
+
+        async fn rejected(&self, _agent: &str, _tool: Option<&str>, _error: &str, _raw: &[u8]) {}
+
+        async fn security_event(&self, event: SecurityEvent) {
+            self.0.lock().unwrap().push(event);
         }
     }
 
@@ -1177,8 +1143,8 @@ mod tests {
     async fn unix_listener_refuses_and_audits_any_peer_but_pid_1() {
         let dir = tempfile::tempdir().unwrap();
         let hub = LinkHub::new();
-        let audit = Arc::new(Recorded::default());
-        hub.set_audit(audit.clone());
+        let host = Arc::new(Recorded::default());
+        hub.set_host(host.clone());
         // "PID 1" is some other process: this test process is refused.
         let l = hub
             .listen_unix("a", dir.path(), Arc::new(Fixed(Some(1))))
@@ -1193,16 +1159,17 @@ mod tests {
         );
         assert!(!hub.is_connected("a"));
         assert_eq!(hub.status_of("a").rejected_peers, 1);
-        let records = audit.0.lock().unwrap().clone();
-        assert_eq!(records.len(), 1);
-        let r = &records[0];
-        assert_eq!(r.tool, "security.link_reject");
-        assert_eq!(r.kind, AuditType::Security);
-        assert_eq!(r.decision, AuditDecision::Denied);
-        assert!(
-            r.args.contains(&format!("pid={}", std::process::id())),
-            "{r:?}"
-        );
+        let events = host.0.lock().unwrap().clone();
+        assert_eq!(events.len(), 1);
+        let SecurityEvent::LinkRejected {
+            agent, pid, uid, ..
+        } = &events[0]
+        else {
+            panic!("not a refused peer: {events:?}");
+        };
+        assert_eq!(agent, "a");
+        assert_eq!(*pid, Some(std::process::id()), "{events:?}");
+        assert_eq!(*uid, Some(effective_uid()), "{events:?}");
         drop(l);
         assert!(!dir.path().join(CTL_SOCKET_NAME).exists());
     }

@@ -1,10 +1,12 @@
 //! Sandboxes: where an agent's code runs.
 //!
-//! This module owns the [`Sandbox`] trait (create/reattach/remove an agent's container
-//! and run core-tool operations in it), the pure [`spec::ContainerSpec`] computed from
-//! config, the host-side preparation of an agent's folders ([`host`]), the check that
-//! the shim is static ([`shim`]), the gateway side of the shim link ([`link`]) and the
-//! Docker backend (`docker::DockerSandbox`, feature `docker`).
+//! This module owns the [`Sandbox`] trait (bring an agent's sandbox up, run core-tool
+//! operations in it, remove it), the portable [`SandboxSpec`] computed from config, the
+//! [`SandboxHost`] a backend calls back (plugin tool calls from inside the sandbox,
+//! refused requests, security events), the host-side preparation of an agent's
+//! workspace ([`host`]), the check that the shim is static ([`shim`]), the gateway side
+//! of the shim link ([`link`]) and the Docker backend (`docker::DockerSandbox`, feature
+//! `docker`), which owns the shim, the launchers, the link and the tool endpoint.
 //! It never decides *whether* a call may run — that is policy's job — and never formats
 //! results for the model — that is [`crate::tools`]'.
 
@@ -16,11 +18,18 @@ pub mod spec;
 #[cfg(feature = "docker")]
 pub mod docker;
 
+use std::borrow::Cow;
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest};
+use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 pub use link::{LinkError, LinkHub, LinkStatus};
-pub use spec::{ContainerSpec, Mount, SandboxUser, SpecError, SpecInput};
+pub use spec::{
+    Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput,
+};
 
 /// Why a sandbox operation failed (as opposed to the operation reporting an error, which
 /// is an [`OpReply::Error`]).
@@ -55,8 +64,27 @@ pub enum SandboxError {
     },
     #[error("the shim at {path} cannot be used: {reason}")]
     Shim { path: String, reason: String },
-    #[error("could not prepare {path}: {message}")]
-    Host { path: String, message: String },
+    /// A folder or file on the gateway's host could not be made ready.
+    #[error("could not prepare {}: {source}", path.display())]
+    Host {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The endpoint where an agent's launchers send plugin tool calls could not be
+    /// opened (Docker: the tool socket `run/<agent>/gateway.sock`).
+    #[error("could not open the tool socket {}: {source}", path.display())]
+    ToolEndpoint {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The backend was asked to reconcile before it was set up.
+    #[error("the {backend} sandbox is not set up: {hint}")]
+    NotConfigured {
+        backend: &'static str,
+        hint: &'static str,
+    },
     #[error("the sandbox of agent '{agent}' gave no valid answer to `{op}`: {message}")]
     Protocol {
         agent: String,
@@ -69,6 +97,16 @@ pub enum SandboxError {
         op: String,
         secs: u64,
     },
+}
+
+impl SandboxError {
+    /// [`SandboxError::Host`] for `path`.
+    pub fn host(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        SandboxError::Host {
+            path: path.into(),
+            source,
+        }
+    }
 }
 
 /// The outcome of one operation, plus what the model must be told about the sandbox.
@@ -100,36 +138,44 @@ pub struct OutputChunk {
 /// Where live output goes.
 pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
 
-/// How an operation reached the sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Transport {
-    /// The shim link over `run/<agent>/ctl.sock`.
-    LinkUnix,
-    /// The shim link over the container's attached stdin/stdout.
-    LinkAttach,
-    /// A `docker exec` per operation (no link, or the link was down).
-    DockerExec,
-    /// A sandbox that runs operations itself (tests, embedders).
-    Direct,
-}
+/// How an operation reached the sandbox: a name a backend chooses (`link-unix`,
+/// `link-attach` and `docker-exec` for Docker, `direct` for one that runs operations
+/// itself), serialised as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Transport(Cow<'static, str>);
 
 impl Transport {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::LinkUnix => "link-unix",
-            Transport::LinkAttach => "link-attach",
-            Transport::DockerExec => "docker-exec",
-            Transport::Direct => "direct",
-        }
+    /// The shim link over `run/<agent>/ctl.sock`.
+    pub const LINK_UNIX: Transport = Transport(Cow::Borrowed("link-unix"));
+    /// The shim link over the container's attached stdin/stdout.
+    pub const LINK_ATTACH: Transport = Transport(Cow::Borrowed("link-attach"));
+    /// A `docker exec` per operation (no link, or the link was down).
+    pub const DOCKER_EXEC: Transport = Transport(Cow::Borrowed("docker-exec"));
+    /// A sandbox that runs operations itself (tests, embedders).
+    pub const DIRECT: Transport = Transport(Cow::Borrowed("direct"));
+
+    /// A transport of another backend, e.g. `k8s-exec`.
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        Transport(name.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
 impl From<beige_protocol::link::Carrier> for Transport {
     fn from(c: beige_protocol::link::Carrier) -> Self {
         match c {
-            beige_protocol::link::Carrier::Unix => Transport::LinkUnix,
-            beige_protocol::link::Carrier::Attach => Transport::LinkAttach,
+            beige_protocol::link::Carrier::Unix => Transport::LINK_UNIX,
+            beige_protocol::link::Carrier::Attach => Transport::LINK_ATTACH,
         }
     }
 }
@@ -177,16 +223,140 @@ pub struct ReconcileReport {
     pub removed_orphans: Vec<String>,
 }
 
-/// A place where agents' code runs. One container (or equivalent) per agent.
+/// How an agent's sandbox is reached: its container and the health of the shim link to
+/// its PID 1 (`GET /api/agents/{name}/sandbox`, `beige doctor`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    pub agent: String,
+    /// The container's name (empty for a backend without one).
+    pub container: String,
+    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes and for
+    /// backends without a link).
+    pub link_mode: crate::config::LinkMode,
+    /// Health of the link; `None` when the mode is `off`.
+    #[serde(default)]
+    pub link: Option<LinkStatus>,
+    /// One keepalive round trip measured for this answer, in microseconds; `None` when
+    /// the link is down (or off).
+    #[serde(default)]
+    pub ping_us: Option<u64>,
+}
+
+impl SandboxStatus {
+    /// The status of a sandbox without a link (and without a container name).
+    pub fn unlinked(agent: &str) -> Self {
+        Self {
+            agent: agent.to_string(),
+            container: String::new(),
+            link_mode: crate::config::LinkMode::Off,
+            link: None,
+            ping_us: None,
+        }
+    }
+}
+
+/// What the sandbox layer reports for the audit log: refused peers and bounds reached
+/// (`security.*` records), and results of operations a previous gateway started.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SecurityEvent {
+    /// A peer other than the agent's PID 1 connected to the link's control socket and
+    /// was refused (`security.link_reject`).
+    LinkRejected {
+        agent: String,
+        /// The peer's pid and uid, when the kernel told them.
+        pid: Option<u32>,
+        uid: Option<u32>,
+        reason: String,
+    },
+    /// The agent reached a bound of its tool endpoint (`security.socket_limit`); once
+    /// when it first hits it, until it is back under it.
+    ToolEndpointLimit {
+        agent: String,
+        /// The bound: `connections`, `descriptors`, `buffered` or `in_flight`.
+        limit: String,
+        /// What the caller was told.
+        message: String,
+    },
+    /// The result of an operation that ran while no gateway waited for it (a restart),
+    /// replayed by PID 1: its `finished` record, marked as recovered.
+    OpRecovered {
+        agent: String,
+        /// The link's id of the operation.
+        op_id: String,
+        /// The reply; `None` when it could not be read.
+        reply: Option<OpReply>,
+    },
+}
+
+/// The gateway, as a sandbox backend sees it: where plugin tool calls made from inside a
+/// sandbox go, and where the backend reports what it refused. The agent is always the
+/// one the backend's transport belongs to (the socket, pod or vsock it came in on),
+/// never something a request says.
 #[async_trait]
-pub trait Sandbox: Send + Sync + std::fmt::Debug {
+pub trait SandboxHost: Send + Sync {
+    /// A plugin tool call from inside the agent's sandbox, through the guarded path
+    /// (policy, hooks, audit).
+    async fn tool_call(&self, agent: &str, request: ToolRequest) -> ToolResponse;
+
+    /// A request the endpoint refused before it reached [`SandboxHost::tool_call`] (it
+    /// could not be parsed, or was too large): `tool` when it was readable, `raw` the
+    /// bytes received (or the start of them). Audited as denied.
+    async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str, raw: &[u8]);
+
+    /// Something the sandbox layer refused or recovered, for the audit log.
+    async fn security_event(&self, event: SecurityEvent);
+}
+
+/// A [`SandboxHost`] that answers every call with an error and records nothing (a
+/// backend reconciled outside a gateway).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoHost;
+
+#[async_trait]
+impl SandboxHost for NoHost {
+    async fn tool_call(&self, _agent: &str, _request: ToolRequest) -> ToolResponse {
+        ToolResponse::error("no gateway serves this sandbox's tools", 1)
+    }
+
+    async fn rejected(&self, _agent: &str, _tool: Option<&str>, _error: &str, _raw: &[u8]) {}
+
+    async fn security_event(&self, _event: SecurityEvent) {}
+}
+
+/// `&dyn Any` of a sandbox, so that the gateway can hand a [`docker::DockerSandbox`]
+/// given to it the builder's Docker options. Implemented for every type.
+#[doc(hidden)]
+pub trait AsAny {
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A place where agents' code runs. One sandbox (container, pod, VM…) per agent.
+#[async_trait]
+pub trait Sandbox: Send + Sync + std::fmt::Debug + AsAny {
     /// Make the running sandboxes match `specs`: reattach those whose spec is unchanged,
-    /// recreate changed or stopped ones, remove those of agents not in `specs`.
-    async fn reconcile(&self, specs: Vec<ContainerSpec>) -> Result<ReconcileReport, SandboxError>;
+    /// recreate changed or stopped ones, remove those of agents not in `specs`; serve
+    /// each agent's plugin tool calls by calling `host`.
+    async fn reconcile(
+        &self,
+        specs: Vec<SandboxSpec>,
+        host: Arc<dyn SandboxHost>,
+    ) -> Result<ReconcileReport, SandboxError>;
 
     /// Run one core-tool operation in the agent's sandbox, recreating the sandbox first
     /// if it died.
     async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError>;
+
+    /// Remove every sandbox of this gateway (clean stop without `keepSandboxes`), and
+    /// stop serving their tool calls.
+    async fn remove_all(&self) -> Result<(), SandboxError>;
 
     /// [`Sandbox::run_op`], also sending the output of an `exec` to `output` while it
     /// runs, where the transport can (the shim link). Others just run the op.
@@ -200,24 +370,15 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug {
         self.run_op(agent, request).await
     }
 
-    /// Remove every sandbox of this gateway (clean stop without `keepSandboxes`).
-    async fn remove_all(&self) -> Result<(), SandboxError>;
-
     /// Let go of the sandboxes without removing them (a gateway stopping with
-    /// `keepSandboxes`, or replaced by an in-place restart): end their links so their
-    /// PID 1 dials whichever gateway comes next.
+    /// `keepSandboxes`, or replaced by an in-place restart): stop serving their tool
+    /// calls and end their links, so that they reach whichever gateway comes next.
+    /// [`Sandbox::reconcile`] may follow.
     async fn detach(&self) {}
 
-    /// Where security events of the sandbox layer (refused link peers) are recorded.
-    fn set_audit(&self, _audit: std::sync::Arc<dyn crate::audit::AuditSink>) {}
-
-    /// Health of the shim link of every agent (empty for sandboxes without one).
-    fn link_status(&self) -> Vec<link::LinkStatus> {
-        Vec::new()
-    }
-
-    /// One keepalive round trip over the agent's link, if it is up.
-    async fn link_ping(&self, _agent: &str) -> Option<std::time::Duration> {
-        None
+    /// How the agent's sandbox is reached, with the health of its link (a keepalive
+    /// measured now, where there is one).
+    async fn status(&self, agent: &str) -> SandboxStatus {
+        SandboxStatus::unlinked(agent)
     }
 }

@@ -1,20 +1,22 @@
-//! The container spec: everything the gateway asks Docker for, as a plain value.
+//! The sandbox spec: what an agent's sandbox must be, as a plain, portable value.
 //!
-//! [`ContainerSpec::for_agent`] is a function from configuration to spec — image,
-//! mounts, environment, user, limits, network, capabilities, labels — so the security
-//! decisions it encodes can be printed, hashed, snapshot-tested and reviewed without a
-//! daemon (it reads the file system only to resolve `extraMounts` sources to their
-//! canonical paths, which are what Docker gets). The Docker backend only translates it
-//! into the Engine API body, after [`ContainerSpec::recheck_mounts`] has checked those
-//! sources again. Nothing from the gateway's own environment ever enters a spec.
+//! [`SandboxSpec::for_agent`] is a function from configuration to spec — image, user,
+//! workspace, shared folders, mounts, environment, limits, network, capabilities,
+//! labels — so the security decisions it encodes can be printed, compared and reviewed
+//! without a backend (it reads the file system only to resolve `extraMounts` sources to
+//! their canonical paths, which are what a backend gets). It carries no mechanics of a
+//! backend: the Docker backend translates it into its container body (name, the shim and
+//! `run/<agent>` mounts, capability sets, `security_opt`, the link mode), after
+//! [`SandboxSpec::recheck_mounts`] has checked those sources again. Nothing from the
+//! gateway's own environment ever enters a spec.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use indexmap::IndexMap;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
-use crate::config::{AgentConfig, LinkMode, NetworkMode, WritableTrees};
+use crate::config::{AgentConfig, NetworkMode, WritableTrees};
 use crate::home::{BeigeHome, InstallationId};
 
 /// Label carrying the agent name.
@@ -33,7 +35,7 @@ pub const SHIM_PATH: &str = "/beige/shim";
 /// The `PATH` of every sandbox: plugin tools first.
 pub const SANDBOX_PATH: &str =
     "/tools/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// The agent's working directory inside the container.
+/// The agent's working directory inside the sandbox.
 pub const WORKSPACE: &str = "/workspace";
 
 /// The uid:gid the agent's processes run as.
@@ -83,7 +85,11 @@ pub struct Mount {
 }
 
 impl Mount {
-    fn new(host: impl Into<PathBuf>, container: impl Into<String>, read_only: bool) -> Self {
+    pub(crate) fn new(
+        host: impl Into<PathBuf>,
+        container: impl Into<String>,
+        read_only: bool,
+    ) -> Self {
         Self {
             host: host.into(),
             container: container.into(),
@@ -102,91 +108,110 @@ impl Mount {
     }
 }
 
+/// What a [`Share`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ShareKind {
+    /// A plugin tool's package folder, at `/tools/packages/<tool>/`.
+    ToolPackage,
+    /// A skill folder, at `/skills/<name>/`.
+    Skill,
+}
+
+/// A folder of the gateway the sandbox sees read-only: a tool's package or a skill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Share {
+    pub kind: ShareKind,
+    /// The tool's or the skill's name.
+    pub name: String,
+    /// The folder on the gateway's host.
+    pub source: PathBuf,
+    /// Where the sandbox sees it.
+    pub target: String,
+}
+
+/// What the sandbox may use.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Memory, swap included (`sandbox.memoryLimit`).
+    pub memory_bytes: u64,
+    /// Processes (`sandbox.pidsLimit`).
+    pub pids: i64,
+    /// CPU quota (`sandbox.cpus`); `None`: no quota.
+    pub cpus: Option<f64>,
+    /// Size of the root file system (`sandbox.diskLimit`); `None`: no limit.
+    pub disk_bytes: Option<u64>,
+}
+
 /// Everything the spec is computed from, already resolved (paths absolute, user known).
 #[derive(Debug, Clone)]
 pub struct SpecInput<'a> {
     pub home: &'a BeigeHome,
-    /// The installation the container belongs to (its label and name).
+    /// The installation the sandbox belongs to (its label).
     pub installation: &'a InstallationId,
     /// Every host folder some agent can write (all workspaces, read-write extra
     /// mounts): no extra mount may come from inside one.
     pub writable: &'a WritableTrees,
     pub agent: &'a str,
     pub config: &'a AgentConfig,
-    /// The host folder mounted at `/workspace`.
+    /// The host folder the sandbox sees at `/workspace`.
     pub workspace: PathBuf,
-    /// The static shim on the host.
-    pub shim: PathBuf,
     pub user: SandboxUser,
-    /// `(tool name, plugin folder)` mounted at `/tools/packages/<tool>/`.
+    /// The plugin tools the agent can launch from `/tools/bin/`.
+    pub tools: Vec<String>,
+    /// `(tool name, plugin folder)` shared at `/tools/packages/<tool>/`.
     pub tool_packages: Vec<(String, PathBuf)>,
-    /// `(skill name, folder)` mounted at `/skills/<name>/`.
+    /// `(skill name, folder)` shared at `/skills/<name>/`.
     pub skills: Vec<(String, PathBuf)>,
 }
 
-/// The container a gateway wants for one agent.
+/// The sandbox a gateway wants for one agent, whatever runs it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ContainerSpec {
+#[non_exhaustive]
+pub struct SandboxSpec {
     pub agent: String,
-    pub name: String,
-    pub hostname: String,
     pub image: String,
-    pub entrypoint: Vec<String>,
-    pub user: String,
-    pub working_dir: String,
-    pub env: Vec<String>,
-    pub labels: BTreeMap<String, String>,
-    pub mounts: Vec<Mount>,
-    /// `none` or `bridge`.
-    pub network: String,
-    pub cap_drop: Vec<String>,
-    pub cap_add: Vec<String>,
-    pub security_opt: Vec<String>,
-    pub memory_bytes: i64,
-    /// Equal to `memory_bytes`: no swap beyond the memory limit.
-    pub memory_swap_bytes: i64,
-    pub pids_limit: i64,
-    pub nano_cpus: Option<i64>,
+    /// Who the agent's processes run as.
+    pub user: SandboxUser,
+    /// The host folder seen at [`WORKSPACE`], read-write.
+    pub workspace: PathBuf,
+    /// Tool packages, then skills, read-only.
+    pub shares: Vec<Share>,
+    /// `sandbox.extraMounts`, checked, with their sources resolved (config order).
+    pub extra_mounts: Vec<Mount>,
+    /// The plugin tools the agent can launch (exposed by policy), each at
+    /// `/tools/bin/<tool>`.
+    pub tools: Vec<String>,
+    /// `sandbox.extraEnv`, in config order; a backend puts `PATH` ([`SANDBOX_PATH`]) and
+    /// `HOME` before it.
+    pub env: IndexMap<String, String>,
+    pub limits: Limits,
+    pub network: NetworkMode,
+    /// A read-only root file system (with a writable `/tmp`).
     pub read_only_root: bool,
-    pub tmpfs: BTreeMap<String, String>,
-    /// `uid:gid` the agent's processes run as when the container itself runs as root
-    /// with only the capabilities PID 1 needs ([`LINK_CAPS`]); PID 1 and every `op`
-    /// drop to it. `None` for `root` sandboxes.
-    pub agent_user: Option<String>,
-    /// How core tools reach the sandbox (`off` for `root` sandboxes).
-    pub link: LinkMode,
-    /// Keep stdin open and log nothing (the attach carrier).
-    pub open_stdin: bool,
-    /// Docker log driver; `none` for the attach carrier (its stdout is the link).
-    pub log_driver: Option<String>,
-    /// Size limit of the container's root file system in bytes (`sandbox.diskLimit`,
-    /// Docker's `StorageOpt size`). Unset: no limit, and the spec (and its hash) is
-    /// what it was before the key existed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk_limit_bytes: Option<u64>,
+    /// Capabilities the agent's processes get beyond none (`sandbox.capAdd`; only for a
+    /// `root` sandbox, whose processes keep capabilities).
+    pub extra_capabilities: Vec<String>,
+    /// [`LABEL_AGENT`] and [`LABEL_INSTALLATION`].
+    pub labels: BTreeMap<String, String>,
     /// What the extra mounts were checked against, to check them again before every
-    /// (re)creation of the container.
+    /// (re)creation of the sandbox.
     #[serde(skip)]
     recheck: Option<MountRecheck>,
 }
 
 /// The inputs of the `extraMounts` check, kept in the spec.
 #[derive(Debug, Clone, PartialEq)]
-struct MountRecheck {
+pub(crate) struct MountRecheck {
     home: BeigeHome,
     workspace: PathBuf,
     writable: WritableTrees,
-    /// `(host as configured, container as configured, index into mounts)`.
+    /// `(host as configured, container as configured, index into the mounts checked)`.
     entries: Vec<(String, String, usize)>,
 }
-
-/// The only capabilities a non-root sandbox's container keeps, all for PID 1: SETUID
-/// and SETGID to become the agent, SETPCAP to empty its children's bounding sets,
-/// KILL to signal the agent's processes. No agent process holds any of them.
-pub const LINK_CAPS: [&str; 4] = ["SETUID", "SETGID", "KILL", "SETPCAP"];
-
-/// Capabilities removed from Docker's default set when the sandbox runs as root.
-pub const ROOT_CAP_DROP: [&str; 5] = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"];
 
 /// Why a spec cannot be built (the config validation catches these first; the spec
 /// refuses them again so no code path can skip the check).
@@ -206,31 +231,35 @@ pub enum SpecError {
     },
 }
 
-impl ContainerSpec {
-    /// Compute the spec of an agent's container. Touches no Docker; reads the file
-    /// system only to resolve the `extraMounts` sources (see [`Self::recheck_mounts`]).
-    pub fn for_agent(input: &SpecInput<'_>) -> Result<ContainerSpec, SpecError> {
+impl SandboxSpec {
+    /// Compute the spec of an agent's sandbox. Touches no backend; reads the file system
+    /// only to resolve the `extraMounts` sources (see [`Self::recheck_mounts`]).
+    pub fn for_agent(input: &SpecInput<'_>) -> Result<SandboxSpec, SpecError> {
         let cfg = &input.config.sandbox;
         let agent = input.agent;
-        let memory = crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(|| {
-            SpecError::MemoryLimit {
+        let memory_bytes = crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(
+            || SpecError::MemoryLimit {
                 agent: agent.to_string(),
                 value: cfg.memory_limit.clone(),
-            }
-        })?;
-        let memory = i64::try_from(memory).unwrap_or(i64::MAX);
+            },
+        )?;
 
-        let mut mounts = vec![
-            Mount::new(&input.workspace, WORKSPACE, false),
-            Mount::new(input.home.launchers_dir(agent), "/tools/bin", true),
-            Mount::new(input.home.run_dir(agent), "/beige/run", true),
-            Mount::new(&input.shim, SHIM_PATH, true),
-        ];
+        let mut shares = Vec::new();
         for (tool, dir) in &input.tool_packages {
-            mounts.push(Mount::new(dir, format!("/tools/packages/{tool}"), true));
+            shares.push(Share {
+                kind: ShareKind::ToolPackage,
+                name: tool.clone(),
+                source: dir.clone(),
+                target: format!("/tools/packages/{tool}"),
+            });
         }
         for (skill, dir) in &input.skills {
-            mounts.push(Mount::new(dir, format!("/skills/{skill}"), true));
+            shares.push(Share {
+                kind: ShareKind::Skill,
+                name: skill.clone(),
+                source: dir.clone(),
+                target: format!("/skills/{skill}"),
+            });
         }
         let mut recheck = MountRecheck {
             home: input.home.clone(),
@@ -238,65 +267,27 @@ impl ContainerSpec {
             writable: input.writable.clone(),
             entries: Vec::new(),
         };
+        let mut extra_mounts = Vec::new();
         for (host, target) in &cfg.extra_mounts {
             let checked = recheck.check(agent, host, target)?;
             recheck
                 .entries
-                .push((host.clone(), target.clone(), mounts.len()));
+                .push((host.clone(), target.clone(), extra_mounts.len()));
             // The canonical path (when the source exists): a symlink on the way is
-            // resolved now, under the checks, not later by Docker.
-            mounts.push(Mount::new(
+            // resolved now, under the checks, not later by the backend.
+            extra_mounts.push(Mount::new(
                 checked.host,
                 checked.container,
                 checked.read_only,
             ));
         }
 
-        // A non-root agent: the container runs as root with only LINK_CAPS, PID 1 (the
-        // shim) drops every process it starts to the agent's uid with empty capability
-        // sets, no_new_privs and a seccomp filter; so does `op --drop` on the
-        // `docker exec` path. A root agent keeps the plain root container.
-        let (cap_drop, mut cap_add, agent_user, link) = match input.user {
-            SandboxUser::Root => (
-                ROOT_CAP_DROP.iter().map(|c| c.to_string()).collect(),
-                Vec::new(),
-                None,
-                LinkMode::Off,
-            ),
-            SandboxUser::Id { .. } => (
-                vec!["ALL".to_string()],
-                LINK_CAPS.iter().map(|c| c.to_string()).collect(),
-                Some(input.user.docker()),
-                cfg.link,
-            ),
-        };
         // `capAdd` only means something for a root agent (its processes keep
         // capabilities); for others the config loader warns that it is ignored.
-        if input.user == SandboxUser::Root {
-            cap_add.extend(cfg.cap_add.iter().cloned());
-        }
-        let mut entrypoint = vec![SHIM_PATH.to_string(), "init".to_string()];
-        if let Some(user) = &agent_user {
-            entrypoint.extend([
-                "--agent-user".to_string(),
-                user.clone(),
-                "--link".to_string(),
-                link.as_str().to_string(),
-            ]);
-        }
-        let attach = link == LinkMode::Attach;
-
-        let home_env = match input.user {
-            SandboxUser::Root => "/root",
-            SandboxUser::Id { .. } => WORKSPACE,
+        let extra_capabilities = match input.user {
+            SandboxUser::Root => cfg.cap_add.clone(),
+            SandboxUser::Id { .. } => Vec::new(),
         };
-        let mut env = vec![format!("PATH={SANDBOX_PATH}"), format!("HOME={home_env}")];
-        env.extend(cfg.extra_env.iter().map(|(k, v)| format!("{k}={v}")));
-
-        let mut tmpfs = BTreeMap::new();
-        if cfg.read_only_root {
-            tmpfs.insert("/tmp".to_string(), "rw,nosuid,nodev,size=256m".to_string());
-        }
 
         let mut labels = BTreeMap::new();
         labels.insert(LABEL_AGENT.to_string(), agent.to_string());
@@ -305,97 +296,57 @@ impl ContainerSpec {
             input.installation.to_string(),
         );
 
-        let mut spec = ContainerSpec {
+        Ok(SandboxSpec {
             agent: agent.to_string(),
-            name: container_name(agent, input.installation),
-            hostname: format!("beige-{agent}"),
             image: cfg.image.clone(),
-            entrypoint,
-            user: SandboxUser::Root.docker(),
-            working_dir: WORKSPACE.to_string(),
-            env,
-            labels,
-            mounts,
-            network: match cfg.network {
-                NetworkMode::None => "none".to_string(),
-                NetworkMode::Bridge => "bridge".to_string(),
+            user: input.user,
+            workspace: input.workspace.clone(),
+            shares,
+            extra_mounts,
+            tools: input.tools.clone(),
+            env: cfg.extra_env.clone(),
+            limits: Limits {
+                memory_bytes,
+                pids: cfg.pids_limit,
+                cpus: cfg.cpus,
+                disk_bytes: cfg.disk_limit.map(|l| l.bytes()),
             },
-            cap_drop,
-            cap_add,
-            security_opt: vec!["no-new-privileges:true".to_string()],
-            memory_bytes: memory,
-            memory_swap_bytes: memory,
-            pids_limit: cfg.pids_limit,
-            nano_cpus: cfg.cpus.map(|c| (c * 1e9).round() as i64),
+            network: cfg.network,
             read_only_root: cfg.read_only_root,
-            tmpfs,
-            agent_user,
-            link,
-            open_stdin: attach,
-            log_driver: attach.then(|| "none".to_string()),
-            disk_limit_bytes: cfg.disk_limit.map(|l| l.bytes()),
+            extra_capabilities,
+            labels,
             recheck: Some(recheck),
-        };
-        let hash = spec.hash();
-        spec.labels.insert(LABEL_SPEC.to_string(), hash);
-        Ok(spec)
+        })
     }
 
-    /// Hash of everything in the spec except the spec label itself: equal hashes mean a
-    /// running container can be reattached.
-    pub fn hash(&self) -> String {
-        let mut copy = self.clone();
-        copy.labels.remove(LABEL_SPEC);
-        let json = serde_json::to_vec(&copy).unwrap_or_default();
-        hex::encode(&Sha256::digest(&json)[..8])
+    /// The installation the spec belongs to ([`LABEL_INSTALLATION`]).
+    pub fn installation(&self) -> Option<&str> {
+        self.labels.get(LABEL_INSTALLATION).map(String::as_str)
     }
 
     /// Check the `extraMounts` sources again, as they are now: each must still pass the
     /// refusal rules, exist, and resolve to the canonical path the spec was computed
-    /// with (a folder on the way replaced by a symlink changes that). The Docker
-    /// backend calls this before every creation of the container, including the
-    /// recreation of one that died.
+    /// with (a folder on the way replaced by a symlink changes that). A backend calls
+    /// this before every creation of the sandbox, including the recreation of one that
+    /// died.
     pub fn recheck_mounts(&self) -> Result<(), SpecError> {
-        let Some(recheck) = &self.recheck else {
-            return Ok(());
-        };
-        for (host, target, index) in &recheck.entries {
-            let refused = |reason: String| SpecError::Mount {
-                agent: self.agent.clone(),
-                host: host.clone(),
-                container: target.clone(),
-                reason,
-            };
-            let now = recheck.check(&self.agent, host, target)?;
-            if std::fs::symlink_metadata(&now.host).is_err() {
-                return Err(refused(
-                    "the host path no longer exists (Docker would create an empty folder \
-                     owned by root in its place); restore it, or remove the entry and run \
-                     `beige gateway restart`"
-                        .to_string(),
-                ));
-            }
-            let was = self.mounts.get(*index).map(|m| m.host.as_path());
-            if was != Some(now.host.as_path()) {
-                return Err(refused(format!(
-                    "it now resolves to {}, not {} as when the sandbox was first set up: a \
-                     folder on its path was replaced (perhaps by a symlink), so the sandbox \
-                     is not recreated with it. Check the path; if the new location is \
-                     intended, run `beige gateway restart` to accept it",
-                    now.host.display(),
-                    was.map(|p| p.display().to_string()).unwrap_or_default()
-                )));
-            }
+        match &self.recheck {
+            Some(recheck) => recheck.run(&self.agent, &self.extra_mounts),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// The hash recorded in the spec's labels.
-    pub fn spec_label(&self) -> &str {
-        self.labels
-            .get(LABEL_SPEC)
-            .map(String::as_str)
-            .unwrap_or("")
+    /// The recheck of the extra mounts, for a backend that puts them at `offset` in a
+    /// list of its own.
+    pub(crate) fn recheck_at(&self, offset: usize) -> Option<MountRecheck> {
+        self.recheck.as_ref().map(|r| MountRecheck {
+            entries: r
+                .entries
+                .iter()
+                .map(|(h, t, i)| (h.clone(), t.clone(), i + offset))
+                .collect(),
+            ..r.clone()
+        })
     }
 }
 
@@ -426,12 +377,50 @@ impl MountRecheck {
             reason,
         })
     }
+
+    /// Every entry checked again against `mounts`, where it was put when the spec was
+    /// computed.
+    pub(crate) fn run(&self, agent: &str, mounts: &[Mount]) -> Result<(), SpecError> {
+        for (host, target, index) in &self.entries {
+            let refused = |reason: String| SpecError::Mount {
+                agent: agent.to_string(),
+                host: host.clone(),
+                container: target.clone(),
+                reason,
+            };
+            let now = self.check(agent, host, target)?;
+            if std::fs::symlink_metadata(&now.host).is_err() {
+                return Err(refused(
+                    "the host path no longer exists (Docker would create an empty folder \
+                     owned by root in its place); restore it, or remove the entry and run \
+                     `beige gateway restart`"
+                        .to_string(),
+                ));
+            }
+            let was = mounts.get(*index).map(|m| m.host.as_path());
+            if was != Some(now.host.as_path()) {
+                return Err(refused(format!(
+                    "it now resolves to {}, not {} as when the sandbox was first set up: a \
+                     folder on its path was replaced (perhaps by a symlink), so the sandbox \
+                     is not recreated with it. Check the path; if the new location is \
+                     intended, run `beige gateway restart` to accept it",
+                    now.host.display(),
+                    was.map(|p| p.display().to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::AgentConfig;
+    #[cfg(feature = "docker")]
+    use crate::config::LinkMode;
+    #[cfg(feature = "docker")]
+    use crate::sandbox::docker::{BodyInput, ContainerSpec, LINK_CAPS, ROOT_CAP_DROP};
 
     fn agent_config(json: serde_json::Value) -> AgentConfig {
         serde_json::from_value(json).unwrap()
@@ -448,6 +437,22 @@ mod tests {
         TREES.get_or_init(WritableTrees::default)
     }
 
+    /// The container the Docker backend makes of the spec, with the shim at
+    /// `/opt/beige/beige-shim`.
+    #[cfg(feature = "docker")]
+    fn container(input: &SpecInput<'_>) -> Result<ContainerSpec, SpecError> {
+        let spec = SandboxSpec::for_agent(input)?;
+        Ok(ContainerSpec::from_spec(
+            &spec,
+            &BodyInput {
+                shim: std::path::Path::new("/opt/beige/beige-shim"),
+                launchers: input.home.launchers_dir(input.agent),
+                run_dir: input.home.run_dir(input.agent),
+                link: input.config.sandbox.link,
+            },
+        ))
+    }
+
     fn input<'a>(home: &'a BeigeHome, cfg: &'a AgentConfig, user: SandboxUser) -> SpecInput<'a> {
         SpecInput {
             home,
@@ -456,14 +461,15 @@ mod tests {
             agent: "assistant",
             config: cfg,
             workspace: home.default_workspace("assistant"),
-            shim: PathBuf::from("/opt/beige/beige-shim"),
             user,
+            tools: vec!["kv".into()],
             tool_packages: vec![("kv".into(), PathBuf::from("/opt/beige/plugins/kv"))],
             skills: vec![("review".into(), PathBuf::from("/opt/skills/review"))],
         }
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn default_spec_is_hardened() {
         let home = BeigeHome::new("/home/u/.beige");
         let cfg = agent_config(serde_json::json!({
@@ -471,7 +477,7 @@ mod tests {
             "tools": ["kv"],
             "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
         }));
-        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let spec = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(spec.network, "none");
         assert_eq!(spec.cap_drop, vec!["ALL"]);
         assert_eq!(spec.cap_add, LINK_CAPS.to_vec());
@@ -501,6 +507,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn root_and_options() {
         let home = BeigeHome::new("/home/u/.beige");
         let cfg = agent_config(serde_json::json!({
@@ -509,7 +516,7 @@ mod tests {
             "sandbox": {"memoryLimit": "512m", "network": "bridge", "cpus": 1.5,
                         "readOnlyRoot": true, "capAdd": ["NET_BIND_SERVICE"], "pidsLimit": 64}
         }));
-        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::Root)).unwrap();
+        let spec = container(&input(&home, &cfg, SandboxUser::Root)).unwrap();
         assert_eq!(spec.user, "0:0");
         assert_eq!(spec.cap_drop, ROOT_CAP_DROP.to_vec());
         assert_eq!(spec.cap_add, vec!["NET_BIND_SERVICE"]);
@@ -524,13 +531,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn attach_link_keeps_stdin_open_and_logs_nothing() {
         let home = BeigeHome::new("/home/u/.beige");
         let cfg = agent_config(serde_json::json!({
             "model": {"provider": "anthropic", "model": "m"}, "tools": [],
             "sandbox": {"link": "attach", "capAdd": ["SETUID", "NET_BIND_SERVICE"]}
         }));
-        let spec = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let spec = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(spec.link, LinkMode::Attach);
         assert!(spec.open_stdin);
         assert_eq!(spec.log_driver.as_deref(), Some("none"));
@@ -540,21 +548,22 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn hash_tracks_changes() {
         let home = BeigeHome::new("/home/u/.beige");
         let mut cfg = agent_config(serde_json::json!({
             "model": {"provider": "anthropic", "model": "m"}, "tools": []
         }));
-        let a = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
-        let b = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let a = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let b = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(a.spec_label(), b.spec_label());
         cfg.sandbox.memory_limit = "1g".into();
-        let c = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let c = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         assert_ne!(a.spec_label(), c.spec_label());
         // Another installation — even with the same BEIGE_HOME path — gets another name
         // and label.
         let other = InstallationId::generate();
-        let d = ContainerSpec::for_agent(&SpecInput {
+        let d = container(&SpecInput {
             installation: &other,
             ..input(&home, &cfg, SandboxUser::DEFAULT)
         })
@@ -581,7 +590,7 @@ mod tests {
                 "model": {"provider": "anthropic", "model": "m"}, "tools": [],
                 "sandbox": {"extraMounts": {host: target}}
             }));
-            let err = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT));
+            let err = SandboxSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT));
             assert!(
                 matches!(err, Err(SpecError::Mount { .. })),
                 "{host} → {target} accepted"
@@ -596,7 +605,7 @@ mod tests {
             "model": {"provider": "anthropic", "model": "m"}, "tools": [],
             "sandbox": {"memoryLimit": "lots"}
         }));
-        let err = ContainerSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap_err();
+        let err = SandboxSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap_err();
         assert!(err.to_string().contains("\"lots\""));
     }
 
@@ -615,12 +624,13 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn disk_limit_is_passed_only_when_set() {
         let home = BeigeHome::new("/home/u/.beige");
         let plain = agent_config(serde_json::json!({
             "model": {"provider": "anthropic", "model": "m"}, "tools": []
         }));
-        let spec = ContainerSpec::for_agent(&input(&home, &plain, SandboxUser::DEFAULT)).unwrap();
+        let spec = container(&input(&home, &plain, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(spec.disk_limit_bytes, None);
         let json = serde_json::to_value(&spec).unwrap();
         assert!(json.get("disk_limit_bytes").is_none(), "{json}");
@@ -628,9 +638,108 @@ mod tests {
             "model": {"provider": "anthropic", "model": "m"}, "tools": [],
             "sandbox": {"diskLimit": "10g"}
         }));
-        let with = ContainerSpec::for_agent(&input(&home, &limited, SandboxUser::DEFAULT)).unwrap();
+        let with = container(&input(&home, &limited, SandboxUser::DEFAULT)).unwrap();
         assert_eq!(with.disk_limit_bytes, Some(10 << 30));
         // A different limit is a different container.
         assert_ne!(with.spec_label(), spec.spec_label());
+    }
+
+    /// The Docker body of a spec is what the gateway asked Docker for before specs were
+    /// portable: same container JSON, same Engine API body, same `io.beige.spec` hash
+    /// (fixtures written by the earlier code), so running containers are reattached.
+    #[test]
+    #[cfg(feature = "docker")]
+    fn docker_bodies_and_hashes_are_unchanged() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cases: Vec<(&str, serde_json::Value, SandboxUser, &str)> = vec![
+            ("default", serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": ["kv"],
+                "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
+            }), SandboxUser::DEFAULT, include_str!("docker/testdata/default.json")),
+            ("plain", serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": []
+            }), SandboxUser::DEFAULT, include_str!("docker/testdata/plain.json")),
+            ("root_options", serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                "sandbox": {"memoryLimit": "512m", "network": "bridge", "cpus": 1.5,
+                            "readOnlyRoot": true, "capAdd": ["NET_BIND_SERVICE"], "pidsLimit": 64}
+            }), SandboxUser::Root, include_str!("docker/testdata/root_options.json")),
+            ("attach", serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                "sandbox": {"link": "attach", "capAdd": ["SETUID", "NET_BIND_SERVICE"]}
+            }), SandboxUser::DEFAULT, include_str!("docker/testdata/attach.json")),
+            ("off_disk_env", serde_json::json!({
+                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                "sandbox": {"link": "off", "diskLimit": "10g", "image": "busybox:1",
+                            "extraEnv": {"ZED": "1", "ALPHA": "2", "MID": "3"},
+                            "extraMounts": {"/srv/b": "/b", "/srv/a": "/a:ro"},
+                            "readOnlyRoot": true, "cpus": 0.25}
+            }), SandboxUser::Id { uid: 1234, gid: 99 }, include_str!("docker/testdata/off_disk_env.json")),
+        ];
+        for (name, json, user, fixture) in cases {
+            let cfg = agent_config(json);
+            let spec = container(&input(&home, &cfg, user)).unwrap();
+            let want: serde_json::Value = serde_json::from_str(fixture).unwrap();
+            assert_eq!(spec.name, want["name"], "{name}: container name");
+            assert_eq!(spec.spec_label(), want["hash"], "{name}: io.beige.spec");
+            assert_eq!(spec.hash(), want["hash"], "{name}: io.beige.spec");
+            assert_eq!(
+                serde_json::to_value(&spec).unwrap(),
+                want["spec"],
+                "{name}: container spec"
+            );
+            let body = crate::sandbox::docker::engine_body(&spec);
+            assert_eq!(
+                serde_json::to_value(&body).unwrap(),
+                want["body"],
+                "{name}: Engine API body"
+            );
+        }
+    }
+
+    /// The default agent's `io.beige.spec`, pinned: a change here recreates every
+    /// running sandbox at the next start.
+    #[test]
+    #[cfg(feature = "docker")]
+    fn default_spec_hash_is_pinned() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": ["kv"],
+            "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
+        }));
+        let spec = container(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        assert_eq!(spec.spec_label(), "b7c1ed1847ae8148");
+    }
+
+    #[test]
+    fn the_portable_spec_carries_no_docker_mechanics() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": ["kv"],
+            "sandbox": {"extraEnv": {"B": "1", "A": "2"}, "extraMounts": {"/srv/data": "/data:ro"},
+                        "capAdd": ["NET_BIND_SERVICE"], "memoryLimit": "1g", "diskLimit": "2g"}
+        }));
+        let spec = SandboxSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        for docker in ["/beige/shim", "/beige/run", "launchers", "cap_drop", "security_opt", "link"] {
+            assert!(!json.contains(docker), "{docker} in {json}");
+        }
+        assert_eq!(spec.tools, ["kv"]);
+        assert_eq!(
+            spec.shares.iter().map(|s| s.target.as_str()).collect::<Vec<_>>(),
+            ["/tools/packages/kv", "/skills/review"]
+        );
+        assert_eq!(spec.extra_mounts, [Mount::new("/srv/data", "/data", true)]);
+        // Config order, not sorted.
+        assert_eq!(spec.env.keys().collect::<Vec<_>>(), ["B", "A"]);
+        // capAdd is for root sandboxes only.
+        assert!(spec.extra_capabilities.is_empty());
+        assert_eq!(spec.limits.memory_bytes, 1 << 30);
+        assert_eq!(spec.limits.disk_bytes, Some(2 << 30));
+        assert_eq!(spec.installation(), Some(installation().as_str()));
+        let root = SandboxSpec::for_agent(&input(&home, &cfg, SandboxUser::Root)).unwrap();
+        assert_eq!(root.extra_capabilities, ["NET_BIND_SERVICE"]);
     }
 }

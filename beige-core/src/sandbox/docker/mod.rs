@@ -1,6 +1,11 @@
 //! The Docker backend of [`Sandbox`], on the Engine API through bollard.
 //!
-//! Owns translating a [`ContainerSpec`] into Engine API calls: listing this
+//! Owns what only Docker needs: the static shim (located and checked, bind-mounted at
+//! `/beige/shim`), the launcher folders (`/tools/bin/<tool>` → the shim), the
+//! `run/<agent>` folders, the translation of a [`SandboxSpec`] into a container
+//! ([`body`]), the shim link, and each agent's tool endpoint `run/<agent>/gateway.sock`
+//! ([`crate::socket`]), whose calls go to the [`SandboxHost`]. And the Engine API calls:
+//! listing this
 //! installation's containers by label (`io.beige.installation`; containers of other
 //! installations are never touched, even when their `BEIGE_HOME` has the same path),
 //! migrating containers made before installation ids (see
@@ -12,6 +17,9 @@
 //! and recreating a container that died under a running gateway. No `docker` CLI is
 //! ever invoked.
 
+pub mod body;
+mod endpoint;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
@@ -20,7 +28,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest, EXEC_KILL_GRACE_SECS};
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     BuildImageOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
     StartContainerOptions,
@@ -30,15 +37,20 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, RwLock};
 
-use super::link::{LinkError, LinkHub, LinkStatus, PeerVerifier, UnixListenerHandle};
+pub use body::{engine_body, BodyInput, ContainerSpec, LINK_CAPS, ROOT_CAP_DROP};
+
+use super::link::{LinkError, LinkHub, PeerVerifier, UnixListenerHandle};
 use super::spec::{LABEL_AGENT, LABEL_HOME, LABEL_INSTALLATION, LABEL_SPEC, SHIM_PATH, WORKSPACE};
 use super::{
-    ContainerSpec, OpOutcome, ReconcileReport, RestartNotice, Sandbox, SandboxError, Transport,
+    OpOutcome, ReconcileReport, RestartNotice, Sandbox, SandboxError, SandboxHost, SandboxSpec,
+    SandboxStatus, Transport,
 };
-use crate::config::{LinkMode, DEFAULT_IMAGE};
+use crate::config::{Config, LinkMode, DEFAULT_IMAGE};
+use crate::home::BeigeHome;
+use crate::socket::SocketLimits;
 
 /// The Dockerfile of the default image `beige-sandbox:latest`.
-pub const DEFAULT_DOCKERFILE: &str = include_str!("../../assets/sandbox.Dockerfile");
+pub const DEFAULT_DOCKERFILE: &str = include_str!("../../../assets/sandbox.Dockerfile");
 
 /// Largest op reply accepted from the shim (exec output is capped inside the container,
 /// images are at most 5 MiB before base64).
@@ -60,6 +72,110 @@ pub struct DockerSandbox {
     /// Serialises recreation per agent so two calls never both recreate.
     recreate: Arc<Mutex<()>>,
     links: Arc<Links>,
+    /// What [`DockerSandbox::configure`] set: the shim, `BEIGE_HOME`, link modes.
+    setup: Arc<std::sync::RwLock<Option<Setup>>>,
+    /// Each agent's tool endpoint.
+    endpoints: Arc<endpoint::Endpoints>,
+}
+
+/// The Docker backend's options, for [`crate::GatewayBuilder::docker`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct DockerOptions {
+    /// The static shim (checked to be static). `None`: located — `BEIGE_SHIM`, the
+    /// config's `sandbox.shim`, then `beige-shim` next to the executable or in
+    /// `target/shim/` above it ([`super::shim::locate`]).
+    pub shim: Option<PathBuf>,
+    /// Bounds of the agents' tool sockets.
+    pub socket_limits: SocketLimits,
+    /// Migrate the containers this home had before installation ids
+    /// ([`DockerSandbox::with_legacy_home`]). `None`: the gateway's home (for the
+    /// backend the builder connects; one given to it keeps its own).
+    pub legacy_home: Option<BeigeHome>,
+    /// Base image for building `beige-sandbox:*`. `None`: the config's
+    /// `sandbox.baseImage` (for the backend the builder connects).
+    pub build_base: Option<String>,
+}
+
+impl DockerOptions {
+    /// Use this shim binary (still checked to be static).
+    pub fn shim(mut self, path: impl Into<PathBuf>) -> Self {
+        self.shim = Some(path.into());
+        self
+    }
+
+    /// Bounds of the agents' tool sockets.
+    pub fn socket_limits(mut self, limits: SocketLimits) -> Self {
+        self.socket_limits = limits;
+        self
+    }
+
+    /// Migrate the containers `home` had before installation ids.
+    pub fn legacy_home(mut self, home: BeigeHome) -> Self {
+        self.legacy_home = Some(home);
+        self
+    }
+
+    /// Build `beige-sandbox:*` images from this base image.
+    pub fn build_base(mut self, base: impl Into<String>) -> Self {
+        self.build_base = Some(base.into());
+        self
+    }
+
+    /// Locate and check the shim and read the agents' link modes from `config`: what
+    /// [`DockerSandbox::configure`] needs, resolved before anything is started so that
+    /// an unusable shim stops the gateway first.
+    pub fn resolve(&self, config: &Config, home: &BeigeHome) -> Result<Setup, SandboxError> {
+        let shim = match &self.shim {
+            Some(p) => {
+                super::shim::check_static(p)?;
+                p.clone()
+            }
+            None => super::shim::locate(config.sandbox.shim.as_deref())?,
+        };
+        Ok(Setup {
+            home: home.clone(),
+            shim,
+            socket_limits: self.socket_limits,
+            links: config
+                .agents
+                .iter()
+                .map(|(name, agent)| (name.clone(), agent.sandbox.link))
+                .collect(),
+        })
+    }
+}
+
+/// What a [`DockerSandbox`] needs from the gateway before it can reconcile
+/// ([`DockerOptions::resolve`]).
+#[derive(Debug, Clone)]
+pub struct Setup {
+    home: BeigeHome,
+    shim: PathBuf,
+    socket_limits: SocketLimits,
+    /// `sandbox.link` per agent (absent: the default).
+    links: HashMap<String, LinkMode>,
+}
+
+impl Setup {
+    /// The static shim this setup mounts.
+    pub fn shim(&self) -> &Path {
+        &self.shim
+    }
+
+    /// The container of `spec` under this setup.
+    pub fn container(&self, spec: &SandboxSpec) -> ContainerSpec {
+        let agent = spec.agent.as_str();
+        ContainerSpec::from_spec(
+            spec,
+            &BodyInput {
+                shim: &self.shim,
+                launchers: self.home.launchers_dir(agent),
+                run_dir: self.home.run_dir(agent),
+                link: self.links.get(agent).copied().unwrap_or_default(),
+            },
+        )
+    }
 }
 
 /// How containers of a home were recognised before installation ids.
@@ -152,7 +268,36 @@ impl DockerSandbox {
             specs: Arc::default(),
             recreate: Arc::default(),
             links: Arc::default(),
+            setup: Arc::default(),
+            endpoints: Arc::default(),
         })
+    }
+
+    /// Give the sandbox what it needs from the gateway (its home, the shim, the agents'
+    /// link modes, the socket limits). [`crate::GatewayBuilder::build`] does this, also
+    /// for a `DockerSandbox` given to [`crate::GatewayBuilder::sandbox`]; call it
+    /// yourself before [`Sandbox::reconcile`] otherwise.
+    pub fn configure(&self, setup: Setup) {
+        *self
+            .setup
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(setup);
+    }
+
+    fn setup(&self) -> Result<Setup, SandboxError> {
+        self.setup
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or(SandboxError::NotConfigured {
+                backend: "Docker",
+                hint: "call DockerSandbox::configure (GatewayBuilder::build does) before reconcile",
+            })
+    }
+
+    /// The container the sandbox keeps for `agent` (after [`Sandbox::reconcile`]).
+    pub async fn container_spec(&self, agent: &str) -> Option<ContainerSpec> {
+        self.specs.read().await.get(agent).cloned()
     }
 
     /// Migrate the containers `home` had before installation ids (labelled with its
@@ -243,10 +388,7 @@ impl DockerSandbox {
                             .links
                             .hub
                             .listen_unix(&spec.agent, &run_dir, verifier.clone())
-                            .map_err(|e| SandboxError::Host {
-                                path: run_dir.join("ctl.sock").display().to_string(),
-                                message: e.to_string(),
-                            })?;
+                            .map_err(|e| SandboxError::host(run_dir.join("ctl.sock"), e))?;
                         listeners.insert(spec.agent.clone(), handle);
                     }
                 }
@@ -681,9 +823,14 @@ impl DockerSandbox {
 
 #[async_trait]
 impl Sandbox for DockerSandbox {
-    async fn reconcile(&self, specs: Vec<ContainerSpec>) -> Result<ReconcileReport, SandboxError> {
+    async fn reconcile(
+        &self,
+        specs: Vec<SandboxSpec>,
+        host: Arc<dyn SandboxHost>,
+    ) -> Result<ReconcileReport, SandboxError> {
+        let setup = self.setup()?;
         for spec in &specs {
-            let label = spec.labels.get(LABEL_INSTALLATION).map(String::as_str);
+            let label = spec.installation();
             if label != Some(self.installation.as_str()) {
                 return Err(SandboxError::Installation {
                     agent: spec.agent.clone(),
@@ -692,6 +839,94 @@ impl Sandbox for DockerSandbox {
                 });
             }
         }
+        // What the containers mount besides the workspace: the launchers (one symlink
+        // to the shim per tool the agent may launch) and `run/<agent>`.
+        for spec in &specs {
+            super::host::prepare_run_dirs(&setup.home, &spec.agent)?;
+            write_launchers(&setup.home.launchers_dir(&spec.agent), &spec.tools)?;
+        }
+        self.links.hub.set_host(host.clone());
+        let containers: Vec<ContainerSpec> = specs.iter().map(|s| setup.container(s)).collect();
+        let report = self.reconcile_containers(containers).await?;
+        self.endpoints
+            .start(&setup.home, &specs, setup.socket_limits, host)?;
+        Ok(report)
+    }
+
+    async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError> {
+        self.run(agent, request, None).await
+    }
+
+    async fn run_op_streaming(
+        &self,
+        agent: &str,
+        request: &OpRequest,
+        output: super::OutputSink,
+    ) -> Result<OpOutcome, SandboxError> {
+        self.run(agent, request, Some(output)).await
+    }
+
+    async fn remove_all(&self) -> Result<(), SandboxError> {
+        self.endpoints.stop();
+        self.stop_links();
+        for c in self.list_own().await? {
+            if let Some(id) = c.id {
+                self.remove(&id).await?;
+            }
+        }
+        self.specs.write().await.clear();
+        Ok(())
+    }
+
+    async fn detach(&self) {
+        self.endpoints.stop();
+        self.stop_links();
+    }
+
+    async fn status(&self, agent: &str) -> SandboxStatus {
+        let Some(spec) = self.container_spec(agent).await else {
+            return SandboxStatus::unlinked(agent);
+        };
+        if spec.link == LinkMode::Off {
+            return SandboxStatus {
+                agent: agent.to_string(),
+                container: spec.name,
+                link_mode: LinkMode::Off,
+                link: None,
+                ping_us: None,
+            };
+        }
+        // Ping first, so the status read afterwards carries this round trip.
+        let hub = &self.links.hub;
+        let ping_us = hub
+            .ping(agent, Duration::from_secs(2))
+            .await
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let link = hub
+            .status()
+            .into_iter()
+            .find(|l| l.agent == agent)
+            .unwrap_or_else(|| super::LinkStatus {
+                agent: agent.to_string(),
+                ..Default::default()
+            });
+        SandboxStatus {
+            agent: agent.to_string(),
+            container: spec.name,
+            link_mode: spec.link,
+            ping_us: ping_us.filter(|_| link.connected),
+            link: Some(link),
+        }
+    }
+}
+
+impl DockerSandbox {
+    /// Reattach, recreate or remove containers so that they match `specs`, then start
+    /// their links.
+    async fn reconcile_containers(
+        &self,
+        specs: Vec<ContainerSpec>,
+    ) -> Result<ReconcileReport, SandboxError> {
         self.ensure_images(&specs).await?;
         let mut report = ReconcileReport::default();
         self.migrate_legacy(&specs, &mut report).await?;
@@ -743,48 +978,6 @@ impl Sandbox for DockerSandbox {
         Ok(report)
     }
 
-    async fn run_op(&self, agent: &str, request: &OpRequest) -> Result<OpOutcome, SandboxError> {
-        self.run(agent, request, None).await
-    }
-
-    async fn run_op_streaming(
-        &self,
-        agent: &str,
-        request: &OpRequest,
-        output: super::OutputSink,
-    ) -> Result<OpOutcome, SandboxError> {
-        self.run(agent, request, Some(output)).await
-    }
-
-    async fn remove_all(&self) -> Result<(), SandboxError> {
-        self.stop_links();
-        for c in self.list_own().await? {
-            if let Some(id) = c.id {
-                self.remove(&id).await?;
-            }
-        }
-        self.specs.write().await.clear();
-        Ok(())
-    }
-
-    async fn detach(&self) {
-        self.stop_links();
-    }
-
-    fn set_audit(&self, audit: Arc<dyn crate::audit::AuditSink>) {
-        self.links.hub.set_audit(audit);
-    }
-
-    fn link_status(&self) -> Vec<LinkStatus> {
-        self.links.hub.status()
-    }
-
-    async fn link_ping(&self, agent: &str) -> Option<Duration> {
-        self.links.hub.ping(agent, Duration::from_secs(2)).await
-    }
-}
-
-impl DockerSandbox {
     /// Containers of this home from before installation ids: those whose `/workspace`
     /// is this home's are removed (their agents' containers are then created under the
     /// installation id; a removed one of an agent no longer configured is reported as
@@ -939,7 +1132,7 @@ impl DockerSandbox {
                         transport: hub
                             .carrier(agent)
                             .map(Into::into)
-                            .unwrap_or(Transport::DockerExec),
+                            .unwrap_or(Transport::DOCKER_EXEC),
                     }
                 } else {
                     self.run_over_exec(spec, request, limit).await?
@@ -1004,7 +1197,7 @@ impl DockerSandbox {
             Ok(reply) => Ok(OpOutcome {
                 reply: reply?,
                 restarted: None,
-                transport: Transport::DockerExec,
+                transport: Transport::DOCKER_EXEC,
             }),
             Err(e) if matches!(status_of(&e), Some(404) | Some(409)) => {
                 // The container is gone or stopped: bring it back, then retry once.
@@ -1020,7 +1213,7 @@ impl DockerSandbox {
                 Ok(OpOutcome {
                     reply,
                     restarted,
-                    transport: Transport::DockerExec,
+                    transport: Transport::DOCKER_EXEC,
                 })
             }
             Err(e) => Err(failed(e)),
@@ -1065,62 +1258,6 @@ fn mentions_storage_opt(e: &bollard::errors::Error) -> bool {
     text.contains("storage-opt") || text.contains("storage opt") || text.contains("quota")
 }
 
-/// The Engine API body for a spec.
-pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
-    ContainerCreateBody {
-        image: Some(spec.image.clone()),
-        hostname: Some(spec.hostname.clone()),
-        user: Some(spec.user.clone()),
-        working_dir: Some(spec.working_dir.clone()),
-        entrypoint: Some(spec.entrypoint.clone()),
-        cmd: Some(Vec::new()),
-        env: Some(spec.env.clone()),
-        labels: Some(spec.labels.clone().into_iter().collect()),
-        network_disabled: None,
-        attach_stdin: Some(false),
-        attach_stdout: Some(false),
-        attach_stderr: Some(false),
-        tty: Some(false),
-        // The attach carrier: PID 1's stdin stays open across attaches, and its stdout
-        // (the link) is not logged.
-        open_stdin: Some(spec.open_stdin),
-        stdin_once: Some(false),
-        host_config: Some(HostConfig {
-            binds: Some(spec.mounts.iter().map(|m| m.bind()).collect()),
-            network_mode: Some(spec.network.clone()),
-            cap_drop: Some(spec.cap_drop.clone()),
-            cap_add: if spec.cap_add.is_empty() {
-                None
-            } else {
-                Some(spec.cap_add.clone())
-            },
-            security_opt: Some(spec.security_opt.clone()),
-            memory: Some(spec.memory_bytes),
-            memory_swap: Some(spec.memory_swap_bytes),
-            pids_limit: Some(spec.pids_limit),
-            nano_cpus: spec.nano_cpus,
-            readonly_rootfs: Some(spec.read_only_root),
-            tmpfs: if spec.tmpfs.is_empty() {
-                None
-            } else {
-                Some(spec.tmpfs.clone().into_iter().collect())
-            },
-            init: Some(false),
-            log_config: spec.log_driver.as_ref().map(|driver| {
-                bollard::models::HostConfigLogConfig {
-                    typ: Some(driver.clone()),
-                    config: None,
-                }
-            }),
-            storage_opt: spec
-                .disk_limit_bytes
-                .map(|b| HashMap::from([("size".to_string(), b.to_string())])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// A tar archive holding just `Dockerfile`.
 fn dockerfile_context(dockerfile: &str) -> std::io::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
@@ -1130,4 +1267,34 @@ fn dockerfile_context(dockerfile: &str) -> std::io::Result<Vec<u8>> {
     header.set_cksum();
     builder.append_data(&mut header, "Dockerfile", dockerfile.as_bytes())?;
     builder.into_inner()
+}
+
+/// Make `dir` hold exactly one symlink `<tool> → /beige/shim` per tool.
+fn write_launchers(dir: &Path, tools: &[String]) -> Result<(), SandboxError> {
+    let err = |p: &Path, e: std::io::Error| SandboxError::host(p, e);
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| err(dir, e))? {
+        let entry = entry.map_err(|e| err(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let keep = tools.contains(&name)
+            && std::fs::read_link(entry.path())
+                .map(|t| t == Path::new(SHIM_PATH))
+                .unwrap_or(false);
+        if !keep {
+            let p = entry.path();
+            let removed = if p.is_dir() && !p.is_symlink() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            removed.map_err(|e| err(&p, e))?;
+        }
+    }
+    for tool in tools {
+        let link = dir.join(tool);
+        if !link.is_symlink() {
+            std::os::unix::fs::symlink(SHIM_PATH, &link).map_err(|e| err(&link, e))?;
+        }
+    }
+    Ok(())
 }
