@@ -52,9 +52,9 @@ fn config(image: &str, link: &str) -> anyhow::Result<Config> {
 /// The transport a link mode must show in results.
 fn transport_of(link: &str) -> Transport {
     match link {
-        "unix" => Transport::LinkUnix,
-        "attach" => Transport::LinkAttach,
-        _ => Transport::DockerExec,
+        "unix" => Transport::LINK_UNIX,
+        "attach" => Transport::LINK_ATTACH,
+        _ => Transport::DOCKER_EXEC,
     }
 }
 
@@ -206,7 +206,7 @@ async fn exec_roundtrip(
                 if i >= 10 {
                     samples.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
-                anyhow::ensure!(out.transport == Transport::LinkUnix, "{:?}", out.transport);
+                anyhow::ensure!(out.transport == Transport::LINK_UNIX, "{:?}", out.transport);
             }
             let mut pings = Vec::new();
             for _ in 0..200 {

@@ -2,12 +2,13 @@
 //! (defaults to `$BEIGE_HOME/config.json5`).
 //!
 //! Loads and validates a configuration exactly as the gateway does, prints the warnings,
-//! and shows each agent's model, tools and the container the gateway would ask Docker
-//! for — without starting anything.
+//! and shows each agent's model, tools, its portable sandbox spec and the container the
+//! Docker backend would ask Docker for — without starting anything.
 
 use beige_core::config::{Config, WritableTrees};
 use beige_core::home::InstallationId;
-use beige_core::sandbox::{ContainerSpec, SandboxUser, SpecInput};
+use beige_core::sandbox::docker::{BodyInput, ContainerSpec};
+use beige_core::sandbox::{SandboxSpec, SandboxUser, SpecInput};
 use beige_core::BeigeHome;
 
 fn main() -> anyhow::Result<()> {
@@ -38,19 +39,29 @@ fn main() -> anyhow::Result<()> {
             "{name}: {}/{} tools={:?}",
             agent.model.provider, agent.model.model, agent.tools
         );
-        let spec = ContainerSpec::for_agent(&SpecInput {
+        let spec = SandboxSpec::for_agent(&SpecInput {
             home: &home,
             installation: &installation,
             writable: &writable,
             agent: name,
             config: agent,
             workspace: loaded.config.agent_workspace(&home, name),
-            shim: "/usr/local/lib/beige/beige-shim".into(),
             user: SandboxUser::DEFAULT,
+            tools: Vec::new(),
             tool_packages: Vec::new(),
             skills: Vec::new(),
         })?;
         println!("{}", serde_json::to_string_pretty(&spec)?);
+        let container = ContainerSpec::from_spec(
+            &spec,
+            &BodyInput {
+                shim: std::path::Path::new("/usr/local/lib/beige/beige-shim"),
+                launchers: home.launchers_dir(name),
+                run_dir: home.run_dir(name),
+                link: agent.sandbox.link,
+            },
+        );
+        println!("{}", serde_json::to_string_pretty(&container)?);
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The agent loop against fake provider servers that speak the real wire formats
 //! (beige-testkit), with a real Docker sandbox where tools must really run and the
-//! labelled `FakeSandbox` where the test is about routing and sessions.
+//! labelled `MemorySandbox` where the test is about routing and sessions.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,8 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use super::sandbox_docker::exec;
-use super::support::{shim_or_skip, DockerEnv, FakeSandbox, TestHome};
+use super::support::{DockerEnv, TestHome};
+use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
 
 const KEY: &str = "sk-ant-test-key-0123456789";
@@ -45,11 +46,9 @@ fn config(
 }
 
 async fn fake_gateway(home: &BeigeHome, config: Config) -> Option<LocalGateway> {
-    let shim = shim_or_skip()?;
     Some(
         GatewayBuilder::new(config, home.clone())
-            .shim(shim)
-            .sandbox(Arc::new(FakeSandbox))
+            .sandbox(Arc::new(MemorySandbox::new()))
             .build()
             .await
             .unwrap(),

@@ -20,9 +20,9 @@ tokio::task_local! {
 
 fn expected_transport() -> Transport {
     match LINK.get() {
-        LinkMode::Unix => Transport::LinkUnix,
-        LinkMode::Attach => Transport::LinkAttach,
-        LinkMode::Off => Transport::DockerExec,
+        LinkMode::Unix => Transport::LINK_UNIX,
+        LinkMode::Attach => Transport::LINK_ATTACH,
+        LinkMode::Off => Transport::DOCKER_EXEC,
     }
 }
 

@@ -1,6 +1,6 @@
 //! Hooks on the gateway's guarded path: order across plugins, deny, time limit (fail
 //! closed), result rewrite — for plugin tools and core tools alike. Uses the labelled
-//! `FakeSandbox`: these tests are about the gateway, not Docker.
+//! `MemorySandbox`: these tests are about the gateway, not Docker.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use beige_protocol::socket::ToolRequest;
 use serde_json::json;
 
-use super::support::{shim_or_skip, FakeSandbox};
+use beige_core::testing::MemorySandbox;
 
 #[derive(Debug, Clone)]
 enum Behaviour {
@@ -164,7 +164,6 @@ struct Setup {
 }
 
 async fn setup(first: Behaviour, second: Behaviour) -> Option<Setup> {
-    let shim = shim_or_skip()?;
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -179,9 +178,11 @@ async fn setup(first: Behaviour, second: Behaviour) -> Option<Setup> {
         behaviour,
         log: log.clone(),
     };
+    // The file the read tests find.
+    let sandbox = MemorySandbox::new();
+    sandbox.write_file("a", "f", "fake");
     let gw = GatewayBuilder::new(config, home.clone())
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox))
+        .sandbox(Arc::new(sandbox))
         // Registered out of order on purpose: config order decides.
         .plugin(Arc::new(TestPlugin {
             name: "second",

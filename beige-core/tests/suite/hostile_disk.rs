@@ -25,7 +25,8 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use super::sandbox_docker::exec;
-use super::support::{FakeSandbox, TestHome};
+use super::support::TestHome;
+use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
 
 const TOKEN: &str = "disk-test-token-0123456789";
@@ -336,9 +337,6 @@ async fn a_sandbox_filling_its_workspace_pauses_the_agent_and_work_resumes_when_
 
 #[tokio::test]
 async fn low_space_on_the_home_filesystem_pauses_every_agent_until_it_returns() {
-    let Some(shim) = super::support::shim_or_skip() else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let free = Arc::new(AtomicU64::new(10 << 30));
@@ -362,8 +360,7 @@ async fn low_space_on_the_home_filesystem_pauses_every_agent_until_it_returns() 
     .unwrap();
     let gw = Arc::new(
         GatewayBuilder::new(config, home.clone())
-            .shim(shim)
-            .sandbox(Arc::new(FakeSandbox))
+            .sandbox(Arc::new(MemorySandbox::new()))
             .free_space_probe(probe)
             .build()
             .await

@@ -18,7 +18,7 @@ use beige_core::config::Config;
 use beige_core::home::InstallationId;
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
-use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_core::{Admin, BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
 
 use super::sandbox_docker::exec;
@@ -129,8 +129,7 @@ async fn same_home_path_other_installation_neither_removes_nor_adopts() {
     for id in &a_containers {
         assert!(running(id).await, "A's container {id} was touched by B");
     }
-    let b_specs = gw_b.specs();
-    let b_name = &b_specs.iter().find(|s| s.agent == "same").unwrap().name;
+    let b_name = &gw_b.sandbox_status("same").await.unwrap().container;
     assert_eq!(b_name, &format!("beige-same-{}", b_id.short()));
     let b_container = inspect(b_name).await.and_then(|i| i.id).unwrap();
     assert!(!a_containers.contains(&b_container));
@@ -309,7 +308,7 @@ async fn mount_source_swapped_for_a_symlink_is_refused_on_recreation() {
     let original = t.dir.path().join("data.orig");
     std::fs::rename(&data, &original).unwrap();
     std::os::unix::fs::symlink(&secret, &data).unwrap();
-    let name = gw.specs()[0].name.clone();
+    let name = gw.sandbox_status("mnt").await.unwrap().container;
     let docker = DockerSandbox::connect("probe").await.unwrap();
     docker
         .client()

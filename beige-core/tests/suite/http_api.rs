@@ -1,5 +1,5 @@
 //! The HTTP API (`channel::http`) and its client (`RemoteGateway`), against a real
-//! `LocalGateway` with the labelled `FakeSandbox` and a fake Anthropic server that speaks
+//! `LocalGateway` with the labelled `MemorySandbox` and a fake Anthropic server that speaks
 //! the real wire format. Driven both in process (`tower::ServiceExt::oneshot`) and over
 //! TCP on `127.0.0.1:0` (through `HttpApiChannel`).
 
@@ -15,8 +15,9 @@ use beige_core::channel::http::{
     router, routes, ApiState, HttpApiChannel, OPENAPI_JSON, UNAUTHORIZED_MESSAGE,
 };
 use beige_core::channel::{Channel, ChannelContext, ChannelError};
-use beige_core::config::Config;
+use beige_core::config::{Config, LinkMode};
 use beige_core::gateway::{RemoteGateway, SandboxStatus};
+use beige_core::sandbox::LinkStatus;
 use beige_core::hooks::HookName;
 use beige_core::store::SettingsPatch;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
@@ -32,7 +33,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::support::{shim_or_skip, FakeSandbox};
+use beige_core::testing::MemorySandbox;
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 const KEY: &str = "sk-ant-test-key-0123456789";
@@ -47,7 +48,6 @@ struct Fixture {
 
 impl Fixture {
     async fn new() -> Option<Self> {
-        let shim = shim_or_skip()?;
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(dir.path().join("home"));
         let llm = FakeLlmServer::start().await;
@@ -62,8 +62,7 @@ impl Fixture {
         }))
         .unwrap();
         let gw = GatewayBuilder::new(config, home)
-            .shim(shim)
-            .sandbox(Arc::new(FakeSandbox))
+            .sandbox(Arc::new(MemorySandbox::new()))
             .build()
             .await
             .unwrap();
@@ -1317,10 +1316,10 @@ async fn remote_gateway_from_home_reads_the_token() {
 }
 
 /// A gateway whose agents cover every link mode: `a` the default (`unix`), `b`
-/// `attach`, `c` `off`, and `r` a root sandbox (always `off`). The fake sandbox has no
-/// link, so every link is down.
+/// `attach`, `c` `off`, and `r` a root sandbox (always `off`). The memory sandbox
+/// reports for each what the Docker backend reports when the link is down (that the
+/// Docker backend does so is checked on Docker, in `link.rs`).
 async fn link_modes_gateway(dir: &std::path::Path) -> Option<LocalGateway> {
-    let shim = shim_or_skip()?;
     let agent = |sandbox: Value| {
         let mut sb = json!({"image": super::support::test_image(), "memoryLimit": "256m"});
         for (k, v) in sandbox.as_object().unwrap() {
@@ -1342,14 +1341,35 @@ async fn link_modes_gateway(dir: &std::path::Path) -> Option<LocalGateway> {
         },
     }))
     .unwrap();
+    let sandbox = MemorySandbox::new();
+    for (agent, mode) in [
+        ("a", LinkMode::Unix),
+        ("b", LinkMode::Attach),
+        ("c", LinkMode::Off),
+        ("r", LinkMode::Off),
+    ] {
+        sandbox.set_status(SandboxStatus {
+            agent: agent.into(),
+            container: link_modes_container(agent),
+            link_mode: mode,
+            link: (mode != LinkMode::Off).then(|| LinkStatus {
+                agent: agent.into(),
+                ..Default::default()
+            }),
+            ping_us: None,
+        });
+    }
     Some(
         GatewayBuilder::new(config, BeigeHome::new(dir.join("home")))
-            .shim(shim)
-            .sandbox(Arc::new(FakeSandbox))
+            .sandbox(Arc::new(sandbox))
             .build()
             .await
             .unwrap(),
     )
+}
+
+fn link_modes_container(agent: &str) -> String {
+    format!("beige-{agent}-0123456789ab")
 }
 
 #[tokio::test]
@@ -1359,13 +1379,7 @@ async fn sandbox_route_reports_the_link_of_each_agent() {
         return;
     };
     let gw = Arc::new(gw);
-    let container = |agent: &str| {
-        gw.specs()
-            .iter()
-            .find(|s| s.agent == agent)
-            .map(|s| s.name.clone())
-            .unwrap()
-    };
+    let container = link_modes_container;
     let app = router(ApiState::new(gw.clone(), Some(TOKEN.to_string())));
     let get = |path: &str| req("GET", path).body(Body::empty()).unwrap();
 

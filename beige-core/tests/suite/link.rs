@@ -136,7 +136,7 @@ async fn the_agent_cannot_reach_pid_1_or_its_siblings() {
     std::fs::write(t.home.default_workspace("probe").join("probes.py"), PROBES).unwrap();
     let out = exec_t(&gw, "probe", "python3 probes.py 2>&1", 60).await;
     let text = out.joined_text();
-    assert_eq!(out.transport, Some(Transport::LinkUnix), "{text}");
+    assert_eq!(out.transport, Some(Transport::LINK_UNIX), "{text}");
     for expected in [
         "proc1-environ: EACCES",
         "proc1-fd: EACCES",
@@ -156,7 +156,7 @@ async fn the_agent_cannot_reach_pid_1_or_its_siblings() {
     assert!(text.contains("kill-9: 1"), "{text}");
     let after = exec_t(&gw, "probe", "echo alive", 10).await;
     assert!(after.joined_text().contains("alive"));
-    assert_eq!(after.transport, Some(Transport::LinkUnix));
+    assert_eq!(after.transport, Some(Transport::LINK_UNIX));
     let status = docker.link_hub().status_of("probe");
     assert_eq!(status.boot_id, boot, "PID 1 restarted");
     assert_eq!(status.connects, 1, "the link dropped: {status:?}");
@@ -201,7 +201,7 @@ async fn escaped_daemon_is_a_survivor_and_a_flood_is_capped_in_the_sandbox() {
     assert!(text.contains("timed out after 1 s"), "{text}");
     assert!(text.contains("still running: pid "), "{text}");
     assert!(text.contains("`sleep 300`"), "{text}");
-    assert_eq!(out.transport, Some(Transport::LinkUnix));
+    assert_eq!(out.transport, Some(Transport::LINK_UNIX));
     let ps = exec_t(&gw, "tough", "ps -o pid,args | grep -c '[s]leep 300'", 10).await;
     assert!(ps.joined_text().contains('1'), "{}", ps.joined_text());
 
@@ -239,7 +239,7 @@ async fn killed_pid_1_is_recreated_with_the_reason_and_the_link_returns() {
     let hub = docker.link_hub();
     assert!(hub.wait_connected("phoenix", Duration::from_secs(5)).await);
     let boot = hub.status_of("phoenix").boot_id;
-    let name = gw.specs()[0].name.clone();
+    let name = docker.container_spec("phoenix").await.unwrap().name;
     docker
         .client()
         .kill_container(
@@ -264,7 +264,7 @@ async fn killed_pid_1_is_recreated_with_the_reason_and_the_link_returns() {
     let next = exec_t(&gw, "phoenix", "echo again", 30).await;
     assert_eq!(
         next.transport,
-        Some(Transport::LinkUnix),
+        Some(Transport::LINK_UNIX),
         "{}",
         next.joined_text()
     );
@@ -389,7 +389,7 @@ async fn a_root_sandbox_has_no_link_and_runs_through_docker_exec() {
     let (gw, docker) = gateway_with(&t, &env, config).await;
     let out = exec_t(&gw, "boss", "id -u; grep CapEff /proc/self/status", 10).await;
     let text = out.joined_text();
-    assert_eq!(out.transport, Some(Transport::DockerExec), "{text}");
+    assert_eq!(out.transport, Some(Transport::DOCKER_EXEC), "{text}");
     assert!(text.contains("\n0\n"), "{text}");
     // Root keeps Docker's default set minus the dropped ones: not empty.
     assert!(!text.contains("CapEff:\t0000000000000000"), "{text}");
@@ -421,7 +421,7 @@ async fn the_agent_killing_all_its_processes_does_not_break_the_next_call() {
     for _ in 0..3 {
         let out = exec_t(&gw, "wild", "echo fine", 10).await;
         assert_eq!(out.joined_text(), "Exit code: 0\nfine", "{out:?}");
-        assert_eq!(out.transport, Some(Transport::LinkUnix));
+        assert_eq!(out.transport, Some(Transport::LINK_UNIX));
     }
     gw.shutdown().await.unwrap();
 }

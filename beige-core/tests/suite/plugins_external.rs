@@ -25,7 +25,8 @@ use beige_testkit::llm::FakeLlmServer;
 use serde_json::json;
 
 use super::sandbox_docker::exec;
-use super::support::{shim_or_skip, FakeSandbox, TestHome};
+use super::support::TestHome;
+use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
 
 fn examples() -> PathBuf {
@@ -69,16 +70,14 @@ fn anthropic() -> serde_json::Value {
     json!({"anthropic": {"apiKey": "sk-ant-test-0123456789"}})
 }
 
-/// A gateway on the labelled `FakeSandbox` with `plugins` handed over explicitly.
+/// A gateway on the labelled `MemorySandbox` with `plugins` handed over explicitly.
 async fn fake_gateway(
     home: &BeigeHome,
     config: Config,
     plugins: Vec<Arc<dyn Plugin>>,
 ) -> Option<LocalGateway> {
-    let shim = shim_or_skip()?;
     let mut b = GatewayBuilder::new(config, home.clone())
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox));
+        .sandbox(Arc::new(MemorySandbox::new()));
     for p in plugins {
         b = b.plugin(p);
     }
@@ -386,12 +385,8 @@ async fn a_plugin_that_cannot_start_stops_the_gateway_start() {
         json!({}),
     );
     let plugin = load_plugin_dir("crashy", &plugin_dir, &c).unwrap();
-    let Some(shim) = shim_or_skip() else {
-        return;
-    };
     let e = GatewayBuilder::new(c, home)
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox))
+        .sandbox(Arc::new(MemorySandbox::new()))
         .plugin(plugin)
         .build()
         .await
@@ -413,8 +408,7 @@ async fn a_plugin_that_cannot_start_stops_the_gateway_start() {
     );
     let plugin = load_plugin_dir("crashy", &plugin_dir, &c).unwrap();
     let e = GatewayBuilder::new(c, BeigeHome::new(dir.path().join("home")))
-        .shim(shim_or_skip().unwrap())
-        .sandbox(Arc::new(FakeSandbox))
+        .sandbox(Arc::new(MemorySandbox::new()))
         .plugin(plugin)
         .build()
         .await
@@ -881,12 +875,8 @@ async fn a_config_that_violates_the_plugins_schema_fails_startup_naming_the_fiel
     // before its process is started.
     let bad = with(json!({"units": "kelvin"}), json!({}));
     let plugin = Arc::new(ExternalPlugin::from_dir(&plugin_dir).unwrap());
-    let Some(shim) = shim_or_skip() else {
-        return;
-    };
     let e = GatewayBuilder::new(bad, home.clone())
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox))
+        .sandbox(Arc::new(MemorySandbox::new()))
         .plugin(plugin.clone())
         .build()
         .await

@@ -1,7 +1,7 @@
 //! The Policy seam on the gateway's guarded path: `Ask` without and with an approver,
 //! the principal a policy sees (the sandbox's socket calls, a model's calls inheriting
 //! their prompt's), and `exposes` deciding the launchers and the system prompt. Uses the
-//! labelled `FakeSandbox`: these tests are about the gateway, not Docker.
+//! labelled `MemorySandbox`: these tests are about the gateway, not Docker.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,7 +20,7 @@ use beige_testkit::anthropic::{tool_use_response, MessageStream};
 use beige_testkit::llm::FakeLlmServer;
 use serde_json::json;
 
-use super::support::{shim_or_skip, FakeSandbox};
+use beige_core::testing::MemorySandbox;
 
 const KEY: &str = "sk-ant-test-key-0123456789";
 
@@ -139,7 +139,6 @@ async fn setup(
     approver: Option<Arc<Fixed>>,
     llm: Option<&FakeLlmServer>,
 ) -> Option<Setup> {
-    let shim = shim_or_skip()?;
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let mut anthropic = json!({"apiKey": KEY});
@@ -156,8 +155,7 @@ async fn setup(
     }))
     .unwrap();
     let mut b = GatewayBuilder::new(config, home.clone())
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox))
+        .sandbox(Arc::new(MemorySandbox::new()))
         .plugin(Arc::new(OneTool("echo")))
         .plugin(Arc::new(OneTool("secret")))
         .policy(policy);
@@ -349,10 +347,8 @@ async fn policy_exposes_decides_the_launchers_and_the_prompts_tools() {
     let Some(s) = setup(policy.clone(), None, Some(&server)).await else {
         return;
     };
-    let mut launchers: Vec<String> = std::fs::read_dir(s.home.launchers_dir("a"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    // The tools the sandbox gets a launcher for (`/tools/bin/<tool>`).
+    let mut launchers = s.gw.specs()[0].tools.clone();
     launchers.sort();
     assert_eq!(launchers, ["echo"]);
 

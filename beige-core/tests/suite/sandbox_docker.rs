@@ -3,7 +3,7 @@
 
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
-use beige_core::{Gateway, LocalGateway};
+use beige_core::{Admin, Gateway, LocalGateway};
 use serde_json::json;
 
 use super::support::TestHome;
@@ -38,9 +38,8 @@ async fn container_is_hardened() {
             }}),
         )],
     );
-    let gw = t.gateway(&env, config).await;
-    let spec = &gw.specs()[0];
-    let docker = DockerSandbox::connect("x").await.unwrap();
+    let (gw, docker) = t.gateway_and_docker(&env, config).await;
+    let spec = &docker.container_spec("hardy").await.unwrap();
     let info = docker
         .client()
         .inspect_container(
@@ -217,7 +216,7 @@ async fn dead_container_is_recreated_on_next_call() {
     docker
         .client()
         .kill_container(
-            &gw.specs()[0].name,
+            &gw.sandbox_status("phoenix").await.unwrap().container,
             None::<bollard::query_parameters::KillContainerOptions>,
         )
         .await

@@ -112,13 +112,23 @@ impl TestHome {
     }
 
     pub async fn gateway(&self, env: &DockerEnv, config: Config) -> LocalGateway {
+        self.gateway_and_docker(env, config).await.0
+    }
+
+    /// [`TestHome::gateway`] and (a handle on) its Docker sandbox.
+    pub async fn gateway_and_docker(
+        &self,
+        env: &DockerEnv,
+        config: Config,
+    ) -> (LocalGateway, DockerSandbox) {
         let docker = self.docker().await;
-        GatewayBuilder::new(config, self.home.clone())
+        let gw = GatewayBuilder::new(config, self.home.clone())
             .shim(&env.shim)
-            .sandbox(Arc::new(docker))
+            .sandbox(Arc::new(docker.clone()))
             .build()
             .await
-            .unwrap()
+            .unwrap();
+        (gw, docker)
     }
 
     /// `(agent, container id)` of this installation's containers, from the engine.
@@ -199,79 +209,4 @@ macro_rules! docker_or_skip {
             None => return,
         }
     };
-}
-
-/// A stand-in sandbox for tests that exercise the gateway's guarded path without Docker
-/// (hooks, policy, audit). Clearly a fake: `exec` answers `fake: <command>` with exit 0,
-/// other operations answer a fixed reply.
-#[derive(Debug, Default)]
-pub struct FakeSandbox;
-
-#[async_trait::async_trait]
-impl beige_core::sandbox::Sandbox for FakeSandbox {
-    async fn reconcile(
-        &self,
-        _specs: Vec<beige_core::sandbox::ContainerSpec>,
-    ) -> Result<beige_core::sandbox::ReconcileReport, beige_core::sandbox::SandboxError> {
-        Ok(Default::default())
-    }
-
-    async fn run_op(
-        &self,
-        _agent: &str,
-        request: &beige_protocol::op::OpRequest,
-    ) -> Result<beige_core::sandbox::OpOutcome, beige_core::sandbox::SandboxError> {
-        use beige_protocol::op::*;
-        let reply = match request {
-            OpRequest::Exec(e) => OpReply::Exec(ExecReply {
-                exit_code: Some(0),
-                signal: None,
-                stdout: format!("fake: {}", e.command),
-                stderr: String::new(),
-                stdout_omitted: 0,
-                stderr_omitted: 0,
-                timed_out: false,
-                duration_ms: 0,
-                survivors: Vec::new(),
-            }),
-            OpRequest::Write(w) => OpReply::Write(WriteReply {
-                bytes: w.content.len() as u64,
-            }),
-            OpRequest::Patch(_) => OpReply::Patch(PatchReply { bytes: 0 }),
-            OpRequest::Kill(_) => OpReply::Kill(KillReply { found: 0 }),
-            OpRequest::Read(_) => OpReply::Read(ReadReply::Text {
-                content: "fake".into(),
-                total_lines: 1,
-                first_line: 1,
-                last_line: 1,
-                truncated: false,
-            }),
-        };
-        Ok(beige_core::sandbox::OpOutcome {
-            reply,
-            restarted: None,
-            transport: beige_core::sandbox::Transport::Direct,
-        })
-    }
-
-    async fn remove_all(&self) -> Result<(), beige_core::sandbox::SandboxError> {
-        Ok(())
-    }
-}
-
-/// The static shim for tests that build a gateway (skips outside CI when missing).
-pub fn shim_or_skip() -> Option<PathBuf> {
-    let p = std::env::var_os("BEIGE_SHIM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim")
-        });
-    if p.exists() {
-        return Some(p);
-    }
-    if required() {
-        panic!("no static shim at {}: run scripts/build-shim", p.display());
-    }
-    eprintln!("SKIPPED (not in CI): no static shim; run scripts/build-shim");
-    None
 }

@@ -1,6 +1,6 @@
 //! The Telegram channel against a fake Bot API server on loopback (beige-testkit's
 //! `FakeTelegram`: real HTTP, the documented JSON shapes, HTML validated like Telegram
-//! does), a gateway with the labelled `FakeSandbox`, and either the labelled
+//! does), a gateway with the labelled `MemorySandbox`, and either the labelled
 //! `ScriptedProvider` or a fake Anthropic server. Every test awaits what it checks;
 //! timeouts only bound a failure.
 
@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::support::{shim_or_skip, FakeSandbox};
+use beige_core::testing::MemorySandbox;
 
 const TOKEN: &str = "123456:TEST-secret-token";
 const USER: i64 = 4242;
@@ -60,7 +60,6 @@ impl Harness {
     }
 
     async fn build(models: Models, channel: Value, with_plugin: bool) -> Option<Self> {
-        let shim = shim_or_skip()?;
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(dir.path().join("home"));
         std::fs::create_dir_all(home.root()).unwrap();
@@ -106,8 +105,7 @@ impl Harness {
         let config: Config = serde_json::from_value(cfg).unwrap();
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(home.db_path()).unwrap());
         let mut builder = GatewayBuilder::new(config, home)
-            .shim(shim)
-            .sandbox(Arc::new(FakeSandbox))
+            .sandbox(Arc::new(MemorySandbox::new()))
             .store(store.clone());
         if let Models::Scripted(list) = models {
             for p in list {
