@@ -132,6 +132,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     home: BeigeHome,
     gw: LocalGateway,
+    sandbox: Arc<MemorySandbox>,
 }
 
 async fn setup(
@@ -154,8 +155,9 @@ async fn setup(
         }}
     }))
     .unwrap();
+    let sandbox = Arc::new(MemorySandbox::new());
     let mut b = GatewayBuilder::new(config, home.clone())
-        .sandbox(Arc::new(MemorySandbox::new()))
+        .sandbox(sandbox.clone())
         .plugin(Arc::new(OneTool("echo")))
         .plugin(Arc::new(OneTool("secret")))
         .policy(policy);
@@ -167,6 +169,7 @@ async fn setup(
         _dir: dir,
         home,
         gw,
+        sandbox,
     })
 }
 
@@ -439,4 +442,83 @@ async fn policy_sees_the_api_token_for_http_calls_whatever_the_body_says() {
         "{seen:#?}"
     );
     assert_eq!(seen[1].session.as_deref(), Some("api:a:default"));
+}
+
+/// A plugin tool called from inside the sandbox reaches the gateway through the
+/// `SandboxHost` the backend was reconciled with — here the memory sandbox, replaying
+/// the call as a tool endpoint would — and takes the guarded path: the policy sees the
+/// sandbox as the principal, the audit log gets the call, refusals and the sandbox's
+/// security events. No Docker, no shim.
+#[tokio::test]
+async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
+    use beige_core::sandbox::SecurityEvent;
+    let policy = Arc::new(Recording {
+        ask: Some("echo"),
+        ..Default::default()
+    });
+    let s = setup(policy.clone(), None, None).await.unwrap();
+    let call = |tool: &str, args: &[&str]| {
+        ToolRequest::new(tool, args.iter().map(|a| a.to_string()).collect())
+    };
+
+    // Allowed: runs, with the sandbox as the principal, started and finished.
+    let r = s.sandbox.call_tool("a", call("secret", &["x"])).await;
+    assert_eq!(r.output.as_deref(), Some("secret: x"), "{r:?}");
+    let seen = policy.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (seen.tool.as_str(), seen.kind, seen.principal),
+        ("secret", ToolKind::Plugin, Principal::Sandbox)
+    );
+    assert_eq!(seen.session.as_deref(), Some("socket:a"));
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    assert_eq!(
+        (audit[0]["phase"].as_str(), audit[1]["phase"].as_str()),
+        (Some("started"), Some("finished"))
+    );
+    assert!(audit.iter().all(|r| r["decision"] == "allowed" && r["tool"] == "secret"));
+
+    // Asked without an approver: refused and audited once, denied.
+    let r = s.sandbox.call_tool("a", call("echo", &["hi"])).await;
+    assert!(!r.success);
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("needs approval"),
+        "{r:?}"
+    );
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 3, "{audit:#?}");
+    assert_eq!(audit[2]["decision"], "denied");
+    assert_eq!(audit[2]["tool"], "echo");
+
+    // A request the endpoint could not parse: denied, attributed to the agent.
+    s.sandbox
+        .reject("a", None, "Invalid request: not JSON", b"{oops")
+        .await;
+    // A bound the endpoint reached: a security record.
+    s.sandbox
+        .report(SecurityEvent::ToolEndpointLimit {
+            agent: "a".into(),
+            limit: "connections".into(),
+            message: "too many connections".into(),
+        })
+        .await;
+    let audit = audit_lines(&s.home);
+    assert_eq!(audit.len(), 5, "{audit:#?}");
+    assert_eq!(audit[3]["decision"], "denied");
+    assert_eq!(audit[3]["tool"], "(unparsed)");
+    assert_eq!(audit[3]["agent"], "a");
+    assert_eq!(audit[3]["error"], "Invalid request: not JSON");
+    assert_eq!(audit[4]["tool"], "security.socket_limit");
+    assert_eq!(audit[4]["args"], json!(["limit=connections"]));
+
+    // No sandbox for another agent: nothing reaches the gateway.
+    let r = s.sandbox.call_tool("b", call("secret", &["x"])).await;
+    assert!(!r.success);
+    assert_eq!(audit_lines(&s.home).len(), 5);
+
+    // Once the gateway stops, the sandbox is no longer served.
+    s.gw.shutdown().await.unwrap();
+    let r = s.sandbox.call_tool("a", call("secret", &["x"])).await;
+    assert!(!r.success, "{r:?}");
+    assert_eq!(audit_lines(&s.home).len(), 5);
 }
