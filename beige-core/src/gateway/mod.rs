@@ -1791,9 +1791,8 @@ fn seed_agents_md(workspace: &Path, user: SandboxUser) -> Result<(), SandboxErro
         SandboxUser::Id { uid, gid } => Some((uid, gid)),
         _ => None,
     };
-    crate::agent::prompt::seed_agents_md(workspace, owner).map_err(|e| {
-        SandboxError::host(workspace.join("AGENTS.md"), std::io::Error::other(e))
-    })?;
+    crate::agent::prompt::seed_agents_md(workspace, owner)
+        .map_err(|e| SandboxError::host(workspace.join("AGENTS.md"), std::io::Error::other(e)))?;
     Ok(())
 }
 

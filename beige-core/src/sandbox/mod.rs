@@ -27,9 +27,7 @@ use beige_protocol::op::{OpReply, OpRequest};
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 pub use link::{LinkError, LinkHub, LinkStatus};
-pub use spec::{
-    Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput,
-};
+pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput};
 
 /// Why a sandbox operation failed (as opposed to the operation reporting an error, which
 /// is an [`OpReply::Error`]).

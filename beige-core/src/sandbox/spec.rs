@@ -237,12 +237,13 @@ impl SandboxSpec {
     pub fn for_agent(input: &SpecInput<'_>) -> Result<SandboxSpec, SpecError> {
         let cfg = &input.config.sandbox;
         let agent = input.agent;
-        let memory_bytes = crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(
-            || SpecError::MemoryLimit {
-                agent: agent.to_string(),
-                value: cfg.memory_limit.clone(),
-            },
-        )?;
+        let memory_bytes =
+            crate::config::parse_memory_limit(&cfg.memory_limit).ok_or_else(|| {
+                SpecError::MemoryLimit {
+                    agent: agent.to_string(),
+                    value: cfg.memory_limit.clone(),
+                }
+            })?;
 
         let mut shares = Vec::new();
         for (tool, dir) in &input.tool_packages {
@@ -652,29 +653,54 @@ mod tests {
     fn docker_bodies_and_hashes_are_unchanged() {
         let home = BeigeHome::new("/home/u/.beige");
         let cases: Vec<(&str, serde_json::Value, SandboxUser, &str)> = vec![
-            ("default", serde_json::json!({
-                "model": {"provider": "anthropic", "model": "m"}, "tools": ["kv"],
-                "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
-            }), SandboxUser::DEFAULT, include_str!("docker/testdata/default.json")),
-            ("plain", serde_json::json!({
-                "model": {"provider": "anthropic", "model": "m"}, "tools": []
-            }), SandboxUser::DEFAULT, include_str!("docker/testdata/plain.json")),
-            ("root_options", serde_json::json!({
-                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
-                "sandbox": {"memoryLimit": "512m", "network": "bridge", "cpus": 1.5,
-                            "readOnlyRoot": true, "capAdd": ["NET_BIND_SERVICE"], "pidsLimit": 64}
-            }), SandboxUser::Root, include_str!("docker/testdata/root_options.json")),
-            ("attach", serde_json::json!({
-                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
-                "sandbox": {"link": "attach", "capAdd": ["SETUID", "NET_BIND_SERVICE"]}
-            }), SandboxUser::DEFAULT, include_str!("docker/testdata/attach.json")),
-            ("off_disk_env", serde_json::json!({
-                "model": {"provider": "anthropic", "model": "m"}, "tools": [],
-                "sandbox": {"link": "off", "diskLimit": "10g", "image": "busybox:1",
-                            "extraEnv": {"ZED": "1", "ALPHA": "2", "MID": "3"},
-                            "extraMounts": {"/srv/b": "/b", "/srv/a": "/a:ro"},
-                            "readOnlyRoot": true, "cpus": 0.25}
-            }), SandboxUser::Id { uid: 1234, gid: 99 }, include_str!("docker/testdata/off_disk_env.json")),
+            (
+                "default",
+                serde_json::json!({
+                    "model": {"provider": "anthropic", "model": "m"}, "tools": ["kv"],
+                    "sandbox": {"extraEnv": {"NODE_ENV": "dev"}, "extraMounts": {"/srv/data": "/data:ro"}}
+                }),
+                SandboxUser::DEFAULT,
+                include_str!("docker/testdata/default.json"),
+            ),
+            (
+                "plain",
+                serde_json::json!({
+                    "model": {"provider": "anthropic", "model": "m"}, "tools": []
+                }),
+                SandboxUser::DEFAULT,
+                include_str!("docker/testdata/plain.json"),
+            ),
+            (
+                "root_options",
+                serde_json::json!({
+                    "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                    "sandbox": {"memoryLimit": "512m", "network": "bridge", "cpus": 1.5,
+                                "readOnlyRoot": true, "capAdd": ["NET_BIND_SERVICE"], "pidsLimit": 64}
+                }),
+                SandboxUser::Root,
+                include_str!("docker/testdata/root_options.json"),
+            ),
+            (
+                "attach",
+                serde_json::json!({
+                    "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                    "sandbox": {"link": "attach", "capAdd": ["SETUID", "NET_BIND_SERVICE"]}
+                }),
+                SandboxUser::DEFAULT,
+                include_str!("docker/testdata/attach.json"),
+            ),
+            (
+                "off_disk_env",
+                serde_json::json!({
+                    "model": {"provider": "anthropic", "model": "m"}, "tools": [],
+                    "sandbox": {"link": "off", "diskLimit": "10g", "image": "busybox:1",
+                                "extraEnv": {"ZED": "1", "ALPHA": "2", "MID": "3"},
+                                "extraMounts": {"/srv/b": "/b", "/srv/a": "/a:ro"},
+                                "readOnlyRoot": true, "cpus": 0.25}
+                }),
+                SandboxUser::Id { uid: 1234, gid: 99 },
+                include_str!("docker/testdata/off_disk_env.json"),
+            ),
         ];
         for (name, json, user, fixture) in cases {
             let cfg = agent_config(json);
@@ -723,12 +749,22 @@ mod tests {
         }));
         let spec = SandboxSpec::for_agent(&input(&home, &cfg, SandboxUser::DEFAULT)).unwrap();
         let json = serde_json::to_string(&spec).unwrap();
-        for docker in ["/beige/shim", "/beige/run", "launchers", "cap_drop", "security_opt", "link"] {
+        for docker in [
+            "/beige/shim",
+            "/beige/run",
+            "launchers",
+            "cap_drop",
+            "security_opt",
+            "link",
+        ] {
             assert!(!json.contains(docker), "{docker} in {json}");
         }
         assert_eq!(spec.tools, ["kv"]);
         assert_eq!(
-            spec.shares.iter().map(|s| s.target.as_str()).collect::<Vec<_>>(),
+            spec.shares
+                .iter()
+                .map(|s| s.target.as_str())
+                .collect::<Vec<_>>(),
             ["/tools/packages/kv", "/skills/review"]
         );
         assert_eq!(spec.extra_mounts, [Mount::new("/srv/data", "/data", true)]);

@@ -361,9 +361,8 @@ mod tests {
 
     #[tokio::test]
     async fn files_live_in_memory_and_execs_are_recorded() {
-        let sb = MemorySandbox::new().on_exec(|agent, cmd| {
-            (cmd == "whoami").then(|| MemorySandbox::exec_reply(agent, 0))
-        });
+        let sb = MemorySandbox::new()
+            .on_exec(|agent, cmd| (cmd == "whoami").then(|| MemorySandbox::exec_reply(agent, 0)));
         sb.reconcile(Vec::new(), Arc::new(crate::sandbox::NoHost))
             .await
             .unwrap();

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use super::sandbox_docker::exec;
 use super::support::{DockerEnv, TestHome};
-use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
+use beige_core::testing::MemorySandbox;
 
 const KEY: &str = "sk-ant-test-key-0123456789";
 

@@ -26,8 +26,8 @@ use tower::ServiceExt;
 
 use super::sandbox_docker::exec;
 use super::support::TestHome;
-use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
+use beige_core::testing::MemorySandbox;
 
 const TOKEN: &str = "disk-test-token-0123456789";
 

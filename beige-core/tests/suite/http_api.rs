@@ -17,8 +17,8 @@ use beige_core::channel::http::{
 use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::config::{Config, LinkMode};
 use beige_core::gateway::{RemoteGateway, SandboxStatus};
-use beige_core::sandbox::LinkStatus;
 use beige_core::hooks::HookName;
+use beige_core::sandbox::LinkStatus;
 use beige_core::store::SettingsPatch;
 use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
 use beige_core::{Admin as _, Sessions as _};

@@ -425,3 +425,56 @@ async fn the_agent_killing_all_its_processes_does_not_break_the_next_call() {
     }
     gw.shutdown().await.unwrap();
 }
+
+/// `sandbox_status` on Docker: the container's name, the link mode as applied (`off`
+/// for a root sandbox whatever the config says), the health of a link that is up with a
+/// keepalive measured for the answer, and no link for `off`.
+#[tokio::test]
+async fn sandbox_status_reports_each_link_mode_of_the_docker_backend() {
+    use beige_core::config::LinkMode;
+    use beige_core::Admin;
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(
+        &env,
+        &[
+            ("u", json!({})),
+            ("at", json!({"sandbox": {"link": "attach"}})),
+            ("no", json!({"sandbox": {"link": "off"}})),
+            ("r", json!({"sandbox": {"user": "root", "link": "attach"}})),
+        ],
+    );
+    let (gw, docker) = gateway_with(&t, &env, config).await;
+    for (agent, mode) in [("u", LinkMode::Unix), ("at", LinkMode::Attach)] {
+        assert!(
+            docker
+                .link_hub()
+                .wait_connected(agent, Duration::from_secs(5))
+                .await,
+            "{agent}"
+        );
+        let s = gw.sandbox_status(agent).await.unwrap();
+        assert_eq!(s.agent, agent);
+        assert_eq!(
+            s.container,
+            format!("beige-{agent}-{}", t.installation.short())
+        );
+        assert_eq!(s.link_mode, mode);
+        let link = s.link.unwrap();
+        assert!(link.connected, "{link:?}");
+        assert!(s.ping_us.is_some(), "no keepalive measured for {agent}");
+    }
+    for agent in ["no", "r"] {
+        let s = gw.sandbox_status(agent).await.unwrap();
+        assert_eq!(
+            (s.link_mode, s.link, s.ping_us),
+            (LinkMode::Off, None, None),
+            "{agent}"
+        );
+        assert_eq!(
+            s.container,
+            docker.container_spec(agent).await.unwrap().name
+        );
+    }
+    gw.shutdown().await.unwrap();
+}

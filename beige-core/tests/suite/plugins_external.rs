@@ -26,8 +26,8 @@ use serde_json::json;
 
 use super::sandbox_docker::exec;
 use super::support::TestHome;
-use beige_core::testing::MemorySandbox;
 use crate::docker_or_skip;
+use beige_core::testing::MemorySandbox;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -76,8 +76,7 @@ async fn fake_gateway(
     config: Config,
     plugins: Vec<Arc<dyn Plugin>>,
 ) -> Option<LocalGateway> {
-    let mut b = GatewayBuilder::new(config, home.clone())
-        .sandbox(Arc::new(MemorySandbox::new()));
+    let mut b = GatewayBuilder::new(config, home.clone()).sandbox(Arc::new(MemorySandbox::new()));
     for p in plugins {
         b = b.plugin(p);
     }

@@ -476,7 +476,9 @@ async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
         (audit[0]["phase"].as_str(), audit[1]["phase"].as_str()),
         (Some("started"), Some("finished"))
     );
-    assert!(audit.iter().all(|r| r["decision"] == "allowed" && r["tool"] == "secret"));
+    assert!(audit
+        .iter()
+        .all(|r| r["decision"] == "allowed" && r["tool"] == "secret"));
 
     // Asked without an approver: refused and audited once, denied.
     let r = s.sandbox.call_tool("a", call("echo", &["hi"])).await;

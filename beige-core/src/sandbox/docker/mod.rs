@@ -278,10 +278,7 @@ impl DockerSandbox {
     /// for a `DockerSandbox` given to [`crate::GatewayBuilder::sandbox`]; call it
     /// yourself before [`Sandbox::reconcile`] otherwise.
     pub fn configure(&self, setup: Setup) {
-        *self
-            .setup
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(setup);
+        *self.setup.write().unwrap_or_else(PoisonError::into_inner) = Some(setup);
     }
 
     fn setup(&self) -> Result<Setup, SandboxError> {
