@@ -339,6 +339,7 @@ impl SandboxSpec {
 
     /// The recheck of the extra mounts, for a backend that puts them at `offset` in a
     /// list of its own.
+    #[cfg(feature = "docker")]
     pub(crate) fn recheck_at(&self, offset: usize) -> Option<MountRecheck> {
         self.recheck.as_ref().map(|r| MountRecheck {
             entries: r
