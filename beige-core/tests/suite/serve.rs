@@ -3,7 +3,7 @@
 //! registered, a required channel's failure ends serving and an optional one's does not,
 //! a reload swaps the engine under every handle (and keeps the old one when the new
 //! config cannot load or start), and the HTTP API's restart route reaches the reload.
-//! Uses the labelled `FakeSandbox`: these tests are about the gateway, not Docker.
+//! Uses the labelled `MemorySandbox`: these tests are about the gateway, not Docker.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::support::{shim_or_skip, FakeSandbox};
+use beige_core::testing::MemorySandbox;
 
 const TOKEN: &str = "serve-test-token-0123456789";
 
@@ -175,10 +175,8 @@ async fn build(builder: GatewayBuilder) -> LocalGateway {
     builder.build().await.unwrap()
 }
 
-fn base(home: &BeigeHome, shim: &std::path::Path, config: Config) -> GatewayBuilder {
-    GatewayBuilder::new(config, home.clone())
-        .shim(shim)
-        .sandbox(Arc::new(FakeSandbox))
+fn base(home: &BeigeHome, config: Config) -> GatewayBuilder {
+    GatewayBuilder::new(config, home.clone()).sandbox(Arc::new(MemorySandbox::new()))
 }
 
 async fn agent_names(gw: &dyn Gateway) -> Vec<String> {
@@ -205,12 +203,10 @@ async fn next_outcome(
 
 #[tokio::test]
 async fn serve_runs_registered_channels_with_their_tools_and_stops_them_on_the_token() {
-    let Some(shim) = shim_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let probe = Probe::new("probe");
-    let gw =
-        build(base(&home, &shim, config(&["a"], &["probe.ping"])).channel(probe.clone())).await;
+    let gw = build(base(&home, config(&["a"], &["probe.ping"])).channel(probe.clone())).await;
     // The channel's plugin was registered: its `plugins` entry needs no folder.
     assert!(gw.registry().tool("probe.ping").is_some());
 
@@ -249,7 +245,6 @@ async fn serve_runs_registered_channels_with_their_tools_and_stops_them_on_the_t
 
 #[tokio::test]
 async fn a_required_channel_that_fails_ends_serving_an_optional_one_does_not() {
-    let Some(shim) = shim_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
 
@@ -257,7 +252,7 @@ async fn a_required_channel_that_fails_ends_serving_an_optional_one_does_not() {
     let broken = Probe::failing("broken");
     let steady = Probe::new("steady");
     let gw = build(
-        base(&home, &shim, config(&["a"], &[]))
+        base(&home, config(&["a"], &[]))
             .channel_optional(broken.clone())
             .channel(steady.clone()),
     )
@@ -285,7 +280,7 @@ async fn a_required_channel_that_fails_ends_serving_an_optional_one_does_not() {
     let broken = Probe::failing("broken");
     let steady = Probe::new("steady");
     let gw = build(
-        base(&home, &shim, config(&["a"], &[]))
+        base(&home, config(&["a"], &[]))
             .channel(steady.clone())
             .channel(broken.clone()),
     )
@@ -314,7 +309,6 @@ async fn a_required_channel_that_fails_ends_serving_an_optional_one_does_not() {
 
 #[tokio::test]
 async fn reload_swaps_the_engine_under_every_handle_and_keeps_it_when_the_new_config_fails() {
-    let Some(shim) = shim_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let source = Arc::new(Scripted {
@@ -323,7 +317,7 @@ async fn reload_swaps_the_engine_under_every_handle_and_keeps_it_when_the_new_co
     });
     let probe = Probe::new("steady");
     let gw = build(
-        base(&home, &shim, config(&["a"], &[]))
+        base(&home, config(&["a"], &[]))
             .config_source(source.clone())
             .channel(probe.clone()),
     )
@@ -386,13 +380,12 @@ async fn reload_swaps_the_engine_under_every_handle_and_keeps_it_when_the_new_co
 
 #[tokio::test]
 async fn the_http_restart_route_reloads_through_the_gateway_or_answers_501_without_a_source() {
-    let Some(shim) = shim_or_skip() else { return };
     for with_source in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(dir.path().join("home"));
         let (api, addr) =
             HttpApiChannel::bind("127.0.0.1", 0, ApiOptions::new(Some(TOKEN.into()))).unwrap();
-        let mut builder = base(&home, &shim, config(&["a"], &[])).channel(Arc::new(api));
+        let mut builder = base(&home, config(&["a"], &[])).channel(Arc::new(api));
         let source = Arc::new(Scripted {
             next: Mutex::new(Ok(config(&["a", "z"], &[]))),
             home: home.clone(),
