@@ -1,0 +1,363 @@
+//! The [`Gateway`] trait — the single entry point every channel and embedder uses — with
+//! [`Sessions`] and [`Admin`], their union [`GatewayFull`], the forwarding
+//! implementations for `Arc<G>` and `Box<G>`, the [`AgentEventStream`] of a prompt, and
+//! the records the traits return ([`AgentInfo`], [`AllowedModel`]).
+//!
+//! beige-core implements the traits in process (`LocalGateway`), this crate over HTTP
+//! (`RemoteGateway`, feature `remote`) and in memory (`testing::FakeGateway`, feature
+//! `test-util`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GatewayError;
+use crate::events::AgentEvent;
+use crate::hooks::HookName;
+use crate::llm::{Message, ModelInfo, ThinkingLevel};
+use crate::prompt::PromptRequest;
+use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
+use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
+use crate::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+
+/// What a channel may know about an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    /// The agent's name.
+    pub name: String,
+    /// `provider/model`.
+    pub model: String,
+    /// The fallback models, `provider/model`, in order.
+    pub fallback_models: Vec<String>,
+    /// The plugin tools the agent may call.
+    pub tools: Vec<String>,
+    /// The agent's skills.
+    pub skills: Vec<String>,
+    /// The host folder mounted at `/workspace`.
+    pub workspace_dir: PathBuf,
+    /// The `## Available Tools` block of the system prompt.
+    pub tool_context: String,
+    /// The `## Available Skills` block of the system prompt.
+    pub skill_context: String,
+}
+
+/// A model an agent may use, with its catalogue data.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedModel {
+    /// The provider's name in the config.
+    pub provider: String,
+    /// The provider's model id.
+    pub model: String,
+    /// `primary` or `fallback`.
+    pub role: String,
+    /// The thinking level configured for it.
+    pub thinking_level: ThinkingLevel,
+    /// Catalogue data: context window, limits, prices.
+    #[serde(flatten)]
+    pub info: ModelInfo,
+    /// Present while the model cools down or after failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<ModelHealth>,
+}
+
+/// What channels and embedders talk to: the agents, a prompt and its events, a core tool
+/// call, cancellation. Sessions and administration are the separate traits [`Sessions`]
+/// and [`Admin`]; [`GatewayFull`] is all three. Implemented in process by beige-core's
+/// `LocalGateway`, over HTTP by `RemoteGateway`; `Arc<G>` and `Box<G>` forward.
+#[async_trait]
+pub trait Gateway: Send + Sync {
+    /// The configured agents, in config order.
+    async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError>;
+
+    /// Run one core tool (`read`, `write`, `patch`, `exec`) in an agent's sandbox, through
+    /// the same guarded path the model's calls take (policy, hooks, audit).
+    async fn call_tool(
+        &self,
+        agent: &str,
+        call: CoreToolCall,
+        ctx: ToolContext,
+    ) -> Result<ToolOutput, GatewayError>;
+
+    /// Send a message to an agent's session and stream what happens. Dropping the stream
+    /// cancels the prompt.
+    async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError>;
+
+    /// Cancel the running prompt of a session key; `false` when none was running.
+    async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError>;
+
+    /// One agent by name; by default looked up in [`Gateway::agents`].
+    async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
+        let agents = self.agents().await?;
+        let known = agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        agents
+            .iter()
+            .find(|a| a.name == name)
+            .cloned()
+            .ok_or_else(|| GatewayError::UnknownAgent {
+                agent: name.to_string(),
+                known,
+            })
+    }
+
+    /// Run a shell command in an agent's sandbox (the core `exec` tool, default time
+    /// limit), through the guarded path.
+    async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
+        self.call_tool(
+            agent,
+            CoreToolCall::Exec(ExecParams {
+                command: command.to_string(),
+                timeout: None,
+            }),
+            ToolContext::default(),
+        )
+        .await
+    }
+}
+
+/// The sessions of an agent and their settings (`/api/agents/{name}/sessions`, the TUI's
+/// session list, Telegram's `/new` and `/resume`).
+#[async_trait]
+pub trait Sessions: Send + Sync {
+    /// The agent's sessions, newest first.
+    async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError>;
+
+    /// Start a new session for a key (the old one stays for `resume_session`).
+    async fn new_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<SessionRecord, GatewayError>;
+
+    /// Make an existing session the current one of a key.
+    async fn resume_session(
+        &self,
+        agent: &str,
+        session_key: &str,
+        session_id: &str,
+    ) -> Result<SessionRecord, GatewayError>;
+
+    /// The messages of a session (the model's context, summaries included).
+    async fn session_messages(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Vec<Message>, GatewayError>;
+
+    /// Settings of a session key.
+    async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError>;
+
+    /// Change settings of a session key; a model override must be one of the agent's.
+    async fn update_settings(
+        &self,
+        agent: &str,
+        session_key: &str,
+        patch: SettingsPatch,
+    ) -> Result<SessionSettings, GatewayError>;
+}
+
+/// Administration: model health and catalogue, the configuration summary, hooks a
+/// channel may trigger, sandbox and disk status. Every method has a default that answers
+/// [`GatewayError::Unsupported`] (HTTP 501), so a small gateway implements none of them.
+#[async_trait]
+pub trait Admin: Send + Sync {
+    /// Health of every model that has failed or cooled down.
+    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "health" })
+    }
+
+    /// The models an agent may use (primary first), with catalogue data and health.
+    async fn models(&self, _agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "models" })
+    }
+
+    /// Agents and providers without secrets (`GET /api/config`).
+    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "config_summary",
+        })
+    }
+
+    /// Run one of the hooks channels may trigger (`prePrompt`, `postResponse`,
+    /// `sessionCreated`, `sessionDisposed`) with a JSON event; returns the hook result
+    /// as JSON (`{}` for observers).
+    async fn run_hook(
+        &self,
+        _agent: &str,
+        _hook: HookName,
+        _event: serde_json::Value,
+    ) -> Result<serde_json::Value, GatewayError> {
+        Err(GatewayError::Unsupported { what: "run_hook" })
+    }
+
+    /// The agent's container and the health of its shim link, with one live keepalive
+    /// round trip when the link is up.
+    async fn sandbox_status(&self, _agent: &str) -> Result<SandboxStatus, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "sandbox_status",
+        })
+    }
+
+    /// Free space of the filesystems the gateway and its agents write to, and the agents
+    /// the free-space guard pauses; `None` when this gateway has no guard to report.
+    async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
+        Ok(None)
+    }
+}
+
+/// Everything a gateway offers: [`Gateway`], [`Sessions`] and [`Admin`]. Implemented for
+/// every type that implements the three. (To pass an `Arc<dyn GatewayFull>` where an
+/// `Arc<dyn Gateway>` is wanted, wrap it once more: `Arc::new(full)`.)
+pub trait GatewayFull: Gateway + Sessions + Admin {}
+
+impl<T: Gateway + Sessions + Admin + ?Sized> GatewayFull for T {}
+
+/// `Arc<G>` and `Box<G>` are gateways when `G` is: one forwarding implementation
+/// per trait, so wrappers need no 15-method forwarder.
+macro_rules! forward_gateway {
+    ($($ptr:ty),*) => {$(
+        #[async_trait]
+        impl<G: Gateway + ?Sized> Gateway for $ptr {
+            async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
+                (**self).agents().await
+            }
+            async fn call_tool(
+                &self,
+                agent: &str,
+                call: CoreToolCall,
+                ctx: ToolContext,
+            ) -> Result<ToolOutput, GatewayError> {
+                (**self).call_tool(agent, call, ctx).await
+            }
+            async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
+                (**self).prompt(request).await
+            }
+            async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
+                (**self).cancel(agent, session_key).await
+            }
+            async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
+                (**self).agent(name).await
+            }
+            async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
+                (**self).exec(agent, command).await
+            }
+        }
+
+        #[async_trait]
+        impl<G: Sessions + ?Sized> Sessions for $ptr {
+            async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
+                (**self).sessions(agent).await
+            }
+            async fn new_session(&self, agent: &str, session_key: &str) -> Result<SessionRecord, GatewayError> {
+                (**self).new_session(agent, session_key).await
+            }
+            async fn resume_session(
+                &self,
+                agent: &str,
+                session_key: &str,
+                session_id: &str,
+            ) -> Result<SessionRecord, GatewayError> {
+                (**self).resume_session(agent, session_key, session_id).await
+            }
+            async fn session_messages(&self, agent: &str, session_id: &str) -> Result<Vec<Message>, GatewayError> {
+                (**self).session_messages(agent, session_id).await
+            }
+            async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError> {
+                (**self).settings(session_key).await
+            }
+            async fn update_settings(
+                &self,
+                agent: &str,
+                session_key: &str,
+                patch: SettingsPatch,
+            ) -> Result<SessionSettings, GatewayError> {
+                (**self).update_settings(agent, session_key, patch).await
+            }
+        }
+
+        #[async_trait]
+        impl<G: Admin + ?Sized> Admin for $ptr {
+            async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
+                (**self).health().await
+            }
+            async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
+                (**self).models(agent).await
+            }
+            async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
+                (**self).config_summary().await
+            }
+            async fn run_hook(
+                &self,
+                agent: &str,
+                hook: HookName,
+                event: serde_json::Value,
+            ) -> Result<serde_json::Value, GatewayError> {
+                (**self).run_hook(agent, hook, event).await
+            }
+            async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
+                (**self).sandbox_status(agent).await
+            }
+            async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
+                (**self).disk_status().await
+            }
+        }
+    )*};
+}
+
+forward_gateway!(Arc<G>, Box<G>);
+
+/// The events of one prompt. Dropping it cancels the prompt.
+pub struct AgentEventStream {
+    rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+    cancel: CancellationToken,
+}
+
+impl AgentEventStream {
+    /// A stream fed by `rx`; `cancel` fires when the stream is dropped.
+    pub fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self { rx, cancel }
+    }
+
+    /// Wait for the whole prompt and return its events.
+    pub async fn collect_all(mut self) -> Vec<AgentEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = self.rx.recv().await {
+            out.push(e);
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for AgentEventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentEventStream")
+    }
+}
+
+impl futures_util::Stream for AgentEventStream {
+    type Item = AgentEvent;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AgentEvent>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for AgentEventStream {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
