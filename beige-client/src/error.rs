@@ -62,14 +62,6 @@ pub enum GatewayError {
     /// `BEIGE_HOME`'s installation id could not be read or made.
     #[error(transparent)]
     Home(#[from] HomeError),
-    /// An agent's tool socket could not be opened.
-    #[error("could not open the tool socket {path}: {message}")]
-    Socket {
-        /// The socket's path.
-        path: String,
-        /// Why.
-        message: String,
-    },
     /// The store failed (beige-core's `StoreError`).
     #[error(transparent)]
     Store {

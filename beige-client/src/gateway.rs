@@ -360,4 +360,3 @@ impl Drop for AgentEventStream {
         self.cancel.cancel();
     }
 }
-

@@ -84,9 +84,7 @@ pub use prompt::PromptRequest;
 #[cfg(feature = "remote")]
 pub use remote::{RemoteGateway, DEFAULT_GATEWAY_URL};
 pub use session::{SessionRecord, SessionSettings, SettingsPatch};
-pub use status::{
-    DiskStatus, FsSpace, FsStatus, LinkMode, LinkStatus, ModelHealth, SandboxStatus,
-};
+pub use status::{DiskStatus, FsSpace, FsStatus, LinkMode, LinkStatus, ModelHealth, SandboxStatus};
 pub use tools::{
     ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams, ToolContext,
     ToolOutput, Transport, WriteParams,

@@ -45,9 +45,10 @@ impl ModelHealth {
 pub struct SandboxStatus {
     /// The agent.
     pub agent: String,
-    /// The container's name.
+    /// The container's name (empty for a backend without one).
     pub container: String,
-    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes).
+    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes and for
+    /// backends without a link).
     pub link_mode: LinkMode,
     /// Health of the link; `None` when the mode is `off`.
     #[serde(default)]
@@ -56,6 +57,19 @@ pub struct SandboxStatus {
     /// the link is down (or off).
     #[serde(default)]
     pub ping_us: Option<u64>,
+}
+
+impl SandboxStatus {
+    /// The status of a sandbox without a link (and without a container name).
+    pub fn unlinked(agent: &str) -> Self {
+        Self {
+            agent: agent.to_string(),
+            container: String::new(),
+            link_mode: LinkMode::Off,
+            link: None,
+            ping_us: None,
+        }
+    }
 }
 
 /// How the gateway runs core tools in the sandbox (new in beige).

@@ -153,22 +153,19 @@ impl FakeGateway {
                 model("openai/gpt-4o", "fallback"),
             ],
         );
-        lock(&g.models)
-            .insert("coder".into(), vec![model("openai/gpt-4o", "primary")]);
+        lock(&g.models).insert("coder".into(), vec![model("openai/gpt-4o", "primary")]);
         g
     }
 
     /// Queue how the next prompt answers; with `hold`, its stream stays open after the
     /// events until the prompt is cancelled.
     pub fn script(&self, events: Vec<AgentEvent>, hold: bool) {
-        lock(&self.scripts)
-            .push_back(Script { events, hold });
+        lock(&self.scripts).push_back(Script { events, hold });
     }
 
     /// Add a session and its messages (sessions stay newest first).
     pub fn add_session(&self, record: SessionRecord, messages: Vec<Message>) {
-        lock(&self.messages)
-            .insert(record.id.clone(), messages);
+        lock(&self.messages).insert(record.id.clone(), messages);
         let mut s = lock(&self.sessions);
         let list = s.entry(record.agent.clone()).or_default();
         list.push(record);
@@ -250,8 +247,7 @@ impl Gateway for FakeGateway {
 
     async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
         self.check()?;
-        lock(&self.cancels)
-            .push((agent.into(), session_key.into()));
+        lock(&self.cancels).push((agent.into(), session_key.into()));
         match lock(&self.open).take() {
             Some(tx) => {
                 let _ = tx.send(AgentEvent::Error {
@@ -271,10 +267,7 @@ impl Sessions for FakeGateway {
     async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
         self.check()?;
         self.unknown_agent(agent)?;
-        Ok(lock(&self.sessions)
-            .get(agent)
-            .cloned()
-            .unwrap_or_default())
+        Ok(lock(&self.sessions).get(agent).cloned().unwrap_or_default())
     }
 
     async fn new_session(
@@ -283,8 +276,7 @@ impl Sessions for FakeGateway {
         session_key: &str,
     ) -> Result<SessionRecord, GatewayError> {
         self.check()?;
-        lock(&self.created)
-            .push((agent.into(), session_key.into()));
+        lock(&self.created).push((agent.into(), session_key.into()));
         let n = lock(&self.created).len();
         let record = session(
             &format!("s_new{n:013}"),
@@ -309,8 +301,7 @@ impl Sessions for FakeGateway {
         session_id: &str,
     ) -> Result<SessionRecord, GatewayError> {
         self.check()?;
-        lock(&self.resumed)
-            .push((agent.into(), session_key.into(), session_id.into()));
+        lock(&self.resumed).push((agent.into(), session_key.into(), session_id.into()));
         lock(&self.sessions)
             .get(agent)
             .and_then(|l| l.iter().find(|s| s.id == session_id).cloned())
@@ -387,10 +378,7 @@ impl Admin for FakeGateway {
     async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
         self.check()?;
         self.unknown_agent(agent)?;
-        Ok(lock(&self.models)
-            .get(agent)
-            .cloned()
-            .unwrap_or_default())
+        Ok(lock(&self.models).get(agent).cloned().unwrap_or_default())
     }
 
     async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {

@@ -6,6 +6,8 @@
 //! Names and parameters are the original's, because models and prompts rely on them.
 //! Running a call (the shim operation, policy, hooks, audit) is the gateway's.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::principal::Principal;
@@ -211,37 +213,45 @@ pub struct ToolContext {
     pub principal: Principal,
 }
 
-/// How an operation reached the sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Transport {
-    /// The shim link over `run/<agent>/ctl.sock`.
-    LinkUnix,
-    /// The shim link over the container's attached stdin/stdout.
-    LinkAttach,
-    /// A `docker exec` per operation (no link, or the link was down).
-    DockerExec,
-    /// A sandbox that runs operations itself (tests, embedders).
-    Direct,
-}
+/// How an operation reached the sandbox: a name a backend chooses (`link-unix`,
+/// `link-attach` and `docker-exec` for Docker, `direct` for one that runs operations
+/// itself), serialised as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Transport(Cow<'static, str>);
 
 impl Transport {
+    /// The shim link over `run/<agent>/ctl.sock`.
+    pub const LINK_UNIX: Transport = Transport(Cow::Borrowed("link-unix"));
+    /// The shim link over the container's attached stdin/stdout.
+    pub const LINK_ATTACH: Transport = Transport(Cow::Borrowed("link-attach"));
+    /// A `docker exec` per operation (no link, or the link was down).
+    pub const DOCKER_EXEC: Transport = Transport(Cow::Borrowed("docker-exec"));
+    /// A sandbox that runs operations itself (tests, embedders).
+    pub const DIRECT: Transport = Transport(Cow::Borrowed("direct"));
+
+    /// A transport of another backend, e.g. `k8s-exec`.
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        Transport(name.into())
+    }
+
     /// The name in results and audit records (`link-unix`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::LinkUnix => "link-unix",
-            Transport::LinkAttach => "link-attach",
-            Transport::DockerExec => "docker-exec",
-            Transport::Direct => "direct",
-        }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
 impl From<beige_protocol::link::Carrier> for Transport {
     fn from(c: beige_protocol::link::Carrier) -> Self {
         match c {
-            beige_protocol::link::Carrier::Unix => Transport::LinkUnix,
-            beige_protocol::link::Carrier::Attach => Transport::LinkAttach,
+            beige_protocol::link::Carrier::Unix => Transport::LINK_UNIX,
+            beige_protocol::link::Carrier::Attach => Transport::LINK_ATTACH,
         }
     }
 }

@@ -25,7 +25,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase, Target};
@@ -58,16 +57,7 @@ pub fn fmt_bytes(n: u64) -> String {
     format!("{v:.1} {unit}")
 }
 
-/// Space and inodes of one filesystem, as an unprivileged user may use them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FsSpace {
-    pub free_bytes: u64,
-    pub total_bytes: u64,
-    pub free_inodes: u64,
-    /// `0` when the filesystem does not count inodes (btrfs, some network filesystems).
-    pub total_inodes: u64,
-}
+pub use beige_client::status::FsSpace;
 
 /// `statvfs(2)` of the filesystem holding `path`.
 #[allow(unsafe_code)]
@@ -273,32 +263,7 @@ impl DiskLow {
     }
 }
 
-/// The guard's view, for the health answer and `beige doctor`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DiskStatus {
-    /// Some filesystem is below the threshold.
-    pub low: bool,
-    /// `gateway.minFreeSpace` as configured; `off` when the guard is off.
-    pub min_free_space: String,
-    /// Agents paused now.
-    pub paused_agents: Vec<String>,
-    pub filesystems: Vec<FsStatus>,
-}
-
-/// One watched filesystem.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FsStatus {
-    pub path: PathBuf,
-    pub what: Vec<String>,
-    /// `None` when the filesystem could not be read (see `error`).
-    pub space: Option<FsSpace>,
-    pub min_free_bytes: Option<u64>,
-    pub low: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
+pub use beige_client::status::{DiskStatus, FsStatus};
 
 /// Pauses agents while a filesystem they need is below `gateway.minFreeSpace`.
 pub struct DiskGuard {

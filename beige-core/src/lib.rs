@@ -7,8 +7,16 @@
 //! four core tools — `read`, `write`, `patch`, `exec` — that act inside the sandbox; the
 //! gateway on the host is the only thing that holds secrets and reaches host resources.
 //!
+//! The client side of the gateway — the `Gateway`, `Sessions` and `Admin` traits,
+//! prompts and their events, the message vocabulary, session records, `GatewayError`,
+//! `Principal`, `BeigeHome` and `RemoteGateway` — is the crate [`beige_client`] (what
+//! beige-tui uses, without this crate). Every item of it is re-exported here at its old
+//! path (`gateway::Gateway`, `llm::Message`, `store::SessionRecord`, …) and the whole
+//! crate as [`api`].
+//!
 //! | module | owns |
 //! |---|---|
+//! | [`api`] | beige-client: the traits, requests, events and records every gateway shares |
 //! | [`config`] | loading, interpolating and validating `config.json5` |
 //! | [`home`] | the layout of `BEIGE_HOME` |
 //! | [`sandbox`] | the container spec, the `Sandbox` trait and the Docker backend |
@@ -66,6 +74,7 @@ pub mod store;
 pub mod testing;
 pub mod tools;
 
+pub use beige_client as api;
 pub use config::Config;
 pub use gateway::{
     Admin, AgentEventStream, Gateway, GatewayBuilder, GatewayError, GatewayFull, LocalGateway,

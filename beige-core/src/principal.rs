@@ -1,36 +1,5 @@
-//! Who a call comes from: [`Principal`], re-exported as `policy::Principal`.
-//!
-//! A leaf (it uses no other module), so that the tools, which carry the principal of a
-//! call in their `ToolContext`, need not depend on `policy`.
+//! Who a call comes from: [`Principal`], re-exported as `policy::Principal`. It lives in
+//! beige-client, so that the tools, which carry the principal of a call in their
+//! `ToolContext`, need not depend on `policy`.
 
-/// Who a call comes from, as the gateway saw the connection (never read from a payload).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Principal {
-    /// Nobody the gateway could vouch for (the default).
-    #[default]
-    Unverified,
-    /// A script in the agent's sandbox, over its tool socket.
-    Sandbox,
-    /// A user of a channel, by the channel's own id of them (Telegram: the user id).
-    User {
-        /// The channel, e.g. `telegram`.
-        channel: String,
-        /// The channel's id of the user.
-        id: String,
-    },
-    /// A holder of the HTTP API's token.
-    ApiToken,
-    /// The program embedding the gateway, calling it in process.
-    Embedder,
-}
-
-impl Principal {
-    /// A channel user.
-    pub fn user(channel: impl Into<String>, id: impl Into<String>) -> Self {
-        Principal::User {
-            channel: channel.into(),
-            id: id.into(),
-        }
-    }
-}
+pub use beige_client::Principal;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use super::events::AgentEvent;
@@ -33,30 +33,13 @@ pub fn model_key(m: &ModelRef) -> String {
     format!("{}/{}", m.provider, m.model)
 }
 
-/// Health of one model, shared by every session.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelHealth {
-    /// Unix milliseconds until which the model is not used.
-    pub cooldown_until: Option<u64>,
-    pub consecutive_failures: u32,
-    pub last_error: Option<String>,
-}
+pub use beige_client::status::ModelHealth;
 
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-impl ModelHealth {
-    /// Remaining cooldown, if cooling down.
-    pub fn cooling(&self) -> Option<Duration> {
-        let until = self.cooldown_until?;
-        let now = now_ms();
-        (until > now).then(|| Duration::from_millis(until - now))
-    }
 }
 
 /// Called whenever a model's health changes (the gateway persists it in the store).

@@ -392,7 +392,7 @@ impl From<GatewayError> for ApiError {
                 ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
             }
             // The agent is paused until the disk has room again: retry later.
-            e @ GatewayError::DiskLow(_) => {
+            e @ GatewayError::DiskLow { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
             other => {

@@ -122,16 +122,7 @@ pub struct ModelRef {
     pub compaction_threshold: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ThinkingLevel {
-    #[default]
-    Off,
-    Minimal,
-    Low,
-    Medium,
-    High,
-}
+pub use beige_client::llm::ThinkingLevel;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -176,29 +167,7 @@ pub enum NetworkMode {
     Bridge,
 }
 
-/// How the gateway runs core tools in the sandbox (new in beige).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkMode {
-    /// A persistent link that PID 1 dials to `run/<agent>/ctl.sock` (local engines).
-    #[default]
-    Unix,
-    /// The link over the container's stdin/stdout through the engine API (remote
-    /// engines; can be forced locally).
-    Attach,
-    /// No link: every core tool is a `docker exec`.
-    Off,
-}
-
-impl LinkMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkMode::Unix => "unix",
-            LinkMode::Attach => "attach",
-            LinkMode::Off => "off",
-        }
-    }
-}
+pub use beige_client::status::LinkMode;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -9,11 +9,16 @@
 //! `finished`. A denied call is audited once; a call whose audit record cannot be
 //! written does not run.
 
+mod error;
 mod prompt;
 pub mod remote;
 mod sandbox_host;
 mod serve;
 
+pub use beige_client::gateway::{
+    Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayFull, Sessions,
+};
+pub use beige_client::{GatewayError, SandboxStatus};
 pub use prompt::PromptRequest;
 pub use remote::RemoteGateway;
 pub use serve::{
@@ -23,38 +28,30 @@ pub use serve::{
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::Engine as _;
 use beige_protocol::socket::{SessionContext, ToolRequest, ToolResponse, MAX_RESPONSE_OUTPUT};
-use serde::Serialize;
 
-use crate::agent::events::AgentEvent;
 use crate::agent::router::{model_key, HealthTracker, ModelHealth, Router};
 use crate::audit::{
     now_ts, secrets_of, AuditBudget, AuditDecision, AuditError, AuditRecord, AuditSink, AuditType,
     BoundedAudit, JsonlAudit, Phase, Target,
 };
-use crate::config::{AgentConfig, Config, ConfigError};
+use crate::config::{AgentConfig, Config};
 use crate::fsutil::validate_cwd;
 use crate::home::BeigeHome;
 use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
 use crate::llm::{LlmProvider, Message};
-use crate::plugin::{
-    kv::KvPlugin, Plugin, PluginError, PluginRegistry, SessionInfo, ToolCall, ToolResult,
-};
+use crate::plugin::{kv::KvPlugin, Plugin, PluginRegistry, SessionInfo, ToolCall, ToolResult};
 use crate::policy::{Approver, ConfigPolicy, Decision, Policy, PolicyRequest, Principal, ToolKind};
 use crate::sandbox::{
     host, ReconcileReport, Sandbox, SandboxError, SandboxSpec, SandboxUser, SpecInput,
 };
-use crate::skills::{SkillError, SkillSet};
-use crate::store::{
-    HealthRecord, SessionRecord, SessionSettings, SettingsPatch, Store, StoreError,
-};
+use crate::skills::SkillSet;
+use crate::store::{HealthRecord, SessionRecord, SessionSettings, SettingsPatch, Store};
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
 use tokio_util::sync::CancellationToken;
 
@@ -64,415 +61,7 @@ pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Built-in plugins, enabled by listing their name under `plugins` without a `path`.
 pub const BUILTIN_PLUGINS: [&str; 2] = ["kv", "telegram"];
 
-/// Errors at the gateway boundary.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    #[error("unknown agent '{agent}'; configured agents: {known}")]
-    UnknownAgent { agent: String, known: String },
-    #[error(transparent)]
-    InvalidCall(#[from] crate::tools::InvalidCall),
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-    #[error(transparent)]
-    Config(Box<ConfigError>),
-    #[error(transparent)]
-    Plugin(#[from] PluginError),
-    #[error(transparent)]
-    Audit(#[from] AuditError),
-    #[error(transparent)]
-    Skill(#[from] SkillError),
-    #[error(transparent)]
-    Home(#[from] crate::home::HomeError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A filesystem the agent needs is below `gateway.minFreeSpace`: it is paused.
-    #[error(transparent)]
-    DiskLow(Box<crate::disk::DiskLow>),
-    #[error("{0}")]
-    Prompt(String),
-    #[error("model '{requested}' is not allowed for agent '{agent}'; allowed models: {allowed}")]
-    ModelNotAllowed {
-        agent: String,
-        requested: String,
-        allowed: String,
-    },
-    #[error("no session '{session}' for agent '{agent}'")]
-    UnknownSession { agent: String, session: String },
-    /// A remote gateway answered with an error status ([`RemoteGateway`]).
-    #[error("the gateway answered {status}: {message}")]
-    Remote { status: u16, message: String },
-    /// A remote gateway could not be reached ([`RemoteGateway`]).
-    #[error("cannot reach the beige gateway at {url} ({message}); is it running? Start it with `beige gateway start` (check with `beige gateway status`)")]
-    Unreachable { url: String, message: String },
-    /// This gateway does not offer the operation (an [`Admin`] method it leaves at its
-    /// default); HTTP 501.
-    #[error("this gateway does not support {what}")]
-    Unsupported {
-        /// The operation, e.g. `sandbox_status`.
-        what: &'static str,
-    },
-    /// A [`RemoteGateway`] could not be set up (bad URL, unreadable token file).
-    #[error("cannot use the gateway at {url}: {message}")]
-    RemoteSetup { url: String, message: String },
-    /// The config names a piece this build of beige-core leaves out: its cargo feature
-    /// is off.
-    #[error("{what} is not compiled in (cargo feature `{feature}`); enable the feature in the dependency on beige-core")]
-    NotCompiledIn {
-        /// What is missing, e.g. `llm.providers.claude: the anthropic provider`.
-        what: String,
-        /// The cargo feature of beige-core that compiles it in.
-        feature: &'static str,
-    },
-    /// No store was given and the default one (SQLite) is not compiled in.
-    #[error("no store: beige-core is built without the `sqlite` feature (the default SQLite store); pass a store to GatewayBuilder::store")]
-    NoStore,
-    /// No sandbox was given and the default backend (Docker) is not compiled in.
-    #[error("no sandbox: beige-core is built without the `docker` feature (the default Docker backend); pass a sandbox to GatewayBuilder::sandbox")]
-    NoSandbox,
-}
-
-impl From<crate::disk::DiskLow> for GatewayError {
-    fn from(e: crate::disk::DiskLow) -> Self {
-        GatewayError::DiskLow(Box::new(e))
-    }
-}
-
-impl From<ConfigError> for GatewayError {
-    fn from(e: ConfigError) -> Self {
-        GatewayError::Config(Box::new(e))
-    }
-}
-
-/// What a channel may know about an agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AgentInfo {
-    pub name: String,
-    /// `provider/model`.
-    pub model: String,
-    pub fallback_models: Vec<String>,
-    pub tools: Vec<String>,
-    pub skills: Vec<String>,
-    pub workspace_dir: PathBuf,
-    /// The `## Available Tools` block of the system prompt.
-    pub tool_context: String,
-    /// The `## Available Skills` block of the system prompt.
-    pub skill_context: String,
-}
-
-/// A model an agent may use, with its catalogue data.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AllowedModel {
-    pub provider: String,
-    pub model: String,
-    /// `primary` or `fallback`.
-    pub role: String,
-    pub thinking_level: crate::config::ThinkingLevel,
-    #[serde(flatten)]
-    pub info: crate::llm::catalog::ModelInfo,
-    /// Present while the model cools down or after failures.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub health: Option<ModelHealth>,
-}
-
-pub use crate::sandbox::SandboxStatus;
-
-/// What channels and embedders talk to: the agents, a prompt and its events, a core tool
-/// call, cancellation. Sessions and administration are the separate traits [`Sessions`]
-/// and [`Admin`]; [`GatewayFull`] is all three. Implemented in process by
-/// [`LocalGateway`], over HTTP by [`RemoteGateway`]; `Arc<G>` and `Box<G>` forward.
-#[async_trait]
-pub trait Gateway: Send + Sync {
-    /// The configured agents, in config order.
-    async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError>;
-
-    /// Run one core tool (`read`, `write`, `patch`, `exec`) in an agent's sandbox, through
-    /// the same guarded path the model's calls take (policy, hooks, audit).
-    async fn call_tool(
-        &self,
-        agent: &str,
-        call: CoreToolCall,
-        ctx: ToolContext,
-    ) -> Result<ToolOutput, GatewayError>;
-
-    /// Send a message to an agent's session and stream what happens. Dropping the stream
-    /// cancels the prompt.
-    async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError>;
-
-    /// Cancel the running prompt of a session key; `false` when none was running.
-    async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError>;
-
-    /// One agent by name; by default looked up in [`Gateway::agents`].
-    async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
-        let agents = self.agents().await?;
-        let known = agents
-            .iter()
-            .map(|a| a.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        agents
-            .iter()
-            .find(|a| a.name == name)
-            .cloned()
-            .ok_or_else(|| GatewayError::UnknownAgent {
-                agent: name.to_string(),
-                known,
-            })
-    }
-
-    /// Run a shell command in an agent's sandbox (the core `exec` tool, default time
-    /// limit), through the guarded path.
-    async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
-        self.call_tool(
-            agent,
-            CoreToolCall::Exec(crate::tools::ExecParams {
-                command: command.to_string(),
-                timeout: None,
-            }),
-            ToolContext::default(),
-        )
-        .await
-    }
-}
-
-/// The sessions of an agent and their settings (`/api/agents/{name}/sessions`, the TUI's
-/// session list, Telegram's `/new` and `/resume`).
-#[async_trait]
-pub trait Sessions: Send + Sync {
-    /// The agent's sessions, newest first.
-    async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError>;
-
-    /// Start a new session for a key (the old one stays for `resume_session`).
-    async fn new_session(
-        &self,
-        agent: &str,
-        session_key: &str,
-    ) -> Result<SessionRecord, GatewayError>;
-
-    /// Make an existing session the current one of a key.
-    async fn resume_session(
-        &self,
-        agent: &str,
-        session_key: &str,
-        session_id: &str,
-    ) -> Result<SessionRecord, GatewayError>;
-
-    /// The messages of a session (the model's context, summaries included).
-    async fn session_messages(
-        &self,
-        agent: &str,
-        session_id: &str,
-    ) -> Result<Vec<Message>, GatewayError>;
-
-    /// Settings of a session key.
-    async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError>;
-
-    /// Change settings of a session key; a model override must be one of the agent's.
-    async fn update_settings(
-        &self,
-        agent: &str,
-        session_key: &str,
-        patch: SettingsPatch,
-    ) -> Result<SessionSettings, GatewayError>;
-}
-
-/// Administration: model health and catalogue, the configuration summary, hooks a
-/// channel may trigger, sandbox and disk status. Every method has a default that answers
-/// [`GatewayError::Unsupported`] (HTTP 501), so a small gateway implements none of them.
-#[async_trait]
-pub trait Admin: Send + Sync {
-    /// Health of every model that has failed or cooled down.
-    async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
-        Err(GatewayError::Unsupported { what: "health" })
-    }
-
-    /// The models an agent may use (primary first), with catalogue data and health.
-    async fn models(&self, _agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
-        Err(GatewayError::Unsupported { what: "models" })
-    }
-
-    /// Agents and providers without secrets (`GET /api/config`).
-    async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
-        Err(GatewayError::Unsupported {
-            what: "config_summary",
-        })
-    }
-
-    /// Run one of the hooks channels may trigger (`prePrompt`, `postResponse`,
-    /// `sessionCreated`, `sessionDisposed`) with a JSON event; returns the hook result
-    /// as JSON (`{}` for observers).
-    async fn run_hook(
-        &self,
-        _agent: &str,
-        _hook: crate::hooks::HookName,
-        _event: serde_json::Value,
-    ) -> Result<serde_json::Value, GatewayError> {
-        Err(GatewayError::Unsupported { what: "run_hook" })
-    }
-
-    /// The agent's container and the health of its shim link, with one live keepalive
-    /// round trip when the link is up.
-    async fn sandbox_status(&self, _agent: &str) -> Result<SandboxStatus, GatewayError> {
-        Err(GatewayError::Unsupported {
-            what: "sandbox_status",
-        })
-    }
-
-    /// Free space of the filesystems the gateway and its agents write to, and the agents
-    /// the free-space guard pauses; `None` when this gateway has no guard to report.
-    async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
-        Ok(None)
-    }
-}
-
-/// Everything a gateway offers: [`Gateway`], [`Sessions`] and [`Admin`]. Implemented for
-/// every type that implements the three. (To pass an `Arc<dyn GatewayFull>` where an
-/// `Arc<dyn Gateway>` is wanted, wrap it once more: `Arc::new(full)`.)
-pub trait GatewayFull: Gateway + Sessions + Admin {}
-
-impl<T: Gateway + Sessions + Admin + ?Sized> GatewayFull for T {}
-
-/// `Arc<G>`, `Box<G>` and `&G` are gateways when `G` is: one forwarding implementation
-/// per trait, so wrappers need no 15-method forwarder.
-macro_rules! forward_gateway {
-    ($($ptr:ty),*) => {$(
-        #[async_trait]
-        impl<G: Gateway + ?Sized> Gateway for $ptr {
-            async fn agents(&self) -> Result<Vec<AgentInfo>, GatewayError> {
-                (**self).agents().await
-            }
-            async fn call_tool(
-                &self,
-                agent: &str,
-                call: CoreToolCall,
-                ctx: ToolContext,
-            ) -> Result<ToolOutput, GatewayError> {
-                (**self).call_tool(agent, call, ctx).await
-            }
-            async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
-                (**self).prompt(request).await
-            }
-            async fn cancel(&self, agent: &str, session_key: &str) -> Result<bool, GatewayError> {
-                (**self).cancel(agent, session_key).await
-            }
-            async fn agent(&self, name: &str) -> Result<AgentInfo, GatewayError> {
-                (**self).agent(name).await
-            }
-            async fn exec(&self, agent: &str, command: &str) -> Result<ToolOutput, GatewayError> {
-                (**self).exec(agent, command).await
-            }
-        }
-
-        #[async_trait]
-        impl<G: Sessions + ?Sized> Sessions for $ptr {
-            async fn sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, GatewayError> {
-                (**self).sessions(agent).await
-            }
-            async fn new_session(&self, agent: &str, session_key: &str) -> Result<SessionRecord, GatewayError> {
-                (**self).new_session(agent, session_key).await
-            }
-            async fn resume_session(
-                &self,
-                agent: &str,
-                session_key: &str,
-                session_id: &str,
-            ) -> Result<SessionRecord, GatewayError> {
-                (**self).resume_session(agent, session_key, session_id).await
-            }
-            async fn session_messages(&self, agent: &str, session_id: &str) -> Result<Vec<Message>, GatewayError> {
-                (**self).session_messages(agent, session_id).await
-            }
-            async fn settings(&self, session_key: &str) -> Result<SessionSettings, GatewayError> {
-                (**self).settings(session_key).await
-            }
-            async fn update_settings(
-                &self,
-                agent: &str,
-                session_key: &str,
-                patch: SettingsPatch,
-            ) -> Result<SessionSettings, GatewayError> {
-                (**self).update_settings(agent, session_key, patch).await
-            }
-        }
-
-        #[async_trait]
-        impl<G: Admin + ?Sized> Admin for $ptr {
-            async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
-                (**self).health().await
-            }
-            async fn models(&self, agent: &str) -> Result<Vec<AllowedModel>, GatewayError> {
-                (**self).models(agent).await
-            }
-            async fn config_summary(&self) -> Result<serde_json::Value, GatewayError> {
-                (**self).config_summary().await
-            }
-            async fn run_hook(
-                &self,
-                agent: &str,
-                hook: crate::hooks::HookName,
-                event: serde_json::Value,
-            ) -> Result<serde_json::Value, GatewayError> {
-                (**self).run_hook(agent, hook, event).await
-            }
-            async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {
-                (**self).sandbox_status(agent).await
-            }
-            async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
-                (**self).disk_status().await
-            }
-        }
-    )*};
-}
-
-forward_gateway!(Arc<G>, Box<G>);
-
 static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// The events of one prompt. Dropping it cancels the prompt.
-pub struct AgentEventStream {
-    rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
-    cancel: CancellationToken,
-}
-
-impl AgentEventStream {
-    /// A stream fed by `rx`; `cancel` fires when the stream is dropped.
-    pub fn new(
-        rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
-        cancel: CancellationToken,
-    ) -> Self {
-        Self { rx, cancel }
-    }
-
-    /// Wait for the whole prompt and return its events.
-    pub async fn collect_all(mut self) -> Vec<AgentEvent> {
-        let mut out = Vec::new();
-        while let Some(e) = self.rx.recv().await {
-            out.push(e);
-        }
-        out
-    }
-}
-
-impl std::fmt::Debug for AgentEventStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AgentEventStream")
-    }
-}
-
-impl futures_util::Stream for AgentEventStream {
-    type Item = AgentEvent;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AgentEvent>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for AgentEventStream {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
 
 /// Builds a [`LocalGateway`]. Cloned by [`LocalGateway::reload`], which builds again with
 /// the same injected parts and a new config.

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -24,67 +23,10 @@ use crate::hooks::{
     SessionEvent,
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
-use crate::policy::Principal;
 use crate::store::{NewMessage, NewSession, SessionRecord};
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
-/// One message to an agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PromptRequest {
-    pub agent: String,
-    /// `channel:id…`, e.g. `api:assistant:default`, `telegram:42`.
-    pub session_key: String,
-    pub message: String,
-    /// Defaults to the first segment of the session key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub channel: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chat_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub thread_id: Option<String>,
-    /// When the session is busy: wait for it (default) or fail at once.
-    #[serde(default = "yes")]
-    pub wait: bool,
-    /// Who sent the message, set by the channel from its connection (never read from a
-    /// payload; the model's tool calls inherit it). Default `Unverified`.
-    #[serde(skip)]
-    pub principal: Principal,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl PromptRequest {
-    pub fn new(
-        agent: impl Into<String>,
-        session_key: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            agent: agent.into(),
-            session_key: session_key.into(),
-            message: message.into(),
-            channel: None,
-            chat_id: None,
-            thread_id: None,
-            wait: true,
-            principal: Principal::Unverified,
-        }
-    }
-
-    /// The channel: explicit, else the key's first segment.
-    pub fn channel(&self) -> String {
-        self.channel.clone().unwrap_or_else(|| {
-            self.session_key
-                .split(':')
-                .next()
-                .unwrap_or("unknown")
-                .to_string()
-        })
-    }
-}
+pub use beige_client::PromptRequest;
 
 /// Estimated tokens of a message list (about four characters a token).
 pub(crate) fn estimate_tokens(messages: &[Message]) -> u64 {

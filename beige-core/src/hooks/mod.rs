@@ -18,52 +18,7 @@ use crate::plugin::{RegisteredHooks, ToolResult};
 /// Default time limit for one hook handler.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The nine hooks, with the original's names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum HookName {
-    PrePrompt,
-    PostResponse,
-    PreToolExec,
-    PostToolExec,
-    SessionCreated,
-    SessionDisposed,
-    ModelSwitched,
-    GatewayStarted,
-    GatewayShutdown,
-}
-
-impl HookName {
-    pub const ALL: [HookName; 9] = [
-        HookName::PrePrompt,
-        HookName::PostResponse,
-        HookName::PreToolExec,
-        HookName::PostToolExec,
-        HookName::SessionCreated,
-        HookName::SessionDisposed,
-        HookName::ModelSwitched,
-        HookName::GatewayStarted,
-        HookName::GatewayShutdown,
-    ];
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            HookName::PrePrompt => "prePrompt",
-            HookName::PostResponse => "postResponse",
-            HookName::PreToolExec => "preToolExec",
-            HookName::PostToolExec => "postToolExec",
-            HookName::SessionCreated => "sessionCreated",
-            HookName::SessionDisposed => "sessionDisposed",
-            HookName::ModelSwitched => "modelSwitched",
-            HookName::GatewayStarted => "gatewayStarted",
-            HookName::GatewayShutdown => "gatewayShutdown",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<HookName> {
-        HookName::ALL.into_iter().find(|h| h.as_str() == s)
-    }
-}
+pub use beige_client::hooks::HookName;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -7,31 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
-
-/// What the gateway needs to know about a model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelInfo {
-    pub id: String,
-    pub context_window: u64,
-    pub max_output_tokens: u32,
-    pub images: bool,
-    pub reasoning: bool,
-    /// US dollars per million input tokens.
-    pub cost_input: f64,
-    /// US dollars per million output tokens.
-    pub cost_output: f64,
-}
-
-impl ModelInfo {
-    /// The cost of `usage` in US dollars.
-    pub fn cost(&self, usage: &super::Usage) -> f64 {
-        (usage.input_tokens as f64 * self.cost_input
-            + usage.output_tokens as f64 * self.cost_output)
-            / 1_000_000.0
-    }
-}
+pub use beige_client::llm::ModelInfo;
 
 /// `(id prefix, context, max output, images, reasoning, $/M in, $/M out)`; the longest
 /// matching prefix wins, so dated ids (`claude-sonnet-4-6-20260101`) match too.

@@ -34,108 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ProviderApi, ThinkingLevel};
 
-/// Who said it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    User,
-    Assistant,
-}
-
-/// One piece of a message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Block {
-    Text {
-        text: String,
-    },
-    /// Base64 image data.
-    Image {
-        data: String,
-        #[serde(rename = "mimeType")]
-        mime_type: String,
-    },
-    /// Model reasoning. Anthropic's signature must be sent back unchanged.
-    Thinking {
-        thinking: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        signature: Option<String>,
-    },
-    /// The model asks for a tool call.
-    ToolUse {
-        id: String,
-        name: String,
-        input: serde_json::Value,
-    },
-    /// The result of the tool call with the same id (in a user message).
-    ToolResult {
-        #[serde(rename = "toolUseId")]
-        tool_use_id: String,
-        content: Vec<ToolResultPart>,
-        #[serde(rename = "isError", default)]
-        is_error: bool,
-    },
-}
-
-/// Content of a tool result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ToolResultPart {
-    Text {
-        text: String,
-    },
-    Image {
-        data: String,
-        #[serde(rename = "mimeType")]
-        mime_type: String,
-    },
-}
-
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: Role,
-    pub content: Vec<Block>,
-}
-
-impl Message {
-    pub fn user_text(text: impl Into<String>) -> Self {
-        Self {
-            role: Role::User,
-            content: vec![Block::Text { text: text.into() }],
-        }
-    }
-
-    pub fn assistant_text(text: impl Into<String>) -> Self {
-        Self {
-            role: Role::Assistant,
-            content: vec![Block::Text { text: text.into() }],
-        }
-    }
-
-    /// All text blocks, joined.
-    pub fn text(&self) -> String {
-        self.content
-            .iter()
-            .filter_map(|b| match b {
-                Block::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("")
-    }
-
-    /// The tool calls in this message, in order.
-    pub fn tool_uses(&self) -> Vec<(&str, &str, &serde_json::Value)> {
-        self.content
-            .iter()
-            .filter_map(|b| match b {
-                Block::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
-                _ => None,
-            })
-            .collect()
-    }
-}
+pub use beige_client::llm::{Block, Message, Role, ToolResultPart};
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,26 +59,7 @@ pub struct ModelRequest {
     pub reasoning: bool,
 }
 
-/// Token usage of one model call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    #[serde(default)]
-    pub cache_read_tokens: u64,
-    #[serde(default)]
-    pub cache_write_tokens: u64,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
-    }
-}
+pub use beige_client::llm::Usage;
 
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,25 +97,7 @@ pub enum StreamEvent {
 /// A stream of events from one model call.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, LlmError>> + Send>>;
 
-/// What kind of failure, for fallback decisions and user-facing hints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// 429 or the provider's rate-limit error type: cool the model down.
-    RateLimit,
-    /// 529 / 503 / overloaded: transient, no global cooldown.
-    Overloaded,
-    /// The prompt does not fit the context window: compact and retry once.
-    ContextOverflow,
-    /// 401 / 403: the key is wrong or lacks access.
-    Auth,
-    /// No event within the idle timeout, or the watchdog fired.
-    Timeout,
-    /// A 4xx the request itself caused.
-    InvalidRequest,
-    /// Connection failures, 5xx, malformed or cut-off streams.
-    Other,
-}
+pub use beige_client::llm::ErrorKind;
 
 /// A provider call failed.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -22,7 +22,6 @@ use async_trait::async_trait;
 use beige_protocol::link::{
     encode, Carrier, FrameDecoder, LinkMessage, Role, CTL_SOCKET_NAME, PING_INTERVAL_SECS,
 };
-use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
@@ -57,40 +56,7 @@ pub enum LinkError {
     Timeout,
 }
 
-/// Health of one agent's link, for `beige doctor` and the HTTP API.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LinkStatus {
-    #[serde(default)]
-    pub agent: String,
-    #[serde(default)]
-    pub connected: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub carrier: Option<Carrier>,
-    /// PID 1's boot id (changes when the container restarts).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
-    /// Seconds since the current connection was made.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connected_secs: Option<u64>,
-    /// Round trip of the last keepalive, in microseconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_ping_us: Option<u64>,
-    /// Connections made since the gateway started (1 when it never dropped).
-    #[serde(default)]
-    pub connects: u64,
-    /// Peers refused on the control socket (each one audited).
-    #[serde(default)]
-    pub rejected_peers: u64,
-    /// Operations run over the link and over the `docker exec` fallback.
-    #[serde(default)]
-    pub ops_link: u64,
-    #[serde(default)]
-    pub ops_fallback: u64,
-    /// Results that arrived a second time after a reconnect and were dropped.
-    #[serde(default)]
-    pub duplicates_dropped: u64,
-}
+pub use beige_client::status::LinkStatus;
 
 /// Tells the Unix listener which host pid PID 1 of an agent's container has.
 #[async_trait]

@@ -18,7 +18,6 @@ pub mod spec;
 #[cfg(feature = "docker")]
 pub mod docker;
 
-use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -117,13 +116,7 @@ pub struct OpOutcome {
     pub transport: Transport,
 }
 
-/// Which stream a piece of live `exec` output came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputStream {
-    Stdout,
-    Stderr,
-}
+pub use beige_client::events::OutputStream;
 
 /// A piece of an `exec`'s output while it runs (progress only: the result carries the
 /// output in full).
@@ -136,47 +129,7 @@ pub struct OutputChunk {
 /// Where live output goes.
 pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
 
-/// How an operation reached the sandbox: a name a backend chooses (`link-unix`,
-/// `link-attach` and `docker-exec` for Docker, `direct` for one that runs operations
-/// itself), serialised as that string.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Transport(Cow<'static, str>);
-
-impl Transport {
-    /// The shim link over `run/<agent>/ctl.sock`.
-    pub const LINK_UNIX: Transport = Transport(Cow::Borrowed("link-unix"));
-    /// The shim link over the container's attached stdin/stdout.
-    pub const LINK_ATTACH: Transport = Transport(Cow::Borrowed("link-attach"));
-    /// A `docker exec` per operation (no link, or the link was down).
-    pub const DOCKER_EXEC: Transport = Transport(Cow::Borrowed("docker-exec"));
-    /// A sandbox that runs operations itself (tests, embedders).
-    pub const DIRECT: Transport = Transport(Cow::Borrowed("direct"));
-
-    /// A transport of another backend, e.g. `k8s-exec`.
-    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        Transport(name.into())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<beige_protocol::link::Carrier> for Transport {
-    fn from(c: beige_protocol::link::Carrier) -> Self {
-        match c {
-            beige_protocol::link::Carrier::Unix => Transport::LINK_UNIX,
-            beige_protocol::link::Carrier::Attach => Transport::LINK_ATTACH,
-        }
-    }
-}
+pub use beige_client::tools::Transport;
 
 /// Why a container was recreated under a running gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,38 +174,7 @@ pub struct ReconcileReport {
     pub removed_orphans: Vec<String>,
 }
 
-/// How an agent's sandbox is reached: its container and the health of the shim link to
-/// its PID 1 (`GET /api/agents/{name}/sandbox`, `beige doctor`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxStatus {
-    pub agent: String,
-    /// The container's name (empty for a backend without one).
-    pub container: String,
-    /// `sandbox.link` as the gateway applies it (`off` for `root` sandboxes and for
-    /// backends without a link).
-    pub link_mode: crate::config::LinkMode,
-    /// Health of the link; `None` when the mode is `off`.
-    #[serde(default)]
-    pub link: Option<LinkStatus>,
-    /// One keepalive round trip measured for this answer, in microseconds; `None` when
-    /// the link is down (or off).
-    #[serde(default)]
-    pub ping_us: Option<u64>,
-}
-
-impl SandboxStatus {
-    /// The status of a sandbox without a link (and without a container name).
-    pub fn unlinked(agent: &str) -> Self {
-        Self {
-            agent: agent.to_string(),
-            container: String::new(),
-            link_mode: crate::config::LinkMode::Off,
-            link: None,
-            ping_us: None,
-        }
-    }
-}
+pub use beige_client::status::SandboxStatus;
 
 /// What the sandbox layer reports for the audit log: refused peers and bounds reached
 /// (`security.*` records), and results of operations a previous gateway started.

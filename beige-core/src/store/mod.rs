@@ -51,29 +51,7 @@ pub struct NewSession {
     pub model: Option<String>,
 }
 
-/// One stored session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionRecord {
-    /// `s_` and 16 hex digits.
-    pub id: String,
-    pub agent: String,
-    /// The key the session was created for.
-    pub key: String,
-    pub parent_id: Option<String>,
-    /// The first user message, shortened to [`TITLE_MAX_CHARS`]; `None` until there is one.
-    pub title: Option<String>,
-    /// The model last recorded with [`Store::set_session_model`] (or at creation).
-    pub model: Option<String>,
-    /// Unix ms.
-    pub created: i64,
-    /// Unix ms of the last turn, title/model change or [`Store::touch`].
-    pub updated: i64,
-    /// Messages in the session, compacted ones included, summaries excluded.
-    pub message_count: u64,
-    /// Token usage summed over every stored message of the session.
-    pub usage: Usage,
-}
+pub use beige_client::session::SessionRecord;
 
 /// One message to append, with what produced it.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,25 +94,7 @@ pub struct StoredMessage {
     pub created: i64,
 }
 
-/// Per-key overrides; `None` means "not set here" (fall back to the channel default,
-/// then the system default).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionSettings {
-    pub verbose: Option<bool>,
-    pub streaming: Option<bool>,
-    /// `provider/model`; the caller checks it against the agent's allowed models.
-    pub model_override: Option<String>,
-}
-
-/// A partial update of [`SessionSettings`]: `None` leaves a field alone, `Some(None)`
-/// clears it, `Some(Some(v))` sets it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SettingsPatch {
-    pub verbose: Option<Option<bool>>,
-    pub streaming: Option<Option<bool>>,
-    pub model_override: Option<Option<String>>,
-}
+pub use beige_client::session::{SessionSettings, SettingsPatch};
 
 /// Health of one model, shared by every agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -268,7 +268,7 @@ async fn a_sandbox_filling_its_workspace_pauses_the_agent_and_work_resumes_when_
         .prompt(PromptRequest::new("filler", "api:filler:default", "hello"))
         .await
     {
-        Err(GatewayError::DiskLow(low)) => {
+        Err(GatewayError::DiskLow { source: low }) => {
             assert!(
                 low.to_string().contains("Agent 'filler' is paused"),
                 "{low}"
