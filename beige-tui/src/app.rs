@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
-use beige_core::gateway::{AgentInfo, AllowedModel};
-use beige_core::llm::{Block, Message, Role, ToolResultPart, Usage};
-use beige_core::store::SessionRecord;
+use beige_client::llm::{Block, Message, Role, ToolResultPart, Usage};
+use beige_client::session::SessionRecord;
+use beige_client::{AgentInfo, AllowedModel};
 
 use crate::composer::{Composer, History};
 

@@ -23,8 +23,8 @@
 //!
 //! The user guide is `docs/tui.md`.
 //!
-//! [`Gateway`]: beige_core::gateway::Gateway
-//! [`RemoteGateway`]: beige_core::gateway::RemoteGateway
+//! [`Gateway`]: beige_client::Gateway
+//! [`RemoteGateway`]: beige_client::RemoteGateway
 
 pub mod app;
 pub mod commands;
@@ -37,8 +37,8 @@ pub mod wrap;
 
 use std::sync::Arc;
 
-use beige_core::gateway::{Gateway, GatewayError, GatewayFull, RemoteGateway};
-use beige_core::home::BeigeHome;
+use beige_client::home::BeigeHome;
+use beige_client::{Gateway, GatewayError, GatewayFull, RemoteGateway};
 
 pub use app::App;
 pub use update::{update, Effect, Msg};

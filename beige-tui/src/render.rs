@@ -6,7 +6,7 @@
 //! clamp scrolling with the same numbers. Colours are the terminal's named ones plus
 //! modifiers (bold, dim, italic, reversed), never RGB, so light themes work too.
 
-use beige_core::store::SessionRecord;
+use beige_client::session::SessionRecord;
 use ratatui::layout::{Constraint, Layout, Position, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use beige_core::gateway::{Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
-use beige_core::store::SettingsPatch;
+use beige_client::session::SettingsPatch;
+use beige_client::{Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
 use crossterm::event::{
     DisableBracketedPaste, DisableMouseCapture, EnableBracketedPaste, EnableMouseCapture, Event,
     EventStream, KeyboardEnhancementFlags, PopKeyboardEnhancementFlags,

@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use beige_core::agent::events::{hint_for, AgentEvent};
-use beige_core::gateway::{AgentInfo, AllowedModel};
-use beige_core::llm::{ErrorKind, Message};
-use beige_core::store::{SessionRecord, SessionSettings};
+use beige_client::events::{hint_for, AgentEvent};
+use beige_client::llm::{ErrorKind, Message};
+use beige_client::session::{SessionRecord, SessionSettings};
+use beige_client::{AgentInfo, AllowedModel};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseEventKind};
 
 use crate::app::{

@@ -1,9 +1,8 @@
 //! Snapshots of every screen state at 80×24 and 120×40 on ratatui's `TestBackend`. The
 //! states are built by feeding `update` the same messages the runtime would.
 
-use beige_core::agent::events::AgentEvent;
-use beige_core::llm::{ErrorKind, Usage};
-use beige_core::sandbox::OutputStream;
+use beige_client::events::{AgentEvent, OutputStream};
+use beige_client::llm::{ErrorKind, Usage};
 use beige_tui::app::App;
 use beige_tui::render::render;
 use beige_tui::update::{update, Msg};
@@ -242,7 +241,7 @@ fn rate_limit_error_with_hint() {
         vec![AgentEvent::Error {
             message: "anthropic/claude-sonnet-4-5: 429 rate_limit_error: Number of request tokens has exceeded your per-minute rate limit".into(),
             kind: Some(ErrorKind::RateLimit),
-            hint: beige_core::agent::events::hint_for(ErrorKind::RateLimit).map(str::to_string),
+            hint: beige_client::events::hint_for(ErrorKind::RateLimit).map(str::to_string),
         }],
     );
     snap("rate_limit_error", &a);

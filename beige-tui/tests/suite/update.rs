@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use beige_core::agent::events::AgentEvent;
-use beige_core::llm::{ErrorKind, Message, Usage};
+use beige_client::events::AgentEvent;
+use beige_client::llm::{ErrorKind, Message, Usage};
 use beige_tui::app::{App, Cell, Connection, Modal};
 use beige_tui::runtime::Driver;
 use beige_tui::update::{self, Effect, Msg};
