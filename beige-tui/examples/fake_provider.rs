@@ -1,5 +1,5 @@
-//! A fake Anthropic Messages API on 127.0.0.1 for trying the TUI (and for
-//! `scripts/tui-e2e`) without a real provider.
+//! A fake Anthropic Messages API on 127.0.0.1 for trying the TUI without a real provider
+//! (beige-cli's pty test of the TUI, `tests/suite/tui_pty.rs`, queues the same answers).
 //!
 //! Run with `cargo run -p beige-tui --example fake_provider -- [URL_FILE]`.
 //!

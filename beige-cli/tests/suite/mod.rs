@@ -9,6 +9,7 @@ mod doctor;
 mod help;
 mod plugins;
 mod setup;
+mod tui_pty;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
