@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod cmd;
 mod daemon;
+mod install;
 mod logfile;
 mod sys;
 

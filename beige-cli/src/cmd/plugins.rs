@@ -1,13 +1,13 @@
 //! `beige plugins install|list|remove|update`: plugins in `config.json5` and
 //! `<BEIGE_HOME>/plugins`. The grammar of the group lives here (registered in
-//! [`crate::cli`]); the work is done by `beige_core::plugin::install`, which edits the
+//! [`crate::cli`]); the work is done by [`crate::install`], which edits the
 //! config file in place, keeping its comments and formatting.
 
 use std::path::Path;
 
+use crate::install::{self, InstallError, Installed, PluginKind};
 use anyhow::Result;
 use beige_core::home::BeigeHome;
-use beige_core::plugin::install::{self, InstallError, Installed, PluginKind};
 use clap::Subcommand;
 
 use crate::Exit;
@@ -98,7 +98,6 @@ pub fn run(home: &BeigeHome, config: Option<&Path>, command: PluginsCommand) -> 
                     PluginKind::CommandTools => "command tools".to_string(),
                     PluginKind::NotInstalled => "not installed (no path)".to_string(),
                     PluginKind::Broken(why) => format!("broken: {why}"),
-                    _ => "unknown".to_string(),
                 };
                 match &p.description {
                     Some(d) if !d.is_empty() => println!("  {} ({kind}) — {d}", p.name),

@@ -48,11 +48,10 @@ impl ConfigSource for DaemonConfig {
 /// may be a `--config` path rather than `<BEIGE_HOME>/config.json5`).
 async fn install_missing(config_path: &std::path::Path, home: &BeigeHome) -> Result<(), String> {
     let (p, h) = (config_path.to_path_buf(), home.clone());
-    let installed =
-        tokio::task::spawn_blocking(move || beige_core::plugin::install::ensure_installed(&p, &h))
-            .await
-            .map_err(|e| format!("plugin installation was interrupted: {e}"))?
-            .map_err(|e| format!("cannot install a configured plugin: {e}"))?;
+    let installed = tokio::task::spawn_blocking(move || crate::install::ensure_installed(&p, &h))
+        .await
+        .map_err(|e| format!("plugin installation was interrupted: {e}"))?
+        .map_err(|e| format!("cannot install a configured plugin: {e}"))?;
     for p in &installed {
         tracing::info!(plugin = %p.name, source = %p.source, "installed plugin from its _source");
     }

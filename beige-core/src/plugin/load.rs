@@ -7,7 +7,7 @@
 //! config against its `configSchema` (the base config and every agent's merged config)
 //! before anything starts, with errors naming the plugin and the field
 //! (`plugins.weather.config.units: must be one of "metric", "imperial"`). It does not
-//! install anything (that is [`super::install`]) and does not register or start plugins
+//! install anything (the installer is beige-cli's) and does not register or start plugins
 //! (the registry and the gateway do).
 //!
 //! The gateway calls [`load_plugins`] once at start with the loaded config:
@@ -37,6 +37,10 @@ pub const BUILTIN: [&str; 2] = ["kv", "telegram"];
 
 /// The manifest file every plugin folder holds.
 pub const MANIFEST_FILE: &str = "plugin.json";
+
+/// The source the original's toolkit plugins were installed from; its `telegram` entry
+/// is served by the built-in Telegram channel.
+pub const TOOLKIT_NPM_SOURCE: &str = "npm:@matthias-hausberger/beige-toolkit";
 
 /// `plugin.json`: the original's fields plus `run` (external plugins) or `tools`
 /// (command tools). Unknown fields are ignored, as the original did.
@@ -257,7 +261,7 @@ pub fn load_plugins(config: &Config, home: &BeigeHome) -> Result<LoadedPlugins, 
         let toolkit = entry
             .source
             .as_deref()
-            .is_some_and(|s| s.starts_with(super::install::TOOLKIT_NPM_SOURCE));
+            .is_some_and(|s| s.starts_with(TOOLKIT_NPM_SOURCE));
         #[cfg(not(feature = "telegram"))]
         if name == "telegram" && (toolkit || entry.path.is_none()) {
             return Err(PluginError::Failed {

@@ -10,7 +10,6 @@
 
 pub mod command;
 pub mod external;
-pub mod install;
 pub mod kv;
 pub mod load;
 pub mod registry;
@@ -24,6 +23,15 @@ use serde::{Deserialize, Serialize};
 use crate::hooks::HookHandler;
 
 pub use registry::{merge_config, PluginRegistry, Registrar};
+
+// What the plugin installer (`beige plugins install|update|remove`, in beige-cli) reads of
+// a plugin folder: the manifest file, its name rules, the built-in names it must not take,
+// the npm source of the original's toolkit, and joining a relative path beneath a root.
+pub use crate::fsutil::safe_join;
+pub use load::{
+    read_manifest, valid_plugin_name, Manifest, ManifestError, BUILTIN, MANIFEST_FILE,
+    TOOLKIT_NPM_SOURCE,
+};
 
 /// The session a tool call belongs to, as far as the gateway could verify it: the agent
 /// from the socket, the key only when the agent owns it, and channel, chat and thread

@@ -32,14 +32,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::load::{
-    read_manifest, valid_plugin_name, Manifest, ManifestError, BUILTIN, MANIFEST_FILE,
+use beige_core::home::{normalize, user_home, BeigeHome};
+use beige_core::plugin::{
+    read_manifest, safe_join, valid_plugin_name, Manifest, ManifestError, BUILTIN, MANIFEST_FILE,
+    TOOLKIT_NPM_SOURCE,
 };
-use crate::home::{normalize, user_home, BeigeHome};
-
-/// The source the original's toolkit plugins were installed from; its `telegram` entry
-/// is served by the built-in Telegram channel.
-pub const TOOLKIT_NPM_SOURCE: &str = "npm:@matthias-hausberger/beige-toolkit";
 
 /// What can go wrong while installing, listing, removing or updating plugins.
 #[derive(Debug, thiserror::Error)]
@@ -744,11 +741,9 @@ pub fn install_source(
             let checkout = staging.path().join("src");
             let commit = fetch_git(g, &checkout)?;
             let root = match &g.subpath {
-                Some(sub) => crate::fsutil::safe_join(&checkout, sub).map_err(|e| {
-                    InstallError::BadSource {
-                        src: display.clone(),
-                        message: format!("path '{sub}': {e}"),
-                    }
+                Some(sub) => safe_join(&checkout, sub).map_err(|e| InstallError::BadSource {
+                    src: display.clone(),
+                    message: format!("path '{sub}': {e}"),
                 })?,
                 None => checkout,
             };
@@ -1664,6 +1659,10 @@ mod edit {
         Ok(Some(apply(text, vec![(start, end, String::new())])))
     }
 }
+
+#[cfg(test)]
+#[path = "install_flow_tests.rs"]
+mod flow_tests;
 
 #[cfg(test)]
 mod tests {
