@@ -39,23 +39,7 @@ pub const WATCH_EVERY: Duration = Duration::from_secs(5);
 /// surely as a full disk.
 pub const MIN_FREE_INODES_PERCENT: f64 = 1.0;
 
-/// `512 B`, `1.5 KiB`, `64.0 MiB`, `2.3 GiB`.
-pub fn fmt_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for next in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = next;
-    }
-    format!("{v:.1} {unit}")
-}
+pub use crate::config::fmt_bytes;
 
 pub use beige_client::status::FsSpace;
 

@@ -73,6 +73,7 @@ pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod tools;
+mod vocab;
 
 pub use beige_client as api;
 pub use config::Config;

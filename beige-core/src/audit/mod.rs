@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use crate::policy::ToolKind;
+use crate::vocab::ToolKind;
 
 /// `started` before a call runs, `finished` after (or at once for a denied call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

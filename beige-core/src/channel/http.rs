@@ -32,11 +32,10 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::{Channel, ChannelContext, ChannelError};
-use crate::agent::events::AgentEvent;
-use crate::gateway::{Admin, Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
-use crate::hooks::HookName;
-use crate::store::SettingsPatch;
-use crate::tools::{CoreToolCall, ToolContext};
+use crate::api::{
+    Admin, AgentEvent, CoreToolCall, Gateway, GatewayError, GatewayFull, HookName, Principal,
+    PromptRequest, Sessions, SettingsPatch, ToolContext,
+};
 
 /// Default limit of a request body: 10 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 10 * 1024 * 1024;
@@ -860,7 +859,7 @@ async fn exec(
         model,
         model_accepts_images: images,
         // Past the token check: the caller holds the API token (never read from the body).
-        principal: crate::policy::Principal::ApiToken,
+        principal: Principal::ApiToken,
         ..ToolContext::default()
     };
     let out = s.gateway.call_tool(&name, call, ctx).await?;
@@ -899,7 +898,7 @@ async fn prompt(
     let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
     let mut request = PromptRequest::new(name, key, message);
     // Past the token check: the caller holds the API token (never read from the body).
-    request.principal = crate::policy::Principal::ApiToken;
+    request.principal = Principal::ApiToken;
     request.channel = opt_key(&map, "channel")?;
     request.chat_id = opt_str(&map, "chatId")?;
     request.thread_id = opt_str(&map, "threadId")?;

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::GatewayFull;
 use crate::config::PluginEntry;
-use crate::gateway::GatewayFull;
 use crate::plugin::Plugin;
 
 /// The plugin of the built-in channel that the `plugins.<name>` entry `entry` enables, if

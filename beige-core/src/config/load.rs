@@ -250,8 +250,8 @@ fn ineffective_cap_add(config: &Config) -> Vec<ConfigWarning> {
             a.sandbox
                 .user
                 .as_deref()
-                .and_then(crate::sandbox::SandboxUser::parse)
-                != Some(crate::sandbox::SandboxUser::Root)
+                .and_then(super::SandboxUser::parse)
+                != Some(super::SandboxUser::Root)
         })
         .map(|(name, _)| ConfigWarning {
             path: format!("agents.{name}.sandbox.capAdd"),

@@ -19,7 +19,7 @@ mod validate;
 pub use error::{ConfigError, NameKind};
 pub use interpolate::{interpolate, UnsetVariable};
 pub use load::{ConfigWarning, LoadedConfig};
-pub use size::{ByteSize, FreeSpace, DEFAULT_MIN_FREE_SPACE};
+pub use size::{fmt_bytes, ByteSize, FreeSpace, DEFAULT_MIN_FREE_SPACE};
 pub use types::*;
 pub use validate::{
     check_extra_mount, did_you_mean, is_valid_agent_name, parse_memory_limit, validate_skills,

@@ -30,7 +30,7 @@ impl ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::disk::fmt_bytes(self.0))
+        f.write_str(&fmt_bytes(self.0))
     }
 }
 
@@ -143,7 +143,7 @@ impl FreeSpace {
 impl fmt::Display for FreeSpace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FreeSpace::Bytes(b) => f.write_str(&crate::disk::fmt_bytes(*b)),
+            FreeSpace::Bytes(b) => f.write_str(&fmt_bytes(*b)),
             FreeSpace::Percent(p) => write!(f, "{p}%"),
         }
     }
@@ -243,6 +243,24 @@ fn size_schema(description: &str, min: u64, pattern: Option<&str>) -> Schema {
         ..Default::default()
     }
     .into()
+}
+
+/// `512 B`, `1.5 KiB`, `64.0 MiB`, `2.3 GiB`.
+pub fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for next in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = next;
+    }
+    format!("{v:.1} {unit}")
 }
 
 #[cfg(test)]

@@ -387,3 +387,48 @@ fn default_audit_budget() -> u64 {
 fn default_retention_days() -> u32 {
     7
 }
+
+/// The uid:gid the agent's processes run as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SandboxUser {
+    /// uid 0.
+    Root,
+    /// Any other user.
+    Id {
+        /// The user id.
+        uid: u32,
+        /// The group id.
+        gid: u32,
+    },
+}
+
+impl SandboxUser {
+    /// The user used when the gateway runs as root and the workspace is root's.
+    pub const DEFAULT: SandboxUser = SandboxUser::Id {
+        uid: 1000,
+        gid: 1000,
+    };
+
+    /// Docker's `User` field.
+    pub fn docker(&self) -> String {
+        match self {
+            SandboxUser::Root => "0:0".to_string(),
+            SandboxUser::Id { uid, gid } => format!("{uid}:{gid}"),
+        }
+    }
+
+    /// Parse the config's `sandbox.user` (`root` or `uid:gid`).
+    pub fn parse(s: &str) -> Option<SandboxUser> {
+        if s == "root" {
+            return Some(SandboxUser::Root);
+        }
+        let (u, g) = s.split_once(':')?;
+        let uid = u.parse().ok()?;
+        let gid = g.parse().ok()?;
+        if uid == 0 {
+            Some(SandboxUser::Root)
+        } else {
+            Some(SandboxUser::Id { uid, gid })
+        }
+    }
+}

@@ -46,8 +46,7 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
 /// How long a stopping channel gets to end its `run` once its token fired.
 const CHANNEL_STOP: Duration = Duration::from_secs(2);
 
-/// An error boxed with its source chain (what a [`ConfigSource`] returns).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::api::BoxError;
 
 /// A channel registered on the builder, run by [`LocalGateway::serve`].
 #[derive(Clone)]

@@ -13,7 +13,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::plugin::{RegisteredHooks, ToolResult};
+use crate::vocab::ToolResult;
+
+/// A registered hook handler and the plugin that owns it.
+#[derive(Debug, Clone)]
+pub struct RegisteredHooks {
+    /// The plugin that registered it.
+    pub plugin: String,
+    /// The handler.
+    pub handler: Arc<dyn HookHandler>,
+}
 
 /// Default time limit for one hook handler.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);

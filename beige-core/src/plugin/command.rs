@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::load::{base_path, check_schema, process_env, EnvDecl, Manifest};
+use super::manifest::{check_schema, Manifest};
+use super::process::{base_path, process_env};
 use super::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 
 /// Time limit of a command unless its `timeout` says otherwise.
@@ -36,38 +36,7 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output kept of a command unless its `maxOutput` says otherwise (64 KiB).
 pub const DEFAULT_MAX_OUTPUT: usize = 64 * 1024;
 
-/// One entry of a manifest's `tools`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CommandToolSpec {
-    /// The program: a name looked up on `PATH`, an absolute path, or a path relative to
-    /// the plugin folder (when it contains a `/`).
-    pub command: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    /// Arguments always placed before the caller's (not matched by the rules), e.g.
-    /// `["-c", "core.hooksPath=/dev/null"]`.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Patterns of allowed argument lists; at least one.
-    #[serde(default)]
-    pub allow: Vec<String>,
-    /// Patterns of refused argument lists; checked first.
-    #[serde(default)]
-    pub deny: Vec<String>,
-    /// The only variables besides `PATH` the command gets.
-    #[serde(default)]
-    pub env: Option<EnvDecl>,
-    /// Seconds (default 60).
-    #[serde(default)]
-    pub timeout: Option<f64>,
-    /// Bytes of output kept (default 65536).
-    #[serde(default)]
-    pub max_output: Option<usize>,
-    /// Usage lines for the agent's system prompt.
-    #[serde(default)]
-    pub commands: Vec<String>,
-}
+pub use super::manifest::CommandToolSpec;
 
 /// One allow or deny pattern: words matched against the caller's arguments one by one.
 /// `*` inside a word matches any characters of that argument; a word that is just `*`
@@ -291,7 +260,7 @@ impl CommandToolPlugin {
 
     /// Read `<dir>/plugin.json` and make the plugin, with the gateway's environment.
     pub fn from_dir(dir: &Path) -> Result<Self, PluginError> {
-        let manifest = super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
+        let manifest = super::manifest::read_manifest(dir).map_err(|e| PluginError::Failed {
             plugin: dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())

@@ -37,7 +37,8 @@ use tokio::process::{Child, ChildStdin};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::command::kill_group;
-use super::load::{base_path, check_schema, process_env, Manifest};
+use super::manifest::{check_schema, Manifest};
+use super::process::{base_path, process_env};
 use super::{
     Plugin, PluginContext, PluginError, Registrar, SkillDef, Tool, ToolCall, ToolError, ToolResult,
 };
@@ -248,7 +249,7 @@ impl ExternalPlugin {
 
     /// Read `<dir>/plugin.json` and make the plugin, with the gateway's environment.
     pub fn from_dir(dir: &Path) -> Result<Self, PluginError> {
-        let manifest = super::load::read_manifest(dir).map_err(|e| PluginError::Failed {
+        let manifest = super::manifest::read_manifest(dir).map_err(|e| PluginError::Failed {
             plugin: dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())

@@ -12,6 +12,8 @@ pub mod command;
 pub mod external;
 pub mod kv;
 pub mod load;
+mod manifest;
+mod process;
 pub mod registry;
 
 use std::path::PathBuf;
@@ -19,8 +21,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-
-use crate::hooks::HookHandler;
 
 pub use registry::{merge_config, PluginRegistry, Registrar};
 
@@ -70,29 +70,8 @@ pub struct ToolCall {
     pub config: serde_json::Value,
 }
 
-/// What a tool returns: stdout for the caller and an exit code.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ToolResult {
-    pub output: String,
-    pub exit_code: i32,
-}
-
-impl ToolResult {
-    pub fn ok(output: impl Into<String>) -> Self {
-        Self {
-            output: output.into(),
-            exit_code: 0,
-        }
-    }
-
-    pub fn fail(output: impl Into<String>, exit_code: i32) -> Self {
-        Self {
-            output: output.into(),
-            exit_code,
-        }
-    }
-}
+pub use crate::hooks::RegisteredHooks;
+pub use crate::vocab::ToolResult;
 
 /// A failure inside a tool handler (as opposed to a result with a non-zero exit code).
 #[derive(Debug, thiserror::Error)]
@@ -195,11 +174,4 @@ pub struct RegisteredTool {
     pub plugin: String,
     pub tool: Arc<dyn Tool>,
     pub package_dir: Option<PathBuf>,
-}
-
-/// A registered hook handler and the plugin that owns it.
-#[derive(Debug, Clone)]
-pub struct RegisteredHooks {
-    pub plugin: String,
-    pub handler: Arc<dyn HookHandler>,
 }

@@ -63,17 +63,9 @@ use serde::Serialize;
 
 use crate::config::Config;
 pub use crate::principal::Principal;
-use crate::tools::CORE_TOOLS;
+use crate::vocab::CORE_TOOLS;
 
-/// Core tool or plugin tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolKind {
-    /// `read`, `write`, `patch`, `exec` (audit `type: "core_tool"`).
-    Core,
-    /// A plugin tool (audit `type: "tool"`).
-    Plugin,
-}
+pub use crate::vocab::ToolKind;
 
 /// The principal of a [`PolicyRequest`] that names none.
 static UNVERIFIED: Principal = Principal::Unverified;

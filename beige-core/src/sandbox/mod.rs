@@ -23,7 +23,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest};
-use beige_protocol::socket::{ToolRequest, ToolResponse};
+
+/// The operations a backend runs (`read`, `write`, `patch`, `exec`, `kill`) and their
+/// replies: the types of [`Sandbox::run_op`].
+pub use beige_protocol::op;
+/// A plugin tool call from inside a sandbox and its answer: the types of
+/// [`SandboxHost::tool_call`].
+pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 pub use link::{LinkError, LinkHub, LinkStatus};
 pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput};

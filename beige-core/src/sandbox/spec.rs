@@ -38,43 +38,7 @@ pub const SANDBOX_PATH: &str =
 /// The agent's working directory inside the sandbox.
 pub const WORKSPACE: &str = "/workspace";
 
-/// The uid:gid the agent's processes run as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum SandboxUser {
-    Root,
-    Id { uid: u32, gid: u32 },
-}
-
-impl SandboxUser {
-    /// The user used when the gateway runs as root and the workspace is root's.
-    pub const DEFAULT: SandboxUser = SandboxUser::Id {
-        uid: 1000,
-        gid: 1000,
-    };
-
-    /// Docker's `User` field.
-    pub fn docker(&self) -> String {
-        match self {
-            SandboxUser::Root => "0:0".to_string(),
-            SandboxUser::Id { uid, gid } => format!("{uid}:{gid}"),
-        }
-    }
-
-    /// Parse the config's `sandbox.user` (`root` or `uid:gid`).
-    pub fn parse(s: &str) -> Option<SandboxUser> {
-        if s == "root" {
-            return Some(SandboxUser::Root);
-        }
-        let (u, g) = s.split_once(':')?;
-        let uid = u.parse().ok()?;
-        let gid = g.parse().ok()?;
-        if uid == 0 {
-            Some(SandboxUser::Root)
-        } else {
-            Some(SandboxUser::Id { uid, gid })
-        }
-    }
-}
+pub use crate::config::SandboxUser;
 
 /// One bind mount.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -14,8 +14,7 @@ use beige_protocol::op::{
 use crate::config::AgentSandboxConfig;
 use crate::sandbox::{OpOutcome, Sandbox, SandboxError};
 
-/// Names of the core tools, in the order the model sees them.
-pub const CORE_TOOLS: [&str; 4] = ["read", "write", "patch", "exec"];
+pub use crate::vocab::CORE_TOOLS;
 
 /// Default `exec` timeout in seconds.
 pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 900;
