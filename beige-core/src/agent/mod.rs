@@ -3,7 +3,7 @@
 //!
 //! Owns the conversation logic between a channel's message and the final answer. Tool
 //! calls go through the gateway's guarded path (policy, hooks, audit) — the loop never
-//! runs a tool itself — and history goes through the [`crate::store::Store`].
+//! runs a tool itself — and history goes through the [`crate::store::SessionStore`].
 
 pub mod events;
 pub mod prompt;

@@ -51,7 +51,9 @@ use crate::sandbox::{
     host, ReconcileReport, Sandbox, SandboxError, SandboxSpec, SandboxUser, SpecInput,
 };
 use crate::skills::SkillSet;
-use crate::store::{HealthRecord, SessionRecord, SessionSettings, SettingsPatch, Store};
+use crate::store::{
+    HealthRecord, HealthStore, SessionRecord, SessionSettings, SessionStore, SettingsPatch, Stores,
+};
 use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
 use tokio_util::sync::CancellationToken;
 
@@ -78,7 +80,7 @@ pub struct GatewayBuilder {
     policy: Option<Arc<dyn Policy>>,
     approver: Option<Arc<dyn Approver>>,
     audit: Option<Arc<dyn AuditSink>>,
-    store: Option<Arc<dyn Store>>,
+    store: Option<Stores>,
     providers: Vec<Arc<dyn LlmProvider>>,
     watchdog: Duration,
     disk_probe: Option<crate::disk::Probe>,
@@ -123,10 +125,18 @@ impl GatewayBuilder {
         self
     }
 
-    /// Use this store instead of `<BEIGE_HOME>/beige.db`.
-    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
+    /// Use this store instead of `<BEIGE_HOME>/beige.db`: one value that is the whole
+    /// store (`Arc<dyn Store>`, `Arc<SqliteStore>`, …), or [`Stores`] with each part
+    /// where it should be.
+    pub fn store(mut self, store: impl Into<Stores>) -> Self {
+        self.store = Some(store.into());
         self
+    }
+
+    /// Use these parts of the store: sessions, health, channel state and plugin data,
+    /// each its own (the same as [`GatewayBuilder::store`] with a [`Stores`]).
+    pub fn stores(self, stores: Stores) -> Self {
+        self.store(stores)
     }
 
     /// Use this client for the provider of the same name instead of the one built from
@@ -248,7 +258,7 @@ impl GatewayBuilder {
             }
         }
         ordered.extend(extra);
-        let store: Arc<dyn Store> = match self.store {
+        let stores: Stores = match self.store {
             Some(s) => s,
             None => open_default_store(&home)?,
         };
@@ -257,7 +267,7 @@ impl GatewayBuilder {
             &config,
             &home.root().join("data"),
             &package_dirs,
-            store.clone(),
+            stores.clone(),
         )
         .await?;
         let names: Vec<&str> = registry.tool_names().iter().map(String::as_str).collect();
@@ -296,7 +306,7 @@ impl GatewayBuilder {
             },
         ));
 
-        let router = build_router(&config, store.clone(), self.providers)
+        let router = build_router(&config, stores.health.clone(), self.providers)
             .await?
             .with_watchdog(self.watchdog);
 
@@ -382,7 +392,7 @@ impl GatewayBuilder {
             approver: self.approver,
             audit,
             sessions: RwLock::new(HashMap::new()),
-            store,
+            store: stores.sessions,
             router,
             session_locks: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
@@ -431,13 +441,15 @@ async fn connect_default(
 
 /// The store when none was given: `<BEIGE_HOME>/beige.db`.
 #[cfg(feature = "sqlite")]
-pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Stores, GatewayError> {
     std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::host(home.root(), e))?;
-    Ok(Arc::new(crate::store::SqliteStore::open(home.db_path())?))
+    Ok(Stores::from(Arc::new(crate::store::SqliteStore::open(
+        home.db_path(),
+    )?)))
 }
 
 #[cfg(not(feature = "sqlite"))]
-pub(crate) fn open_default_store(_: &BeigeHome) -> Result<Arc<dyn Store>, GatewayError> {
+pub(crate) fn open_default_store(_: &BeigeHome) -> Result<Stores, GatewayError> {
     Err(GatewayError::NoStore)
 }
 
@@ -483,7 +495,8 @@ struct Inner {
     /// Known sessions: the agent each belongs to and where its messages come from, as
     /// the gateway itself saw it (never from a socket payload).
     sessions: RwLock<HashMap<String, SessionOrigin>>,
-    store: Arc<dyn Store>,
+    /// Sessions and messages, for the agent loop and [`Sessions`].
+    store: Arc<dyn SessionStore>,
     router: Router,
     /// One prompt at a time per session key.
     session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -1425,7 +1438,7 @@ fn disk_guard(
 /// Provider clients from config (or given by the embedder), health from the store.
 async fn build_router(
     config: &Config,
-    store: Arc<dyn Store>,
+    store: Arc<dyn HealthStore>,
     given: Vec<Arc<dyn LlmProvider>>,
 ) -> Result<Router, GatewayError> {
     let initial: HashMap<String, ModelHealth> = store

@@ -47,7 +47,7 @@ use crate::hooks::{
     PostToolExecEvent, PostToolExecResult, PrePromptEvent, PrePromptResult, PreToolExecEvent,
     PreToolExecResult, SessionEvent, DEFAULT_HOOK_TIMEOUT,
 };
-use crate::store::{KvLimits, KvWrite, Store};
+use crate::store::{KvLimits, KvWrite, PluginData};
 
 /// Time limit of the `initialize` handshake.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -651,7 +651,7 @@ struct Shared {
 #[derive(Debug, Clone)]
 struct StartInfo {
     params: Value,
-    store: Arc<dyn Store>,
+    store: Arc<dyn PluginData>,
 }
 
 #[derive(Debug)]
@@ -763,7 +763,7 @@ async fn start(
 }
 
 /// Spawn the process and the tasks that serve its pipes and wait for its exit.
-fn spawn(shared: &Arc<Shared>, store: Arc<dyn Store>) -> Result<Conn, ExternalError> {
+fn spawn(shared: &Arc<Shared>, store: Arc<dyn PluginData>) -> Result<Conn, ExternalError> {
     let mut cmd = tokio::process::Command::new(&shared.program);
     cmd.args(&shared.args)
         .current_dir(&shared.dir)
@@ -1116,7 +1116,7 @@ async fn read_stdout(
     name: String,
     stdout: tokio::process::ChildStdout,
     conn: Conn,
-    store: Arc<dyn Store>,
+    store: Arc<dyn PluginData>,
     store_limit: u64,
 ) {
     let mut r = BufReader::new(stdout);
@@ -1207,7 +1207,7 @@ async fn read_stdout(
 /// Answer a request (or take a notification) from the plugin.
 async fn serve(
     name: &str,
-    store: &dyn Store,
+    store: &dyn PluginData,
     store_limit: u64,
     method: &str,
     params: Value,

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use super::{Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult};
 use crate::config::is_valid_agent_name;
 use crate::disk::fmt_bytes;
-use crate::store::{KvLimits, KvWrite, Store, StoreError};
+use crate::store::{KvLimits, KvWrite, PluginData, StoreError};
 
 /// The plugin name the pairs are stored under.
 const PLUGIN: &str = "kv";
@@ -280,11 +280,11 @@ fn check_key(key: &str) -> Result<(), String> {
 /// through these four methods.
 #[derive(Debug)]
 struct KvStore {
-    store: Arc<dyn Store>,
+    store: Arc<dyn PluginData>,
 }
 
 impl KvStore {
-    fn new(store: Arc<dyn Store>) -> Self {
+    fn new(store: Arc<dyn PluginData>) -> Self {
         Self { store }
     }
 
@@ -368,7 +368,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::plugin::{PluginRegistry, SessionInfo};
-    use crate::store::SqliteStore;
+    use crate::store::{SqliteStore, Store};
     use serde_json::json;
     use std::collections::HashMap;
     use std::path::PathBuf;

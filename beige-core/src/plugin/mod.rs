@@ -116,13 +116,19 @@ pub struct PluginContext {
     pub config: serde_json::Value,
     /// `<BEIGE_HOME>/data/<plugin>/`, created before `register`.
     pub data_dir: PathBuf,
-    /// The gateway's store (`<BEIGE_HOME>/beige.db`), where plugin data goes: key-value
-    /// pairs scoped by plugin name and a scope (usually the calling agent). A plugin uses
-    /// its own name as `plugin` and never another plugin's.
-    pub store: Arc<dyn crate::store::Store>,
+    /// The plugin data of the gateway's store (`<BEIGE_HOME>/beige.db`): key-value pairs
+    /// scoped by plugin name and a scope (usually the calling agent). A plugin uses its
+    /// own name as `plugin` and never another plugin's. Only this part of the store:
+    /// plugins cannot read sessions.
+    pub store: Arc<dyn crate::store::PluginData>,
     /// Where the plugin's docs (`SKILL.md`, `README.md`) live, mounted at
     /// `/tools/packages/<tool>/` for each of its tools; `None` for none.
     pub package_dir: Option<PathBuf>,
+    /// The channel state of the store (offsets, outbox), for the tools of the built-in
+    /// channels only (the `telegram` tool queues in the channel's outbox): never visible
+    /// outside beige-core.
+    #[cfg_attr(not(feature = "telegram"), allow(dead_code))]
+    pub(crate) channel_state: Arc<dyn crate::store::ChannelState>,
 }
 
 /// A plugin: registers tools, hooks and skills; may start and stop background work.

@@ -93,15 +93,17 @@ pub struct PluginRegistry {
 }
 
 impl PluginRegistry {
-    /// Register `plugins` (already in config order). Every plugin gets `store`, the
-    /// gateway's store, for its data.
+    /// Register `plugins` (already in config order). Every plugin gets the plugin data
+    /// of `store`, the gateway's store (one value or [`Stores`](crate::store::Stores)),
+    /// for its data, and nothing else of it.
     pub async fn build(
         plugins: Vec<Arc<dyn Plugin>>,
         config: &Config,
         data_root: &std::path::Path,
         package_dirs: &HashMap<String, PathBuf>,
-        store: Arc<dyn crate::store::Store>,
+        store: impl Into<crate::store::Stores>,
     ) -> Result<Self, PluginError> {
+        let stores: crate::store::Stores = store.into();
         let mut tools: HashMap<String, RegisteredTool> = HashMap::new();
         let mut tool_order = Vec::new();
         let mut hooks = Vec::new();
@@ -121,7 +123,8 @@ impl PluginRegistry {
                     .unwrap_or_else(|| serde_json::json!({})),
                 data_dir,
                 package_dir: package_dirs.get(&name).cloned(),
-                store: store.clone(),
+                store: stores.data.clone(),
+                channel_state: stores.channels.clone(),
             };
             let mut reg = Registrar::new(&name, ctx.package_dir.clone());
             plugin.register(&ctx, &mut reg).await?;

@@ -1,6 +1,9 @@
-//! The store: everything the gateway must remember across restarts, behind the [`Store`]
-//! trait, with `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) as the
-//! implementation.
+//! The store: everything the gateway must remember across restarts, behind four traits
+//! split by owner — [`SessionStore`] (the agent loop, `Sessions`), [`HealthStore`] (the
+//! router), [`ChannelState`] (channels) and [`PluginData`] (plugins) — and [`Store`], all
+//! four in one value. `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) is
+//! the implementation; `MemoryStore` (`beige_core::testing`, cargo feature `test-util`)
+//! the one in memory. [`Stores`] holds one part per owner, so they may live apart.
 //!
 //! Owns the durable state and its guarantees: sessions and which one is *current* for a
 //! session key, the messages of each session (provider-neutral JSON, one transaction per
@@ -19,6 +22,7 @@ mod tests;
 
 use std::fmt::Debug;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -28,7 +32,7 @@ use crate::llm::{Message, Usage};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 
-/// How many update ids [`Store::mark_seen`] remembers per channel; older ones are pruned.
+/// How many update ids [`ChannelState::mark_seen`] remembers per channel; older ones are pruned.
 pub const SEEN_WINDOW: usize = 1000;
 
 /// Longest session title, in characters (the first user message, shortened).
@@ -125,7 +129,7 @@ pub struct OutboxItem {
     pub created: i64,
 }
 
-/// Bounds that [`Store::kv_set_within`] checks in the same transaction as its write.
+/// Bounds that [`PluginData::kv_set_within`] checks in the same transaction as its write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KvLimits {
     /// Entries (keys) the data may hold; only a new key counts against it.
@@ -148,7 +152,7 @@ pub struct KvUsage {
     pub bytes: u64,
 }
 
-/// The outcome of [`Store::kv_set_within`].
+/// The outcome of [`PluginData::kv_set_within`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvWrite {
     Stored,
@@ -165,6 +169,9 @@ pub enum KvWrite {
         max: u64,
     },
 }
+
+/// A boxed error of a store backend (the SQLite driver's, another database client's).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A store operation failed. Messages name the database and what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -202,14 +209,21 @@ pub enum StoreError {
     #[error("invalid store request: {message}")]
     Invalid { message: String },
 
-    #[error("the database {} failed: {detail}", path.display())]
-    Backend { path: PathBuf, detail: String },
+    /// Any other failure of the backend; `source` is its own error (read it with
+    /// `downcast_ref`). The message keeps naming it, as it always did.
+    #[error("the database {} failed: {source}", path.display())]
+    Backend {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
 }
 
-/// Durable state of the gateway. Every method is one atomic operation; implementations
-/// are shared as `Arc<dyn Store>` and may be called from any task.
+/// Sessions, their messages, and the settings and metadata of each session key: what
+/// the agent loop and the gateway's `Sessions` need (15 methods). Every method is one
+/// atomic operation.
 #[async_trait]
-pub trait Store: Send + Sync + Debug {
+pub trait SessionStore: Send + Sync + Debug {
     // ---- sessions ----
 
     /// Create a session and make it the current session of its key. The previous current
@@ -291,9 +305,12 @@ pub trait Store: Send + Sync + Debug {
         field: &str,
         value: serde_json::Value,
     ) -> Result<(), StoreError>;
+}
 
-    // ---- provider health ----
-
+/// Health of every model, shared by all agents: what the router persists so that a
+/// cooldown survives a restart.
+#[async_trait]
+pub trait HealthStore: Send + Sync + Debug {
     /// Every stored health record, ordered by model key.
     async fn load_health(&self) -> Result<Vec<HealthRecord>, StoreError>;
 
@@ -301,9 +318,12 @@ pub trait Store: Send + Sync + Debug {
     async fn save_health(&self, record: HealthRecord) -> Result<(), StoreError>;
 
     async fn clear_health(&self, model_key: &str) -> Result<(), StoreError>;
+}
 
-    // ---- channels: offsets, dedup window, outbox ----
-
+/// What channels keep across restarts: the offset of each channel, the window of update
+/// ids already seen, and the outbound queue (7 methods).
+#[async_trait]
+pub trait ChannelState: Send + Sync + Debug {
     async fn get_offset(&self, channel: &str) -> Result<Option<i64>, StoreError>;
 
     async fn set_offset(&self, channel: &str, value: i64) -> Result<(), StoreError>;
@@ -337,9 +357,12 @@ pub trait Store: Send + Sync + Debug {
         next_attempt_at: i64,
         error: &str,
     ) -> Result<(), StoreError>;
+}
 
-    // ---- plugin key-value data (scope = agent name) ----
-
+/// Plugin key-value data, scoped by plugin name and a scope (usually the agent name).
+/// All a plugin gets of the store: it cannot read sessions.
+#[async_trait]
+pub trait PluginData: Send + Sync + Debug {
     async fn kv_get(
         &self,
         plugin: &str,
@@ -382,6 +405,234 @@ pub trait Store: Send + Sync + Debug {
         prefix: &str,
     ) -> Result<Vec<String>, StoreError>;
 }
+
+/// Durable state of the gateway: all four parts in one value (`SqliteStore`'s one file,
+/// or `MemoryStore` of `beige_core::testing`). Implemented for every type that implements
+/// the four; shared as `Arc<dyn Store>` and callable from any task. To keep the parts in
+/// different places, give the gateway a [`Stores`].
+///
+/// Rust 1.85 has no trait upcasting: to pass an `Arc<dyn Store>` where one part is
+/// wanted, wrap it once more (`Arc::new(store)`: `Arc<S>` implements each part `S`
+/// does), or take the part from [`Stores::from`].
+pub trait Store: SessionStore + HealthStore + ChannelState + PluginData {}
+
+impl<T: SessionStore + HealthStore + ChannelState + PluginData + ?Sized> Store for T {}
+
+/// The store of a gateway, one part per owner: sessions for the agent loop and
+/// `Sessions`, health for the router, channel state for channels, plugin data for
+/// plugins. Usually all four are one store (`Stores::from(Arc::new(store))`); mix them
+/// with struct update syntax:
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use beige_core::store::{PluginData, Store, Stores};
+/// # fn mixed(store: Arc<dyn Store>, my_kv: Arc<dyn PluginData>) -> Stores {
+/// Stores { data: my_kv, ..Stores::from(store) }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// Sessions, messages, per-key settings and metadata.
+    pub sessions: Arc<dyn SessionStore>,
+    /// Provider health.
+    pub health: Arc<dyn HealthStore>,
+    /// Channel offsets, the dedup window and the outbox.
+    pub channels: Arc<dyn ChannelState>,
+    /// Plugin key-value data.
+    pub data: Arc<dyn PluginData>,
+}
+
+/// One value that is the whole store (`Arc<SqliteStore>`, `Arc<dyn Store>`, …).
+impl<T: Store + ?Sized + 'static> From<Arc<T>> for Stores {
+    fn from(store: Arc<T>) -> Self {
+        Self {
+            sessions: Arc::new(store.clone()),
+            health: Arc::new(store.clone()),
+            channels: Arc::new(store.clone()),
+            data: Arc::new(store),
+        }
+    }
+}
+
+/// `Arc<S>` and `Box<S>` implement each part that `S` implements, by forwarding: the way
+/// to turn an `Arc<dyn Store>` into an `Arc<dyn SessionStore>` without trait upcasting.
+macro_rules! forward_store {
+    ($($ptr:ty),*) => {$(
+        #[async_trait]
+        impl<S: SessionStore + ?Sized> SessionStore for $ptr {
+            async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
+                (**self).create_session(new).await
+            }
+            async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError> {
+                (**self).current_session(key).await
+            }
+            async fn set_current_session(
+                &self,
+                key: &str,
+                session_id: &str,
+            ) -> Result<SessionRecord, StoreError> {
+                (**self).set_current_session(key, session_id).await
+            }
+            async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+                (**self).get_session(id).await
+            }
+            async fn list_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, StoreError> {
+                (**self).list_sessions(agent).await
+            }
+            async fn set_session_title(&self, id: &str, title: &str) -> Result<(), StoreError> {
+                (**self).set_session_title(id, title).await
+            }
+            async fn set_session_model(&self, id: &str, model: &str) -> Result<(), StoreError> {
+                (**self).set_session_model(id, model).await
+            }
+            async fn touch(&self, id: &str) -> Result<(), StoreError> {
+                (**self).touch(id).await
+            }
+            async fn append_turn(
+                &self,
+                session_id: &str,
+                messages: Vec<NewMessage>,
+            ) -> Result<Vec<i64>, StoreError> {
+                (**self).append_turn(session_id, messages).await
+            }
+            async fn messages(
+                &self,
+                session_id: &str,
+                include_compacted: bool,
+            ) -> Result<Vec<StoredMessage>, StoreError> {
+                (**self).messages(session_id, include_compacted).await
+            }
+            async fn compact(
+                &self,
+                session_id: &str,
+                upto_seq: i64,
+                summary: Message,
+            ) -> Result<(), StoreError> {
+                (**self).compact(session_id, upto_seq, summary).await
+            }
+            async fn get_settings(&self, key: &str) -> Result<SessionSettings, StoreError> {
+                (**self).get_settings(key).await
+            }
+            async fn update_settings(
+                &self,
+                key: &str,
+                patch: SettingsPatch,
+            ) -> Result<SessionSettings, StoreError> {
+                (**self).update_settings(key, patch).await
+            }
+            async fn get_metadata(&self, key: &str) -> Result<serde_json::Value, StoreError> {
+                (**self).get_metadata(key).await
+            }
+            async fn set_metadata(
+                &self,
+                key: &str,
+                field: &str,
+                value: serde_json::Value,
+            ) -> Result<(), StoreError> {
+                (**self).set_metadata(key, field, value).await
+            }
+        }
+
+        #[async_trait]
+        impl<S: HealthStore + ?Sized> HealthStore for $ptr {
+            async fn load_health(&self) -> Result<Vec<HealthRecord>, StoreError> {
+                (**self).load_health().await
+            }
+            async fn save_health(&self, record: HealthRecord) -> Result<(), StoreError> {
+                (**self).save_health(record).await
+            }
+            async fn clear_health(&self, model_key: &str) -> Result<(), StoreError> {
+                (**self).clear_health(model_key).await
+            }
+        }
+
+        #[async_trait]
+        impl<S: ChannelState + ?Sized> ChannelState for $ptr {
+            async fn get_offset(&self, channel: &str) -> Result<Option<i64>, StoreError> {
+                (**self).get_offset(channel).await
+            }
+            async fn set_offset(&self, channel: &str, value: i64) -> Result<(), StoreError> {
+                (**self).set_offset(channel, value).await
+            }
+            async fn mark_seen(&self, channel: &str, update_id: i64) -> Result<bool, StoreError> {
+                (**self).mark_seen(channel, update_id).await
+            }
+            async fn enqueue_outbox(
+                &self,
+                channel: &str,
+                payload: serde_json::Value,
+            ) -> Result<i64, StoreError> {
+                (**self).enqueue_outbox(channel, payload).await
+            }
+            async fn due_outbox(
+                &self,
+                channel: &str,
+                now_ms: i64,
+                limit: usize,
+            ) -> Result<Vec<OutboxItem>, StoreError> {
+                (**self).due_outbox(channel, now_ms, limit).await
+            }
+            async fn outbox_done(&self, id: i64) -> Result<(), StoreError> {
+                (**self).outbox_done(id).await
+            }
+            async fn outbox_retry(
+                &self,
+                id: i64,
+                next_attempt_at: i64,
+                error: &str,
+            ) -> Result<(), StoreError> {
+                (**self).outbox_retry(id, next_attempt_at, error).await
+            }
+        }
+
+        #[async_trait]
+        impl<S: PluginData + ?Sized> PluginData for $ptr {
+            async fn kv_get(
+                &self,
+                plugin: &str,
+                scope: &str,
+                key: &str,
+            ) -> Result<Option<String>, StoreError> {
+                (**self).kv_get(plugin, scope, key).await
+            }
+            async fn kv_set(
+                &self,
+                plugin: &str,
+                scope: &str,
+                key: &str,
+                value: &str,
+            ) -> Result<(), StoreError> {
+                (**self).kv_set(plugin, scope, key, value).await
+            }
+            async fn kv_set_within(
+                &self,
+                plugin: &str,
+                scope: &str,
+                key: &str,
+                value: &str,
+                limits: KvLimits,
+            ) -> Result<KvWrite, StoreError> {
+                (**self).kv_set_within(plugin, scope, key, value, limits).await
+            }
+            async fn kv_usage(&self, plugin: &str, scope: Option<&str>) -> Result<KvUsage, StoreError> {
+                (**self).kv_usage(plugin, scope).await
+            }
+            async fn kv_del(&self, plugin: &str, scope: &str, key: &str) -> Result<bool, StoreError> {
+                (**self).kv_del(plugin, scope, key).await
+            }
+            async fn kv_list(
+                &self,
+                plugin: &str,
+                scope: &str,
+                prefix: &str,
+            ) -> Result<Vec<String>, StoreError> {
+                (**self).kv_list(plugin, scope, prefix).await
+            }
+        }
+    )*};
+}
+
+forward_store!(Arc<S>, Box<S>);
 
 /// The title for a session whose first user message says `text`: whitespace collapsed,
 /// shortened to [`TITLE_MAX_CHARS`] with an ellipsis; `None` for blank text.

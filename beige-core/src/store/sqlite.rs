@@ -1,5 +1,5 @@
-//! [`SqliteStore`]: the [`Store`] on one SQLite file (WAL mode, foreign keys on, schema
-//! migrations versioned in code with `PRAGMA user_version`).
+//! [`SqliteStore`]: the whole [`Store`](super::Store) on one SQLite file (WAL mode,
+//! foreign keys on, schema migrations versioned in code with `PRAGMA user_version`).
 //!
 //! rusqlite is blocking, so every call runs on `tokio::task::spawn_blocking` with the one
 //! connection behind a mutex: one writer at a time, which is all a single gateway needs.
@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::{
-    now_ms, title_from, HealthRecord, KvLimits, KvUsage, KvWrite, NewMessage, NewSession,
-    OutboxItem, SessionRecord, SessionSettings, SettingsPatch, Store, StoreError, StoredMessage,
-    SEEN_WINDOW,
+    now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
+    NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings, SessionStore,
+    SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
 use crate::llm::{Message, Role, Usage};
 
@@ -175,7 +175,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The [`Store`] on a SQLite file, normally `<BEIGE_HOME>/beige.db`.
+/// The [`Store`](super::Store) on a SQLite file, normally `<BEIGE_HOME>/beige.db`.
 #[derive(Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
@@ -235,7 +235,7 @@ pub(super) fn classify(err: rusqlite::Error, path: &Path) -> StoreError {
         }
         _ => StoreError::Backend {
             path,
-            detail: err.to_string(),
+            source: Box::new(err),
         },
     }
 }
@@ -308,7 +308,7 @@ impl SqliteStore {
             Ok(result) => result,
             Err(e) => Err(StoreError::Backend {
                 path: self.path.to_path_buf(),
-                detail: format!("the database worker stopped: {e}"),
+                source: format!("the database worker stopped: {e}").into(),
             }),
         }
     }
@@ -537,7 +537,7 @@ fn new_session_id() -> String {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl SessionStore for SqliteStore {
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
         self.run(move |conn, _| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -964,7 +964,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl HealthStore for SqliteStore {
     async fn load_health(&self) -> Result<Vec<HealthRecord>, StoreError> {
         self.run(|conn, _| {
             let mut stmt = conn.prepare_cached(
@@ -1017,7 +1020,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl ChannelState for SqliteStore {
     async fn get_offset(&self, channel: &str) -> Result<Option<i64>, StoreError> {
         let channel = channel.to_string();
         self.run(move |conn, _| {
@@ -1173,7 +1179,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl PluginData for SqliteStore {
     async fn kv_get(
         &self,
         plugin: &str,

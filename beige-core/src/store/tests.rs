@@ -1,4 +1,8 @@
-//! Tests of [`SqliteStore`] on a real database file in a temp dir.
+//! Tests of the store. The contract suite — every generic `async fn name<B: Backend>()`
+//! below — runs against [`SqliteStore`] on a real database file in a temp dir
+//! (`store::tests::sqlite_store::name`) and against [`MemoryStore`]
+//! (`store::tests::memory_store::name`); the file, migrations, locks, corruption and crash
+//! safety are tested on SQLite only.
 
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -8,6 +12,104 @@ use serde_json::json;
 
 use super::*;
 use crate::llm::{Block, Role, ToolResultPart};
+use crate::testing::MemoryStore;
+
+// ---- the contract suite, on both stores ----
+
+/// A store under test, and how to reach it again after "a restart".
+trait Backend: Sized {
+    type Store: Store + Clone + 'static;
+
+    /// A new, empty store (and the temp dir it may live in).
+    fn temp_db() -> (tempfile::TempDir, Self);
+
+    /// Open the store; opened again, it holds what was stored before.
+    fn open(&self) -> Self::Store;
+
+    /// Another connection to the database file, for checks of its tables; `None` when
+    /// the store has no file.
+    fn raw(&self) -> Option<rusqlite::Connection>;
+}
+
+/// [`SqliteStore`] on `beige.db` in a temp dir; opening it again reads the file anew.
+struct Sqlite(PathBuf);
+
+impl Backend for Sqlite {
+    type Store = SqliteStore;
+
+    fn temp_db() -> (tempfile::TempDir, Self) {
+        let (dir, path) = temp_db();
+        (dir, Self(path))
+    }
+
+    fn open(&self) -> SqliteStore {
+        open(&self.0)
+    }
+
+    fn raw(&self) -> Option<rusqlite::Connection> {
+        Some(raw(&self.0))
+    }
+}
+
+/// [`MemoryStore`]; opening it again is another handle on the same memory.
+struct Memory(MemoryStore);
+
+impl Backend for Memory {
+    type Store = MemoryStore;
+
+    fn temp_db() -> (tempfile::TempDir, Self) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        (dir, Self(MemoryStore::new()))
+    }
+
+    fn open(&self) -> MemoryStore {
+        self.0.clone()
+    }
+
+    fn raw(&self) -> Option<rusqlite::Connection> {
+        None
+    }
+}
+
+/// One `#[tokio::test]` per backend for each generic test of the contract.
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        /// The contract suite on [`SqliteStore`](super::SqliteStore).
+        mod sqlite_store {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<super::Sqlite>().await;
+                }
+            )*
+        }
+
+        /// The contract suite on [`MemoryStore`](crate::testing::MemoryStore).
+        mod memory_store {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test::<super::Memory>().await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    sessions_create_current_list_and_resume,
+    append_turn_orders_titles_and_counts,
+    every_block_kind_round_trips,
+    compaction_marks_and_places_the_summary_first,
+    settings_update_partially,
+    metadata_fields_are_set_and_removed,
+    health_survives_a_restart,
+    offsets_dedup_and_outbox_retry,
+    kv_operations_and_scope_isolation,
+    kv_usage_follows_every_write_path,
+    kv_set_within_refuses_beyond_the_limits_and_keeps_the_data,
+    concurrent_sets_cannot_overshoot_a_limit,
+);
 
 // ---- helpers ----
 
@@ -225,10 +327,9 @@ fn error_messages() {
 
 // ---- sessions ----
 
-#[tokio::test]
-async fn sessions_create_current_list_and_resume() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn sessions_create_current_list_and_resume<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let key = "telegram:42";
     assert_eq!(store.current_session(key).await.unwrap(), None);
 
@@ -345,10 +446,9 @@ fn titles_are_collapsed_and_shortened() {
 
 // ---- messages ----
 
-#[tokio::test]
-async fn append_turn_orders_titles_and_counts() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn append_turn_orders_titles_and_counts<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -453,10 +553,9 @@ async fn a_failure_mid_turn_stores_nothing_of_the_turn() {
     assert_eq!(messages.len(), 4);
 }
 
-#[tokio::test]
-async fn every_block_kind_round_trips() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn every_block_kind_round_trips<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -516,7 +615,7 @@ async fn every_block_kind_round_trips() {
         .await
         .unwrap();
     drop(store);
-    let store = open(&path);
+    let store = db.open();
     let stored = store.messages(&s.id, true).await.unwrap();
     assert_eq!(
         stored.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
@@ -524,10 +623,9 @@ async fn every_block_kind_round_trips() {
     );
 }
 
-#[tokio::test]
-async fn compaction_marks_and_places_the_summary_first() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn compaction_marks_and_places_the_summary_first<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -628,10 +726,9 @@ async fn compaction_marks_and_places_the_summary_first() {
 
 // ---- settings and metadata ----
 
-#[tokio::test]
-async fn settings_update_partially() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn settings_update_partially<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let key = "telegram:42:7";
     assert_eq!(
         store.get_settings(key).await.unwrap(),
@@ -687,7 +784,7 @@ async fn settings_update_partially() {
         .unwrap();
     store.create_session(new_session("a", key)).await.unwrap();
     drop(store);
-    let store = open(&path);
+    let store = db.open();
     assert_eq!(
         store.get_settings(key).await.unwrap(),
         SessionSettings {
@@ -701,10 +798,9 @@ async fn settings_update_partially() {
     );
 }
 
-#[tokio::test]
-async fn metadata_fields_are_set_and_removed() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn metadata_fields_are_set_and_removed<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let key = "telegram:42";
     assert_eq!(store.get_metadata(key).await.unwrap(), json!({}));
     store
@@ -743,10 +839,9 @@ async fn metadata_fields_are_set_and_removed() {
 
 // ---- health ----
 
-#[tokio::test]
-async fn health_survives_a_restart() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn health_survives_a_restart<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let limited = HealthRecord {
         model_key: "openrouter/meta/llama-3".into(),
         cooldown_until: Some(now_ms() + 300_000),
@@ -768,7 +863,7 @@ async fn health_survives_a_restart() {
     store.save_health(updated.clone()).await.unwrap();
     drop(store);
 
-    let store = open(&path);
+    let store = db.open();
     assert_eq!(
         store.load_health().await.unwrap(),
         [failing.clone(), updated]
@@ -780,10 +875,9 @@ async fn health_survives_a_restart() {
 
 // ---- channels ----
 
-#[tokio::test]
-async fn offsets_dedup_and_outbox_retry() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn offsets_dedup_and_outbox_retry<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
 
     assert_eq!(store.get_offset("telegram").await.unwrap(), None);
     store.set_offset("telegram", 1001).await.unwrap();
@@ -810,14 +904,16 @@ async fn offsets_dedup_and_outbox_retry() {
         store.mark_seen("telegram", 1001).await.unwrap(),
         "pruned, so new again"
     );
-    let kept: i64 = raw(&path)
-        .query_row(
-            "SELECT COUNT(*) FROM channel_seen WHERE channel = 'telegram'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(kept, SEEN_WINDOW as i64);
+    if let Some(raw) = db.raw() {
+        let kept: i64 = raw
+            .query_row(
+                "SELECT COUNT(*) FROM channel_seen WHERE channel = 'telegram'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(kept, SEEN_WINDOW as i64);
+    }
     assert!(
         !store.mark_seen("other", 1001).await.unwrap(),
         "other channels are not pruned"
@@ -852,7 +948,7 @@ async fn offsets_dedup_and_outbox_retry() {
         .await
         .unwrap();
     drop(store);
-    let store = open(&path);
+    let store = db.open();
     let due = store.due_outbox("telegram", now, 10).await.unwrap();
     assert_eq!(due.iter().map(|i| i.id).collect::<Vec<_>>(), [second]);
     store.outbox_done(second).await.unwrap();
@@ -885,10 +981,9 @@ async fn offsets_dedup_and_outbox_retry() {
 
 // ---- plugin data ----
 
-#[tokio::test]
-async fn kv_operations_and_scope_isolation() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn kv_operations_and_scope_isolation<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     assert_eq!(store.kv_get("kv", "alice", "k").await.unwrap(), None);
     store.kv_set("kv", "alice", "notes/a", "1").await.unwrap();
     store.kv_set("kv", "alice", "notes/b", "2").await.unwrap();
@@ -945,10 +1040,9 @@ async fn kv_operations_and_scope_isolation() {
     );
 }
 
-#[tokio::test]
-async fn kv_usage_follows_every_write_path() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn kv_usage_follows_every_write_path<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let usage = |entries, bytes| KvUsage { entries, bytes };
     assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(0, 0));
     store.kv_set("kv", "a", "k1", "value").await.unwrap(); // 2 + 5
@@ -964,20 +1058,21 @@ async fn kv_usage_follows_every_write_path() {
     assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(0, 0));
     assert_eq!(store.kv_usage("kv", None).await.unwrap(), usage(1, 2));
     // No usage row is left behind for an emptied scope.
-    let rows: i64 = raw(&path)
-        .query_row(
-            "SELECT count(*) FROM plugin_kv_usage WHERE scope = 'a'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(rows, 0);
+    if let Some(raw) = db.raw() {
+        let rows: i64 = raw
+            .query_row(
+                "SELECT count(*) FROM plugin_kv_usage WHERE scope = 'a'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(rows, 0);
+    }
 }
 
-#[tokio::test]
-async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let limits = KvLimits {
         max_entries: Some(2),
         max_bytes: Some(20),
@@ -1044,10 +1139,9 @@ async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data() {
     assert_eq!(store.kv_get("kv", "d", "k").await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn concurrent_sets_cannot_overshoot_a_limit() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
+async fn concurrent_sets_cannot_overshoot_a_limit<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
     let limits = KvLimits {
         max_entries: None,
         max_bytes: Some(1000),

@@ -16,7 +16,7 @@ use beige_core::channel::http::{router, ApiState};
 use beige_core::disk::{FsSpace, Probe};
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
-use beige_core::store::{KvUsage, SqliteStore, Store};
+use beige_core::store::{KvUsage, PluginData, SqliteStore};
 use beige_core::tools::ToolOutput;
 use beige_core::Admin as _;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest};

@@ -247,7 +247,7 @@ async fn status(
         None => (primary, ""),
     };
     let session = ctx
-        .store
+        .sessions
         .current_session(&job.key)
         .await
         .map_err(GatewayError::from)?

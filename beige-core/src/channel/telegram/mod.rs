@@ -5,9 +5,10 @@
 //! in which chat, session keys (`telegram:<chatId>` or `telegram:<chatId>:<threadId>` in
 //! forum topics), commands, streaming replies, formatting, delivery and the `telegram`
 //! plugin tool ([`TelegramPlugin`]). It reaches agents only through the [`Gateway`](crate::Gateway)
-//! trait, and it touches the store only for its own records: the offset, the dedup
-//! window, its inbox and outbox, and its plugin data (`telegram`). It never calls a
-//! model or a sandbox itself.
+//! trait, and it writes to the store only its own records: the offset, the dedup window,
+//! its inbox and outbox ([`ChannelState`]), and its plugin data (`telegram`,
+//! [`PluginData`]); of the sessions ([`SessionStore`]) it only reads a chat's current one
+//! and its messages. It never calls a model or a sandbox itself.
 //!
 //! | module | owns |
 //! |---|---|
@@ -77,7 +78,7 @@ use self::outbox::{OutItem, KV};
 use self::poll::{Inbound, PollHealth, Poller};
 use super::{Channel, ChannelContext, ChannelError};
 use crate::gateway::{GatewayError, GatewayFull};
-use crate::store::{Store, StoreError};
+use crate::store::{ChannelState, PluginData, SessionStore, StoreError, Stores};
 
 /// Errors of the Telegram channel and plugin.
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +163,15 @@ struct Queue {
 pub(crate) struct Ctx {
     pub cfg: TelegramConfig,
     pub api: BotApi,
-    pub store: Arc<dyn Store>,
+    /// The inbox, the outbox, the offset and the dedup window.
+    pub state: Arc<dyn ChannelState>,
+    /// The channel's own records (plugin data `telegram`): prompts in flight, progress
+    /// and failures of outgoing messages.
+    pub data: Arc<dyn PluginData>,
+    /// Read only: the current session of a key and its stored messages (the answer of a
+    /// turn that completed before a crash, `/status`). Sessions change only through the
+    /// gateway (`/new`, `/resume`, prompts).
+    pub sessions: Arc<dyn SessionStore>,
     pub gateway: Arc<dyn GatewayFull>,
     pub token: CancellationToken,
     pub finishing: Arc<Mutex<HashSet<i64>>>,
@@ -184,17 +193,17 @@ impl Ctx {
             .insert(update_id);
         let mut ok = true;
         if let Some(item) = reply {
-            if let Err(e) = outbox::enqueue(&*self.store, &item).await {
+            if let Err(e) = outbox::enqueue(&*self.state, &item).await {
                 tracing::error!(update_id, error = %e, "cannot queue a Telegram reply; the update is handled again at the next start");
                 ok = false;
             }
         }
         if ok {
-            if let Err(e) = self.store.outbox_done(inbox_id).await {
+            if let Err(e) = self.state.outbox_done(inbox_id).await {
                 tracing::warn!(update_id, error = %e, "cannot remove a finished update from the inbox");
             }
             let _ = self
-                .store
+                .data
                 .kv_del(KV, worker::KV_INFLIGHT, &update_id.to_string())
                 .await;
         }
@@ -344,7 +353,9 @@ impl Ctx {
 /// [`TelegramChannel::from_config`]) and serve it with [`Channel::run`].
 pub struct TelegramChannel {
     config: TelegramConfig,
-    store: Arc<dyn Store>,
+    state: Arc<dyn ChannelState>,
+    data: Arc<dyn PluginData>,
+    sessions: Arc<dyn SessionStore>,
     api: BotApi,
     health: Arc<PollHealth>,
 }
@@ -358,12 +369,17 @@ impl std::fmt::Debug for TelegramChannel {
 }
 
 impl TelegramChannel {
-    /// A channel with this config, keeping its records in `store` (the gateway's).
-    pub fn new(config: TelegramConfig, store: Arc<dyn Store>) -> Result<Self, ChannelError> {
+    /// A channel with this config, keeping its records in `store` (the gateway's: one
+    /// value, or [`Stores`]). It uses the channel state and plugin data, and reads the
+    /// current session of a chat; it never changes sessions itself.
+    pub fn new(config: TelegramConfig, store: impl Into<Stores>) -> Result<Self, ChannelError> {
         let api = BotApi::new(&config.api_base_url, &config.token);
+        let stores: Stores = store.into();
         Ok(Self {
             config,
-            store,
+            state: stores.channels,
+            data: stores.data,
+            sessions: stores.sessions,
             api,
             health: Arc::default(),
         })
@@ -372,7 +388,7 @@ impl TelegramChannel {
     /// The channel configured under `plugins.telegram` (built-in, no `path`), or `None`.
     pub fn from_config(
         config: &crate::Config,
-        store: Arc<dyn Store>,
+        store: impl Into<Stores>,
     ) -> Result<Option<Self>, ChannelError> {
         match TelegramConfig::from_config(config)? {
             Some(c) => Self::new(c, store).map(Some),
@@ -454,13 +470,13 @@ impl Channel for TelegramChannel {
             }
             Err(e) => tracing::warn!(error = %e, "could not register the bot's commands with Telegram"),
         }
-        let recovered = poll::recover(&*self.store)
+        let recovered = poll::recover(&*self.state)
             .await
             .map_err(TelegramError::from)?;
         let live: HashSet<String> = recovered.iter().map(|r| r.update_id.to_string()).collect();
-        if let Ok(markers) = self.store.kv_list(KV, worker::KV_INFLIGHT, "").await {
+        if let Ok(markers) = self.data.kv_list(KV, worker::KV_INFLIGHT, "").await {
             for m in markers.into_iter().filter(|m| !live.contains(m)) {
-                let _ = self.store.kv_del(KV, worker::KV_INFLIGHT, &m).await;
+                let _ = self.data.kv_del(KV, worker::KV_INFLIGHT, &m).await;
             }
         }
 
@@ -468,7 +484,9 @@ impl Channel for TelegramChannel {
         let ctx = Arc::new(Ctx {
             cfg: self.config.clone(),
             api: self.api.clone(),
-            store: self.store.clone(),
+            state: self.state.clone(),
+            data: self.data.clone(),
+            sessions: self.sessions.clone(),
             gateway,
             token: token.clone(),
             finishing: finishing.clone(),
@@ -478,9 +496,10 @@ impl Channel for TelegramChannel {
         for r in recovered {
             let _ = tx.send(r);
         }
-        outbox::clear_failures(&*self.store).await;
+        outbox::clear_failures(&*self.data).await;
         let sender = outbox::Sender {
-            store: self.store.clone(),
+            state: self.state.clone(),
+            data: self.data.clone(),
             api: self.api.clone(),
             finishing,
             sent: Arc::default(),
@@ -488,7 +507,7 @@ impl Channel for TelegramChannel {
         spawn_until(&token, sender.run(token.clone()));
         let poller = Poller {
             api: self.api.renewed(),
-            store: self.store.clone(),
+            state: self.state.clone(),
             wait: self.config.poll_timeout,
             grace: self.config.watchdog_grace,
             tx,
@@ -538,7 +557,7 @@ impl Channel for TelegramChannel {
                 message: "cannot send an empty message".into(),
             });
         }
-        outbox::enqueue(&*self.store, &OutItem::text(chat, thread, chunks))
+        outbox::enqueue(&*self.state, &OutItem::text(chat, thread, chunks))
             .await
             .map_err(TelegramError::from)?;
         Ok(())

@@ -1,5 +1,5 @@
 //! The outbox: every reply, command answer, proactive message and tool message is an
-//! [`OutItem`] queued in the store (`Store::enqueue_outbox`, channel `telegram`) and
+//! [`OutItem`] queued in the store (`ChannelState::enqueue_outbox`, channel `telegram`) and
 //! delivered by one [`Sender`] task with retry and backoff.
 //!
 //! - One item is one logical message (an answer split into several chunks is one item);
@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::{ApiError, BotApi, Upload};
 use super::format::{split_plain, Chunk, MAX_MESSAGE_LEN};
-use crate::store::{now_ms, OutboxItem, Store, StoreError};
+use crate::store::{now_ms, ChannelState, OutboxItem, PluginData, StoreError};
 
 /// Channel name of replies in the outbox, of the offset and of the dedup window.
 pub const CHANNEL: &str = "telegram";
@@ -122,11 +122,11 @@ impl OutItem {
 }
 
 /// Queue `item` and wake the sender. Returns the outbox id.
-pub(crate) async fn enqueue(store: &dyn Store, item: &OutItem) -> Result<i64, StoreError> {
+pub(crate) async fn enqueue(state: &dyn ChannelState, item: &OutItem) -> Result<i64, StoreError> {
     let payload = serde_json::to_value(item).map_err(|e| StoreError::Invalid {
         message: format!("cannot encode a Telegram outbox item: {e}"),
     })?;
-    let id = store.enqueue_outbox(CHANNEL, payload).await?;
+    let id = state.enqueue_outbox(CHANNEL, payload).await?;
     wake();
     Ok(id)
 }
@@ -142,23 +142,24 @@ pub(crate) enum Delivery {
 
 /// Wait up to `limit` for item `id` to leave the outbox.
 pub(crate) async fn wait_settled(
-    store: &dyn Store,
+    state: &dyn ChannelState,
+    data: &dyn PluginData,
     id: i64,
     limit: Duration,
 ) -> Result<Delivery, StoreError> {
     let mut rx = SETTLED.subscribe();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let pending = store
+        let pending = state
             .due_outbox(CHANNEL, i64::MAX, 100_000)
             .await?
             .iter()
             .any(|i| i.id == id);
         if !pending {
             let key = id.to_string();
-            return Ok(match store.kv_get(KV, KV_FAILED, &key).await? {
+            return Ok(match data.kv_get(KV, KV_FAILED, &key).await? {
                 Some(error) => {
-                    let _ = store.kv_del(KV, KV_FAILED, &key).await;
+                    let _ = data.kv_del(KV, KV_FAILED, &key).await;
                     Delivery::Failed(error)
                 }
                 None => Delivery::Sent,
@@ -174,7 +175,10 @@ pub(crate) async fn wait_settled(
 /// Delivers the outbox. One per channel run.
 #[derive(Debug, Clone)]
 pub(crate) struct Sender {
-    pub store: Arc<dyn Store>,
+    /// The outbox.
+    pub state: Arc<dyn ChannelState>,
+    /// Progress of long messages and failure records (plugin data `telegram`).
+    pub data: Arc<dyn PluginData>,
     pub api: BotApi,
     /// Updates whose inbox entry is being removed; their replies wait.
     pub finishing: Arc<Mutex<HashSet<i64>>>,
@@ -209,7 +213,7 @@ impl Sender {
     /// next item is due, if any is waiting.
     async fn pass(&self) -> Option<Duration> {
         loop {
-            let items = match self.store.due_outbox(CHANNEL, i64::MAX, 1000).await {
+            let items = match self.state.due_outbox(CHANNEL, i64::MAX, 1000).await {
                 Ok(items) => items,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the Telegram outbox");
@@ -234,7 +238,7 @@ impl Sender {
                 }
                 if self.was_sent(item.id) {
                     // Delivered before; only its removal failed. Try that again.
-                    if self.store.outbox_done(item.id).await.is_ok() {
+                    if self.state.outbox_done(item.id).await.is_ok() {
                         self.sent
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -281,7 +285,7 @@ impl Sender {
     async fn attempt(&self, item: OutboxItem, out: OutItem) {
         match self.deliver(item.id, &out).await {
             Ok(()) => {
-                if let Err(e) = self.store.outbox_done(item.id).await {
+                if let Err(e) = self.state.outbox_done(item.id).await {
                     tracing::warn!(id = item.id, error = %e, "sent, but could not remove it from the outbox");
                     self.sent
                         .lock()
@@ -290,7 +294,7 @@ impl Sender {
                     return;
                 }
                 let _ = self
-                    .store
+                    .data
                     .kv_del(KV, KV_PROGRESS, &item.id.to_string())
                     .await;
                 settled();
@@ -329,7 +333,7 @@ impl Sender {
                     "Telegram message not sent yet; will retry"
                 );
                 let at = now_ms() + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
-                if let Err(se) = self.store.outbox_retry(item.id, at, &e.to_string()).await {
+                if let Err(se) = self.state.outbox_retry(item.id, at, &e.to_string()).await {
                     tracing::warn!(id = item.id, error = %se, "cannot record the failed attempt");
                 }
             }
@@ -340,10 +344,10 @@ impl Sender {
         let key = item.id.to_string();
         // Only messages nobody else tracks (tool, proactive) are reported back.
         if item.payload.get("updateId").is_none() {
-            let _ = self.store.kv_set(KV, KV_FAILED, &key, why).await;
+            let _ = self.data.kv_set(KV, KV_FAILED, &key, why).await;
         }
-        let _ = self.store.kv_del(KV, KV_PROGRESS, &key).await;
-        if let Err(e) = self.store.outbox_done(item.id).await {
+        let _ = self.data.kv_del(KV, KV_PROGRESS, &key).await;
+        if let Err(e) = self.state.outbox_done(item.id).await {
             tracing::warn!(id = item.id, error = %e, "cannot remove a failed item from the outbox");
         }
         settled();
@@ -360,7 +364,7 @@ impl Sender {
                 ..
             } => {
                 let key = id.to_string();
-                let done: usize = match self.store.kv_get(KV, KV_PROGRESS, &key).await {
+                let done: usize = match self.data.kv_get(KV, KV_PROGRESS, &key).await {
                     Ok(v) => v.and_then(|s| s.parse().ok()).unwrap_or(0),
                     Err(e) => {
                         return Err(Failure::Api(ApiError::Transport {
@@ -377,7 +381,7 @@ impl Sender {
                     }
                     if i + 1 < chunks.len() {
                         if let Err(e) = self
-                            .store
+                            .data
                             .kv_set(KV, KV_PROGRESS, &key, &(i + 1).to_string())
                             .await
                         {
@@ -505,10 +509,10 @@ impl Sender {
 }
 
 /// Forget the failure records of an earlier run (nobody waits for them any more).
-pub(crate) async fn clear_failures(store: &dyn Store) {
-    if let Ok(keys) = store.kv_list(KV, KV_FAILED, "").await {
+pub(crate) async fn clear_failures(data: &dyn PluginData) {
+    if let Ok(keys) = data.kv_list(KV, KV_FAILED, "").await {
         for k in keys {
-            let _ = store.kv_del(KV, KV_FAILED, &k).await;
+            let _ = data.kv_del(KV, KV_FAILED, &k).await;
         }
     }
 }

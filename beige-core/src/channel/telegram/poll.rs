@@ -5,7 +5,7 @@
 //!
 //! 1. the raw update is queued in the inbox (the store's outbox table, channel
 //!    [`INBOX`]);
-//! 2. its id is marked seen ([`Store::mark_seen`]); when it was seen before, the entry
+//! 2. its id is marked seen ([`ChannelState::mark_seen`]); when it was seen before, the entry
 //!    from step 1 is removed again and the update is dropped as a duplicate;
 //! 3. the offset is persisted as `update_id + 1`.
 //!
@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::{ApiError, BotApi};
 use super::outbox::CHANNEL;
-use crate::store::{now_ms, Store, StoreError};
+use crate::store::{now_ms, ChannelState, StoreError};
 
 /// Channel name of the inbox in the store's outbox table.
 pub const INBOX: &str = "telegram.inbox";
@@ -99,7 +99,7 @@ where
 
 /// Accept one update (see the module docs). `Ok(None)`: a duplicate.
 pub(crate) async fn accept(
-    store: &dyn Store,
+    state: &dyn ChannelState,
     update_id: i64,
     update: Value,
     health: &PollHealth,
@@ -107,21 +107,21 @@ pub(crate) async fn accept(
 ) -> Option<Option<Inbound>> {
     let payload = json!({"updateId": update_id, "update": update});
     let inbox_id = retry("queueing an update", health, shutdown, || {
-        store.enqueue_outbox(INBOX, payload.clone())
+        state.enqueue_outbox(INBOX, payload.clone())
     })
     .await?;
     let fresh = retry("marking an update seen", health, shutdown, || {
-        store.mark_seen(CHANNEL, update_id)
+        state.mark_seen(CHANNEL, update_id)
     })
     .await?;
     if !fresh {
         retry("dropping a duplicate update", health, shutdown, || {
-            store.outbox_done(inbox_id)
+            state.outbox_done(inbox_id)
         })
         .await?;
     }
     retry("saving the offset", health, shutdown, || {
-        store.set_offset(CHANNEL, update_id + 1)
+        state.set_offset(CHANNEL, update_id + 1)
     })
     .await?;
     if !fresh {
@@ -138,15 +138,15 @@ pub(crate) async fn accept(
 /// At start: everything still in the inbox, oldest first, each marked seen; entries
 /// whose reply is already queued are removed (they were finished); the offset is moved
 /// past every inbox entry.
-pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<Inbound>, StoreError> {
-    let entries = store.due_outbox(INBOX, i64::MAX, 100_000).await?;
-    let answered: HashSet<i64> = store
+pub(crate) async fn recover(state: &dyn ChannelState) -> Result<Vec<Inbound>, StoreError> {
+    let entries = state.due_outbox(INBOX, i64::MAX, 100_000).await?;
+    let answered: HashSet<i64> = state
         .due_outbox(CHANNEL, i64::MAX, 100_000)
         .await?
         .iter()
         .filter_map(|i| i.payload.get("updateId").and_then(Value::as_i64))
         .collect();
-    let stored_offset = store.get_offset(CHANNEL).await?;
+    let stored_offset = state.get_offset(CHANNEL).await?;
     let mut offset = stored_offset.unwrap_or(0);
     let mut ids = HashSet::new();
     let mut out = Vec::new();
@@ -156,13 +156,13 @@ pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<Inbound>, StoreErro
             entry.payload.get("update"),
         ) else {
             tracing::warn!(id = entry.id, "dropping an unreadable Telegram inbox entry");
-            store.outbox_done(entry.id).await?;
+            state.outbox_done(entry.id).await?;
             continue;
         };
-        store.mark_seen(CHANNEL, update_id).await?;
+        state.mark_seen(CHANNEL, update_id).await?;
         offset = offset.max(update_id + 1);
         if !ids.insert(update_id) || answered.contains(&update_id) {
-            store.outbox_done(entry.id).await?;
+            state.outbox_done(entry.id).await?;
             continue;
         }
         out.push(Inbound {
@@ -172,7 +172,7 @@ pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<Inbound>, StoreErro
         });
     }
     if Some(offset) != stored_offset && offset > 0 {
-        store.set_offset(CHANNEL, offset).await?;
+        state.set_offset(CHANNEL, offset).await?;
     }
     if !out.is_empty() {
         tracing::info!(
@@ -187,7 +187,7 @@ pub(crate) async fn recover(store: &dyn Store) -> Result<Vec<Inbound>, StoreErro
 #[derive(Debug, Clone)]
 pub(crate) struct Poller {
     pub api: BotApi,
-    pub store: Arc<dyn Store>,
+    pub state: Arc<dyn ChannelState>,
     pub wait: Duration,
     pub grace: Duration,
     pub tx: mpsc::UnboundedSender<Inbound>,
@@ -203,9 +203,9 @@ impl Poller {
     /// Poll until `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let health = self.health.clone();
-        let store = self.store.clone();
+        let state = self.state.clone();
         let Some(stored) = retry("reading the offset", &health, &shutdown, || {
-            store.get_offset(CHANNEL)
+            state.get_offset(CHANNEL)
         })
         .await
         else {
@@ -262,7 +262,7 @@ impl Poller {
                     continue;
                 }
                 let Some(accepted) =
-                    accept(&*self.store, update_id, update, &self.health, &shutdown).await
+                    accept(&*self.state, update_id, update, &self.health, &shutdown).await
                 else {
                     return;
                 };
@@ -320,12 +320,10 @@ pub(crate) async fn supervise(poller: Poller, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SqliteStore;
+    use crate::testing::MemoryStore;
 
-    fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open(dir.path().join("t.db")).unwrap();
-        (dir, Arc::new(s))
+    fn store() -> Arc<MemoryStore> {
+        Arc::new(MemoryStore::new())
     }
 
     fn update(id: i64) -> Value {
@@ -334,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_update_is_accepted_once() {
-        let (_d, s) = store();
+        let s = store();
         let h = PollHealth::default();
         let t = CancellationToken::new();
         let a = accept(&*s, 10, update(10), &h, &t).await.unwrap();
@@ -347,7 +345,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_crash_after_queueing_never_duplicates() {
-        let (_d, s) = store();
+        let s = store();
         // Crash right after step 1: queued, not marked seen, offset not moved.
         s.enqueue_outbox(INBOX, json!({"updateId": 20, "update": update(20)}))
             .await
@@ -365,7 +363,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_crash_after_the_reply_was_queued_finishes_the_entry() {
-        let (_d, s) = store();
+        let s = store();
         s.enqueue_outbox(INBOX, json!({"updateId": 30, "update": update(30)}))
             .await
             .unwrap();

@@ -33,7 +33,7 @@ use super::outbox::{self, Delivery, OutItem};
 use crate::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
-use crate::store::Store;
+use crate::store::{ChannelState, PluginData};
 
 /// Largest photo Telegram accepts for upload.
 pub const MAX_PHOTO_BYTES: u64 = 10 * 1024 * 1024;
@@ -90,7 +90,8 @@ impl Plugin for TelegramPlugin {
             })?;
         }
         reg.tool(Arc::new(TelegramTool {
-            store: ctx.store.clone(),
+            state: ctx.channel_state.clone(),
+            data: ctx.store.clone(),
             fixed: self.config.clone(),
         }))
     }
@@ -99,7 +100,10 @@ impl Plugin for TelegramPlugin {
 /// The `telegram` tool.
 #[derive(Debug)]
 struct TelegramTool {
-    store: Arc<dyn Store>,
+    /// The channel's outbox, where every message goes.
+    state: Arc<dyn ChannelState>,
+    /// Where the sender records a message Telegram refused.
+    data: Arc<dyn PluginData>,
     /// A config given in code (else the call's config is used).
     fixed: Option<TelegramConfig>,
 }
@@ -296,7 +300,7 @@ impl TelegramTool {
         chat: i64,
         thread: Option<i64>,
     ) -> ToolResult {
-        let id = match outbox::enqueue(&*self.store, &item).await {
+        let id = match outbox::enqueue(&*self.state, &item).await {
             Ok(id) => id,
             Err(e) => {
                 return ToolResult::fail(format!("telegram: cannot queue the {what}: {e}\n"), 1)
@@ -306,7 +310,7 @@ impl TelegramTool {
             Some(t) => format!("chat {chat} (thread {t})"),
             None => format!("chat {chat}"),
         };
-        match outbox::wait_settled(&*self.store, id, WAIT).await {
+        match outbox::wait_settled(&*self.state, &*self.data, id, WAIT).await {
             Ok(Delivery::Sent) => ToolResult::ok(format!("{what} sent to {place}\n")),
             Ok(Delivery::Failed(e)) => {
                 ToolResult::fail(format!("telegram: Telegram did not accept the {what}: {e}\n"), 1)

@@ -68,13 +68,18 @@ pub(crate) fn completed_answer(after: &[&StoredMessage], text: &str) -> Option<S
 /// The stored answer when this update's turn completed before a crash.
 async fn recovered_answer(ctx: &Ctx, job: &Job) -> Option<String> {
     let marker = ctx
-        .store
+        .data
         .kv_get(KV, KV_INFLIGHT, &job.update_id.to_string())
         .await
         .ok()
         .flatten()?;
     let marker: Value = serde_json::from_str(&marker).ok()?;
-    let session = ctx.store.current_session(&job.key).await.ok().flatten()?;
+    let session = ctx
+        .sessions
+        .current_session(&job.key)
+        .await
+        .ok()
+        .flatten()?;
     let skip = if marker.get("sessionId").and_then(Value::as_str) == Some(session.id.as_str()) {
         marker
             .get("count")
@@ -84,7 +89,7 @@ async fn recovered_answer(ctx: &Ctx, job: &Job) -> Option<String> {
     } else {
         0
     };
-    let messages = ctx.store.messages(&session.id, true).await.ok()?;
+    let messages = ctx.sessions.messages(&session.id, true).await.ok()?;
     let plain: Vec<&StoredMessage> = messages.iter().filter(|m| !m.summary).collect();
     let answer = completed_answer(plain.get(skip..)?, &job.text)?;
     tracing::info!(
@@ -369,13 +374,13 @@ async fn run_job(ctx: &Arc<Ctx>, job: Job) {
         .await;
         return;
     }
-    let before = ctx.store.current_session(&job.key).await.ok().flatten();
+    let before = ctx.sessions.current_session(&job.key).await.ok().flatten();
     let marker = json!({
         "sessionId": before.as_ref().map(|s| s.id.clone()),
         "count": before.as_ref().map(|s| s.message_count).unwrap_or(0),
     });
     if let Err(e) = ctx
-        .store
+        .data
         .kv_set(
             KV,
             KV_INFLIGHT,
