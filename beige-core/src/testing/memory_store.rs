@@ -25,19 +25,19 @@ use crate::store::{
 /// the same state, as clones of `SqliteStore` share one database.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use beige_core::store::{NewSession, SessionStore};
 /// use beige_core::testing::MemoryStore;
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = MemoryStore::new();
-/// let session = store
-///     .create_session(NewSession { agent: "a".into(), key: "api:a:default".into(), ..Default::default() })
-///     .await
-///     .unwrap();
+/// let new = NewSession {
+///     agent: "a".into(),
+///     key: "api:a:default".into(),
+///     ..Default::default()
+/// };
+/// let session = store.create_session(new).await.unwrap();
 /// assert_eq!(store.current_session("api:a:default").await.unwrap(), Some(session));
 /// // A gateway takes it as its store: `GatewayBuilder::store(Arc::new(store))`.
-/// let _shared = Arc::new(store);
 /// # });
 /// ```
 #[derive(Clone, Default)]

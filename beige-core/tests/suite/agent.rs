@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
-use beige_core::store::{SessionStore, SqliteStore};
+use beige_core::store::{HealthStore, SessionStore, SqliteStore, Stores};
+use beige_core::testing::MemoryStore;
 use beige_core::{Admin as _, Sessions as _};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::{error_reply, text_response, tool_use_response, MessageStream};
@@ -315,6 +316,66 @@ async fn rate_limited_primary_falls_back_and_stays_cooling_down_across_restarts(
         Some("third answer from the spare")
     );
     assert_eq!(primary.request_count(), 1);
+}
+
+#[tokio::test]
+async fn each_part_of_a_mixed_store_gets_only_its_owners_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let primary = FakeLlmServer::start().await;
+    let spare = FakeLlmServer::start().await;
+    primary.push(error_reply(429, "rate_limit_error", "slow down").header("retry-after", "30"));
+    spare.push(text_response("answer from the spare"));
+    let (sessions, health, rest) = (MemoryStore::new(), MemoryStore::new(), MemoryStore::new());
+    let stores = Stores {
+        sessions: Arc::new(sessions.clone()),
+        health: Arc::new(health.clone()),
+        ..Stores::from(Arc::new(rest.clone()))
+    };
+    let gw = GatewayBuilder::new(config(&primary, Some(&spare), json!({})), home.clone())
+        .sandbox(Arc::new(MemorySandbox::new()))
+        .stores(stores)
+        .build()
+        .await
+        .unwrap();
+
+    let events = ask(&gw, "api:a:default", "hello").await;
+    assert_eq!(done_text(&events).as_deref(), Some("answer from the spare"));
+    // The turn is in the sessions part, and only there.
+    let s = sessions
+        .current_session("api:a:default")
+        .await
+        .unwrap()
+        .unwrap();
+    let texts: Vec<String> = sessions
+        .messages(&s.id, true)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.message.text())
+        .collect();
+    assert_eq!(texts, ["hello", "answer from the spare"]);
+    for other in [&health, &rest] {
+        assert_eq!(other.current_session("api:a:default").await.unwrap(), None);
+        assert_eq!(other.list_sessions("a").await.unwrap(), []);
+    }
+    // The cooldown is in the health part (written in the background), and only there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let records = loop {
+        let records = health.load_health().await.unwrap();
+        if !records.is_empty() || Instant::now() > deadline {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].model_key, "anthropic/claude-sonnet-4-6");
+    assert!(records[0].cooldown_until.is_some(), "{records:?}");
+    assert_eq!(sessions.load_health().await.unwrap(), []);
+    assert_eq!(rest.load_health().await.unwrap(), []);
+    // Nothing fell back to the default store.
+    assert!(!home.db_path().exists());
+    gw.shutdown().await.unwrap();
 }
 
 #[tokio::test]
