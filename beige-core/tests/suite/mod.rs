@@ -7,6 +7,7 @@ mod hostile_identity;
 mod hostile_socket;
 mod hostile_workspace;
 mod http_api;
+mod layers;
 mod link;
 mod plugins_external;
 mod policy_seam;

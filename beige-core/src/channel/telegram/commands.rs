@@ -13,7 +13,7 @@ use super::api::BotCommand;
 use super::format::{escape_html, Chunk};
 use super::outbox::OutItem;
 use super::{Ctx, Job};
-use crate::gateway::GatewayError;
+use crate::api::GatewayError;
 use crate::store::SettingsPatch;
 
 /// A recognised command.

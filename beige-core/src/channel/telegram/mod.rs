@@ -77,7 +77,7 @@ use self::format::{render_chunks, MAX_MESSAGE_LEN};
 use self::outbox::{OutItem, KV};
 use self::poll::{Inbound, PollHealth, Poller};
 use super::{Channel, ChannelContext, ChannelError};
-use crate::gateway::{GatewayError, GatewayFull};
+use crate::api::{GatewayError, GatewayFull};
 use crate::store::{ChannelState, PluginData, SessionStore, StoreError, Stores};
 
 /// Errors of the Telegram channel and plugin.

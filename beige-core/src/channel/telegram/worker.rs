@@ -4,7 +4,7 @@
 //! answered in order while chats run in parallel, and the polling and dispatching never
 //! wait for a model. For one message: recovery check (see the crash-safety design in
 //! [`super`]), a marker with the session's message count, `typing…` every few seconds,
-//! the prompt through [`Gateway::prompt`](crate::gateway::Gateway::prompt), a streamed
+//! the prompt through [`Gateway::prompt`](crate::api::Gateway::prompt), a streamed
 //! plain-text preview (`sendMessage`, then `editMessageText` at most about once a
 //! second), verbose tool lines, and finally the whole answer as one outbox item that
 //! replaces the preview (split at 4096 characters, Markdown rendered as HTML).
@@ -20,8 +20,7 @@ use tokio::time::Instant;
 use super::format::{render_chunks, tg_len, MAX_MESSAGE_LEN};
 use super::outbox::{OutItem, KV};
 use super::{Ctx, Job, CHANNEL};
-use crate::agent::events::{hint_for, AgentEvent};
-use crate::gateway::{AgentEventStream, PromptRequest};
+use crate::api::{hint_for, AgentEvent, AgentEventStream, PromptRequest};
 use crate::llm::{ErrorKind, Role};
 use crate::store::StoredMessage;
 
@@ -401,7 +400,7 @@ async fn run_job(ctx: &Arc<Ctx>, job: Job) {
     request.chat_id = Some(job.chat_id.to_string());
     request.thread_id = job.thread_id.map(|t| t.to_string());
     // The sender as Telegram told the poller (never read from the message text).
-    request.principal = crate::policy::Principal::user(CHANNEL, job.user_id.to_string());
+    request.principal = crate::api::Principal::user(CHANNEL, job.user_id.to_string());
     let stream = match ctx.gateway.prompt(request).await {
         Ok(s) => s,
         Err(e) => {
