@@ -14,22 +14,77 @@
 //! path (`gateway::Gateway`, `llm::Message`, `store::SessionRecord`, …) and the whole
 //! crate as [`api`].
 //!
+//! ## Quick start
+//!
+//! A gateway in a few lines, with the in-memory stand-ins of `testing` (feature
+//! `test-util`) and a **scripted model** — no Docker, no network, no API key. For a real
+//! gateway leave out `provider`, `sandbox` and `store`: the config's provider, the
+//! Docker backend and `<home>/beige.db` are the defaults. `docs/embedding.md` goes on
+//! from here.
+//!
+//! ```rust
+//! # #[cfg(feature = "test-util")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use beige_core::testing::{MemorySandbox, MemoryStore, ScriptedProvider};
+//! use beige_core::{AgentEvent, BeigeHome, Config, Gateway, GatewayBuilder, PromptRequest};
+//! use serde_json::json;
+//!
+//! let home = tempfile::tempdir()?;
+//! let config: Config = serde_json::from_value(json!({
+//!     "llm": { "providers": { "scripted": {} } },
+//!     "agents": { "assistant": {
+//!         "model": { "provider": "scripted", "model": "demo" }, "tools": []
+//!     } }
+//! }))?;
+//! let model = ScriptedProvider::new("scripted") // clearly not an LLM
+//!     .then_tool("t1", "exec", json!({ "command": "echo hello" }))
+//!     .then_text("[scripted model] done");
+//! let sandbox = Arc::new(MemorySandbox::new());
+//! let gateway = GatewayBuilder::new(config, BeigeHome::new(home.path()))
+//!     .provider(Arc::new(model))
+//!     .sandbox(sandbox.clone())
+//!     .store(Arc::new(MemoryStore::new()))
+//!     .build()
+//!     .await?;
+//! let events = gateway
+//!     .prompt(PromptRequest::new("assistant", "api:assistant:default", "say hello"))
+//!     .await?
+//!     .collect_all()
+//!     .await;
+//! assert!(matches!(events.last(), Some(AgentEvent::Done { .. })));
+//! assert_eq!(sandbox.executed("assistant"), ["echo hello"]);
+//! gateway.shutdown().await?;
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "test-util"))]
+//! # fn main() {}
+//! ```
+//!
+//! ## Modules
+//!
 //! | module | owns |
 //! |---|---|
 //! | [`api`] | beige-client: the traits, requests, events and records every gateway shares |
+//! | [`gateway`] | `GatewayBuilder`, the reloadable `LocalGateway` and `serve` (channels, signals, reload), the guarded path every call takes |
+//! | [`agent`] | the agent loop's vocabulary: events, the model router and its health, the system prompt |
 //! | [`config`] | loading, interpolating and validating `config.json5` |
 //! | [`home`] | the layout of `BEIGE_HOME` |
-//! | [`sandbox`] | the container spec, the `Sandbox` trait and the Docker backend |
+//! | [`sandbox`] | the portable `SandboxSpec`, the `Sandbox` and `SandboxHost` traits, and the Docker backend (feature `docker`) |
 //! | [`tools`] | the four core tools and their result texts |
-//! | [`gateway`] | the `Gateway` trait every channel talks to, and `LocalGateway` |
 //! | [`policy`] | whether a tool call may run (allow, deny or ask, with its reason), which tools an agent sees, who is calling (`Principal`), approvers |
-//! | [`audit`] | the audit log (`audit.jsonl`) |
+//! | [`audit`] | the audit log (`audit.jsonl`), bounded per agent |
 //! | [`hooks`] | the nine hooks and how they chain |
-//! | [`plugin`] | the `Plugin` and `Tool` traits and the registry |
+//! | [`plugin`] | the `Plugin` and `Tool` traits, the registry, external plugins and command tools, the built-in `kv` |
 //! | [`skills`] | skill folders: manifests, requirements |
+//! | [`channel`] | the `Channel` trait and `ChannelContext`; the HTTP API (feature `http-api`) and Telegram (feature `telegram`) |
+//! | [`llm`] | the `LlmProvider` trait, the provider clients (one feature each), the model catalogue |
+//! | [`store`] | the store traits by owner (`SessionStore`, `HealthStore`, `ChannelState`, `PluginData`) and `SqliteStore` (feature `sqlite`) |
+//! | [`socket`] | the per-agent tool socket the Docker backend serves, and its limits |
 //! | [`fsutil`] | host-side access to agent-writable trees (`Beneath`: openat2 beneath a handle, no links) and caller path checks |
-//! | [`store`] | sessions, messages, settings, health, channel offsets/outbox, plugin data |
 //! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
+//! | `testing` | in-memory stand-ins for tests and examples (feature `test-util`) |
 //!
 //! ## Cargo features
 //!
@@ -82,3 +137,12 @@ pub use gateway::{
     PromptRequest, Sessions,
 };
 pub use home::BeigeHome;
+
+pub use agent::events::AgentEvent;
+pub use channel::{Channel, ChannelContext};
+pub use gateway::{ConfigSource, Shutdown};
+pub use llm::LlmProvider;
+pub use plugin::{Plugin, Tool};
+pub use policy::{Approver, Decision, Policy, Principal};
+pub use sandbox::{Sandbox, SandboxHost, SandboxSpec};
+pub use store::{Store, Stores};
