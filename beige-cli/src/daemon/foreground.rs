@@ -59,18 +59,11 @@ async fn install_missing(config_path: &std::path::Path, home: &BeigeHome) -> Res
 }
 
 /// The Telegram channel when `plugins.telegram` is configured (the built-in), or `None`
-/// (also when it cannot be made: that is logged and the HTTP API serves anyway).
-fn telegram(home: &BeigeHome, config: &Config) -> Option<Arc<dyn beige_core::channel::Channel>> {
+/// (also when it cannot be made: that is logged and the HTTP API serves anyway). It keeps
+/// its records in the gateway's store.
+fn telegram(config: &Config) -> Option<Arc<dyn beige_core::channel::Channel>> {
     use beige_core::channel::telegram::TelegramChannel;
-    let store: Arc<dyn beige_core::store::Store> =
-        match beige_core::store::SqliteStore::open(home.db_path()) {
-            Ok(s) => Arc::new(s),
-            Err(e) => {
-                tracing::error!("Telegram channel not started: {e}");
-                return None;
-            }
-        };
-    match TelegramChannel::from_config(config, store) {
+    match TelegramChannel::from_config(config) {
         Ok(Some(c)) => Some(Arc::new(c)),
         Ok(None) => None,
         Err(e) => {
@@ -156,7 +149,7 @@ pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
         }))
         .shim(shim)
         .channel(Arc::new(api));
-    if let Some(telegram) = telegram(&home, &loaded.config) {
+    if let Some(telegram) = telegram(&loaded.config) {
         builder = builder.channel_optional(telegram);
     }
     let gateway = builder.build().await.map_err(|e| {

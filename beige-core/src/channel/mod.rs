@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::GatewayFull;
 use crate::config::PluginEntry;
 use crate::plugin::Plugin;
+use crate::store::Stores;
 
 /// The plugin of the built-in channel that the `plugins.<name>` entry `entry` enables, if
 /// it names one compiled into this build (today: `telegram`, cargo feature `telegram`).
@@ -75,6 +76,10 @@ pub struct ChannelContext {
     pub gateway: Arc<dyn GatewayFull>,
     /// Reload the gateway (`None` when it has nothing to reload from).
     pub reload: Option<ReloadHandle>,
+    /// The gateway's store, for a channel's own records (offsets, its outbox, its plugin
+    /// data): one handle shared with the gateway. `None` when the channel runs outside
+    /// `LocalGateway::serve` without one.
+    pub stores: Option<Stores>,
     /// Fires when the channel must stop.
     pub shutdown: CancellationToken,
 }
@@ -83,6 +88,7 @@ impl std::fmt::Debug for ChannelContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChannelContext")
             .field("reload", &self.reload.is_some())
+            .field("stores", &self.stores.is_some())
             .field("stopped", &self.shutdown.is_cancelled())
             .finish_non_exhaustive()
     }
@@ -95,8 +101,15 @@ impl ChannelContext {
         Self {
             gateway,
             reload: None,
+            stores: None,
             shutdown,
         }
+    }
+
+    /// Give the channel a store for its own records.
+    pub fn with_stores(mut self, stores: impl Into<Stores>) -> Self {
+        self.stores = Some(stores.into());
+        self
     }
 
     /// Let the channel reload the gateway.

@@ -260,6 +260,8 @@ impl Shutdown {
 /// What [`LocalGateway`] shares between its clones.
 struct Shared {
     home: BeigeHome,
+    /// The store for the life of the gateway (a reload keeps it); channels get it too.
+    stores: Option<crate::store::Stores>,
     /// The engine serving now. Read without waiting; replaced only under `gate`.
     current: std::sync::RwLock<Arc<Engine>>,
     /// Calls take it shared to pick the engine; a reload holds it exclusively while the
@@ -365,6 +367,7 @@ impl GatewayBuilder {
         Ok(LocalGateway {
             shared: Arc::new(Shared {
                 home: self.home.clone(),
+                stores: self.store.clone(),
                 current: std::sync::RwLock::new(Arc::new(engine)),
                 gate: tokio::sync::RwLock::new(()),
                 template: tokio::sync::Mutex::new(self),
@@ -613,6 +616,9 @@ impl LocalGateway {
             let mut ctx = ChannelContext::new(gateway.clone(), token.clone());
             if let Some(reload) = self.reload_handle() {
                 ctx = ctx.with_reload(reload);
+            }
+            if let Some(stores) = self.shared.stores.clone() {
+                ctx = ctx.with_stores(stores);
             }
             let channel = r.channel.clone();
             let tx = ended_tx.clone();

@@ -431,3 +431,71 @@ async fn the_http_restart_route_reloads_through_the_gateway_or_answers_501_witho
         assert!(serving.await.unwrap().is_ok());
     }
 }
+
+/// A channel that keeps a record through the store its context carries.
+#[derive(Debug)]
+struct Recorder {
+    done: Notify,
+}
+
+#[async_trait]
+impl Channel for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        let failed = |message: String| ChannelError::Failed {
+            channel: "recorder".into(),
+            message,
+        };
+        let stores = ctx
+            .stores
+            .clone()
+            .ok_or_else(|| failed("the context carries no store".into()))?;
+        stores
+            .data
+            .kv_set("recorder", "global", "offset", "42")
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        self.done.notify_one();
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_served_channel_keeps_its_records_in_the_gateways_own_store() {
+    use beige_core::store::PluginData as _;
+    use beige_core::testing::MemoryStore;
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let store = MemoryStore::new();
+    let recorder = Arc::new(Recorder {
+        done: Notify::new(),
+    });
+    let gw = build(
+        base(&home, config(&["a"], &[]))
+            .store(Arc::new(store.clone()))
+            .channel(recorder.clone()),
+    )
+    .await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), recorder.done.notified())
+        .await
+        .expect("the channel wrote its record");
+    // One store: what the channel wrote is in the store the gateway was given, and no
+    // second database was opened next to it.
+    assert_eq!(
+        store.kv_get("recorder", "global", "offset").await.unwrap(),
+        Some("42".to_string())
+    );
+    assert!(!home.db_path().exists(), "a second store was opened");
+    token.cancel();
+    assert!(serving.await.unwrap().is_ok());
+}

@@ -353,9 +353,8 @@ impl Ctx {
 /// [`TelegramChannel::from_config`]) and serve it with [`Channel::run`].
 pub struct TelegramChannel {
     config: TelegramConfig,
-    state: Arc<dyn ChannelState>,
-    data: Arc<dyn PluginData>,
-    sessions: Arc<dyn SessionStore>,
+    /// Where its records go: given to `new`, or the gateway's from the run's context.
+    stores: std::sync::OnceLock<Stores>,
     api: BotApi,
     health: Arc<PollHealth>,
 }
@@ -373,27 +372,40 @@ impl TelegramChannel {
     /// value, or [`Stores`]). It uses the channel state and plugin data, and reads the
     /// current session of a chat; it never changes sessions itself.
     pub fn new(config: TelegramConfig, store: impl Into<Stores>) -> Result<Self, ChannelError> {
-        let api = BotApi::new(&config.api_base_url, &config.token);
-        let stores: Stores = store.into();
-        Ok(Self {
-            config,
-            state: stores.channels,
-            data: stores.data,
-            sessions: stores.sessions,
-            api,
-            health: Arc::default(),
-        })
+        let channel = Self::with_gateway_store(config);
+        let _ = channel.stores.set(store.into());
+        Ok(channel)
     }
 
-    /// The channel configured under `plugins.telegram` (built-in, no `path`), or `None`.
-    pub fn from_config(
-        config: &crate::Config,
-        store: impl Into<Stores>,
-    ) -> Result<Option<Self>, ChannelError> {
-        match TelegramConfig::from_config(config)? {
-            Some(c) => Self::new(c, store).map(Some),
-            None => Ok(None),
+    /// A channel that keeps its records in the store of the gateway that runs it (the
+    /// [`ChannelContext`]'s): what a channel registered with `GatewayBuilder::channel`
+    /// wants, so that the gateway and the channel share one store handle.
+    pub fn with_gateway_store(config: TelegramConfig) -> Self {
+        let api = BotApi::new(&config.api_base_url, &config.token);
+        Self {
+            config,
+            stores: std::sync::OnceLock::new(),
+            api,
+            health: Arc::default(),
         }
+    }
+
+    /// The channel configured under `plugins.telegram` (built-in, no `path`), or `None`;
+    /// it keeps its records in the store of the gateway that runs it.
+    pub fn from_config(config: &crate::Config) -> Result<Option<Self>, ChannelError> {
+        Ok(TelegramConfig::from_config(config)?.map(Self::with_gateway_store))
+    }
+
+    /// The stores given to `new`, else those of `ctx` (remembered for `send`).
+    fn stores_for(&self, ctx: &ChannelContext) -> Result<Stores, ChannelError> {
+        if let Some(s) = self.stores.get() {
+            return Ok(s.clone());
+        }
+        let given = ctx.stores.clone().ok_or_else(|| ChannelError::Failed {
+            channel: CHANNEL.into(),
+            message: "no store to keep the channel's records in: create it with TelegramChannel::new(config, store), or run it from LocalGateway::serve".into(),
+        })?;
+        Ok(self.stores.get_or_init(|| given).clone())
     }
 
     pub fn config(&self) -> &TelegramConfig {
@@ -450,6 +462,7 @@ impl Channel for TelegramChannel {
     }
 
     async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        let stores = self.stores_for(&ctx)?;
         let ChannelContext {
             gateway, shutdown, ..
         } = ctx;
@@ -470,13 +483,13 @@ impl Channel for TelegramChannel {
             }
             Err(e) => tracing::warn!(error = %e, "could not register the bot's commands with Telegram"),
         }
-        let recovered = poll::recover(&*self.state)
+        let recovered = poll::recover(&*stores.channels)
             .await
             .map_err(TelegramError::from)?;
         let live: HashSet<String> = recovered.iter().map(|r| r.update_id.to_string()).collect();
-        if let Ok(markers) = self.data.kv_list(KV, worker::KV_INFLIGHT, "").await {
+        if let Ok(markers) = stores.data.kv_list(KV, worker::KV_INFLIGHT, "").await {
             for m in markers.into_iter().filter(|m| !live.contains(m)) {
-                let _ = self.data.kv_del(KV, worker::KV_INFLIGHT, &m).await;
+                let _ = stores.data.kv_del(KV, worker::KV_INFLIGHT, &m).await;
             }
         }
 
@@ -484,9 +497,9 @@ impl Channel for TelegramChannel {
         let ctx = Arc::new(Ctx {
             cfg: self.config.clone(),
             api: self.api.clone(),
-            state: self.state.clone(),
-            data: self.data.clone(),
-            sessions: self.sessions.clone(),
+            state: stores.channels.clone(),
+            data: stores.data.clone(),
+            sessions: stores.sessions.clone(),
             gateway,
             token: token.clone(),
             finishing: finishing.clone(),
@@ -496,10 +509,10 @@ impl Channel for TelegramChannel {
         for r in recovered {
             let _ = tx.send(r);
         }
-        outbox::clear_failures(&*self.data).await;
+        outbox::clear_failures(&*stores.data).await;
         let sender = outbox::Sender {
-            state: self.state.clone(),
-            data: self.data.clone(),
+            state: stores.channels.clone(),
+            data: stores.data.clone(),
             api: self.api.clone(),
             finishing,
             sent: Arc::default(),
@@ -507,7 +520,7 @@ impl Channel for TelegramChannel {
         spawn_until(&token, sender.run(token.clone()));
         let poller = Poller {
             api: self.api.renewed(),
-            state: self.state.clone(),
+            state: stores.channels.clone(),
             wait: self.config.poll_timeout,
             grace: self.config.watchdog_grace,
             tx,
@@ -557,7 +570,14 @@ impl Channel for TelegramChannel {
                 message: "cannot send an empty message".into(),
             });
         }
-        outbox::enqueue(&*self.state, &OutItem::text(chat, thread, chunks))
+        let Some(stores) = self.stores.get() else {
+            return Err(ChannelError::Failed {
+                channel: CHANNEL.into(),
+                message: "the channel has not run yet, so it has no store to queue the message in"
+                    .into(),
+            });
+        };
+        outbox::enqueue(&*stores.channels, &OutItem::text(chat, thread, chunks))
             .await
             .map_err(TelegramError::from)?;
         Ok(())
