@@ -20,7 +20,7 @@
 //! | [`events`] | [`AgentEvent`], [`OutputStream`], [`hint_for`] |
 //! | [`llm`] | the message vocabulary: [`Message`], [`Block`], [`Role`], [`ToolResultPart`], [`Usage`], [`ErrorKind`], [`ModelInfo`], [`ThinkingLevel`] |
 //! | [`session`] | [`SessionRecord`], [`SessionSettings`], [`SettingsPatch`] |
-//! | [`tools`] | [`CoreToolCall`] and its parameters, [`InvalidCall`], [`ToolOutput`], [`ContentBlock`], [`Transport`], [`ToolContext`] |
+//! | [`tools`] | [`CoreToolCall`] and its parameters, [`InvalidCall`], [`ToolOutput`] and its [`ToolOutcome`], [`ContentBlock`], [`Transport`], [`ToolContext`] |
 //! | [`status`] | what [`Admin`] reports: [`ModelHealth`], [`SandboxStatus`], [`LinkMode`], [`LinkStatus`], [`DiskStatus`] |
 //! | [`hooks`] | [`HookName`] |
 //! | [`error`] | [`GatewayError`], [`BoxError`] |
@@ -87,5 +87,5 @@ pub use session::{SessionRecord, SessionSettings, SettingsPatch};
 pub use status::{DiskStatus, FsSpace, FsStatus, LinkMode, LinkStatus, ModelHealth, SandboxStatus};
 pub use tools::{
     ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams, ToolContext,
-    ToolOutput, Transport, WriteParams,
+    ToolOutcome, ToolOutput, Transport, WriteParams,
 };

@@ -159,25 +159,62 @@ pub struct ToolOutput {
     /// `docker-exec`); absent for plugin tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,
+    /// Whether the call ran, was refused or failed; not part of the JSON (see
+    /// [`ToolOutput::outcome`]).
+    #[serde(skip)]
+    outcome: ToolOutcome,
+}
+
+/// What became of a tool call on the gateway's guarded path: it ran (its result may
+/// still be an error, e.g. a non-zero exit code), it was refused before running
+/// (policy, a `preToolExec` hook, low disk space) or running it failed (the sandbox
+/// or the tool could not carry it out).
+///
+/// Only the gateway that ran the call knows it: the HTTP API's JSON does not carry it,
+/// so an output read back over HTTP says [`ToolOutcome::Ran`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ToolOutcome {
+    /// The call ran; `is_error` says whether its result is an error.
+    #[default]
+    Ran,
+    /// The call was refused before it ran; the content says why.
+    Denied,
+    /// The call was allowed but could not be carried out; the content says why.
+    Failed,
 }
 
 impl ToolOutput {
+    /// A result of the given blocks, with no transport, that [`ran`](ToolOutcome::Ran).
+    pub fn new(content: Vec<ContentBlock>, is_error: bool) -> Self {
+        Self {
+            content,
+            is_error,
+            transport: None,
+            outcome: ToolOutcome::Ran,
+        }
+    }
+
     /// A successful result of one text block.
     pub fn text(text: impl Into<String>) -> Self {
-        Self {
-            content: vec![ContentBlock::Text { text: text.into() }],
-            is_error: false,
-            transport: None,
-        }
+        Self::new(vec![ContentBlock::Text { text: text.into() }], false)
     }
 
     /// A failed result of one text block.
     pub fn error(text: impl Into<String>) -> Self {
-        Self {
-            content: vec![ContentBlock::Text { text: text.into() }],
-            is_error: true,
-            transport: None,
-        }
+        Self::new(vec![ContentBlock::Text { text: text.into() }], true)
+    }
+
+    /// Whether the call ran, was denied or failed ([`ToolOutcome::Ran`] unless the
+    /// gateway's guarded path said otherwise).
+    pub fn outcome(&self) -> ToolOutcome {
+        self.outcome
+    }
+
+    /// The same output with `outcome` (for gateways and tests).
+    pub fn with_outcome(mut self, outcome: ToolOutcome) -> Self {
+        self.outcome = outcome;
+        self
     }
 
     /// All text blocks joined (images left out).

@@ -54,7 +54,7 @@ use crate::skills::SkillSet;
 use crate::store::{
     HealthRecord, HealthStore, SessionRecord, SessionSettings, SessionStore, SettingsPatch, Stores,
 };
-use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutput};
+use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutcome, ToolOutput};
 use tokio_util::sync::CancellationToken;
 
 /// Default time limit of a plugin tool handler.
@@ -543,8 +543,12 @@ struct CallMeta<'a> {
 
 /// The outcome of the guarded path.
 enum Guarded<T> {
+    /// The call ran and returned this.
     Ran(T),
+    /// Refused before it ran (disk guard, policy, a `preToolExec` hook), with the reason.
     Denied(String),
+    /// Allowed, but running it failed (the run future's `Err`), with the message.
+    Failed(String),
 }
 
 impl Engine {
@@ -831,7 +835,7 @@ impl Inner {
         }
         match out {
             Ok(g) => Ok(g),
-            Err(message) => Ok(Guarded::Denied(message)),
+            Err(message) => Ok(Guarded::Failed(message)),
         }
     }
 
@@ -890,16 +894,22 @@ impl Inner {
                     output: out.joined_text(),
                     exit_code: i32::from(out.is_error),
                 },
-                |before, r| ToolOutput {
-                    content: vec![crate::tools::ContentBlock::Text { text: r.output }],
-                    is_error: r.exit_code != 0,
-                    transport: before.transport,
+                |before, r| {
+                    let mut out = ToolOutput::new(
+                        vec![crate::tools::ContentBlock::Text { text: r.output }],
+                        r.exit_code != 0,
+                    );
+                    out.transport = before.transport;
+                    out
                 },
             )
             .await?;
         Ok(match guarded {
-            Guarded::Ran(out) => out,
-            Guarded::Denied(reason) => ToolOutput::error(reason),
+            Guarded::Ran(out) => out.with_outcome(ToolOutcome::Ran),
+            Guarded::Denied(reason) => ToolOutput::error(reason).with_outcome(ToolOutcome::Denied),
+            Guarded::Failed(message) => {
+                ToolOutput::error(message).with_outcome(ToolOutcome::Failed)
+            }
         })
     }
 
@@ -1002,7 +1012,9 @@ impl Inner {
                 truncate_output(&mut result.output);
                 ToolResponse::from_result(result.output, result.exit_code)
             }
-            Ok(Guarded::Denied(reason)) => ToolResponse::error(reason, 1),
+            // A refusal and a failure read the same on the socket; the audit record
+            // tells them apart (`denied`, or `allowed` with an `error`).
+            Ok(Guarded::Denied(reason) | Guarded::Failed(reason)) => ToolResponse::error(reason, 1),
             Err(e) => ToolResponse::error(e.to_string(), 1),
         }
     }

@@ -68,7 +68,7 @@ pub fn definitions() -> Vec<crate::llm::ToolSpec> {
 
 pub use beige_client::tools::{
     ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams, ToolContext,
-    ToolOutput, WriteParams,
+    ToolOutcome, ToolOutput, WriteParams,
 };
 
 /// Run a core tool in the agent's sandbox and format its result.
@@ -262,11 +262,9 @@ fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
             mime_type,
             data: Some(data),
             ..
-        } if ctx.model_accepts_images => ToolOutput {
-            content: vec![ContentBlock::Image { data, mime_type }],
-            is_error: false,
-            transport: None,
-        },
+        } if ctx.model_accepts_images => {
+            ToolOutput::new(vec![ContentBlock::Image { data, mime_type }], false)
+        }
         ReadReply::Image { bytes, .. } => {
             let model = ctx
                 .model
@@ -320,13 +318,12 @@ fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
             e.survivors.len()
         ));
     }
-    ToolOutput {
-        content: vec![ContentBlock::Text {
+    ToolOutput::new(
+        vec![ContentBlock::Text {
             text: parts.join("\n"),
         }],
-        is_error: e.timed_out || code != 0,
-        transport: None,
-    }
+        e.timed_out || code != 0,
+    )
 }
 
 #[cfg(test)]

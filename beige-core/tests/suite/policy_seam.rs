@@ -524,3 +524,198 @@ async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
     assert!(!r.success, "{r:?}");
     assert_eq!(audit_lines(&s.home).len(), 5);
 }
+
+/// A memory sandbox whose `exec` of `boom` cannot be carried out (the backend's error,
+/// as when the sandbox does not answer in time), for a run failure on the guarded path.
+#[derive(Debug)]
+struct Unreachable(Arc<MemorySandbox>);
+
+#[async_trait]
+impl beige_core::sandbox::Sandbox for Unreachable {
+    async fn reconcile(
+        &self,
+        specs: Vec<beige_core::sandbox::SandboxSpec>,
+        host: Arc<dyn beige_core::sandbox::SandboxHost>,
+    ) -> Result<beige_core::sandbox::ReconcileReport, beige_core::sandbox::SandboxError> {
+        self.0.reconcile(specs, host).await
+    }
+    async fn run_op(
+        &self,
+        agent: &str,
+        request: &beige_core::sandbox::op::OpRequest,
+    ) -> Result<beige_core::sandbox::OpOutcome, beige_core::sandbox::SandboxError> {
+        match request {
+            beige_core::sandbox::op::OpRequest::Exec(e) if e.command == "boom" => {
+                Err(beige_core::sandbox::SandboxError::Timeout {
+                    agent: agent.to_string(),
+                    op: "exec".into(),
+                    secs: 5,
+                })
+            }
+            _ => self.0.run_op(agent, request).await,
+        }
+    }
+    async fn remove_all(&self) -> Result<(), beige_core::sandbox::SandboxError> {
+        self.0.remove_all().await
+    }
+}
+
+/// A plugin tool whose handler fails (an `Err`, not a result with an exit code).
+#[derive(Debug)]
+struct Broken;
+
+#[async_trait]
+impl Tool for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    fn description(&self) -> &str {
+        "always fails"
+    }
+    async fn call(&self, _call: ToolCall) -> Result<ToolResult, ToolError> {
+        Err(ToolError::Failed("the backend is down".into()))
+    }
+}
+
+#[derive(Debug)]
+struct BrokenPlugin;
+
+#[async_trait]
+impl Plugin for BrokenPlugin {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
+        reg.tool(Arc::new(Broken))?;
+        Ok(())
+    }
+}
+
+/// The guarded path tells a refusal from a failure: `ToolOutput::outcome` says `Ran`,
+/// `Denied` or `Failed`, while the text the model and HTTP clients see is unchanged
+/// (an error result with the reason). On the socket both are error responses; the
+/// audit log tells them apart (`denied`, or `allowed` and finished with an error).
+#[tokio::test]
+async fn the_guarded_path_tells_denied_from_failed() {
+    use beige_core::tools::ToolOutcome;
+
+    /// Refuses `write` and `echo`, allows the rest.
+    #[derive(Debug)]
+    struct NoWrites;
+    #[async_trait]
+    impl Policy for NoWrites {
+        async fn check(&self, r: &PolicyRequest<'_>) -> Decision {
+            if r.tool == "write" || r.tool == "echo" {
+                Decision::deny(format!("no {} here", r.tool))
+            } else {
+                Decision::allow("test policy")
+            }
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": KEY}}},
+        "plugins": {"echo": {}, "broken": {}},
+        "agents": {"a": {
+            "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+            "tools": ["echo", "broken"]
+        }}
+    }))
+    .unwrap();
+    let memory = Arc::new(MemorySandbox::new());
+    let sandbox = Arc::new(Unreachable(memory.clone()));
+    let gw = GatewayBuilder::new(config, home.clone())
+        .sandbox(sandbox)
+        .plugin(Arc::new(OneTool("echo")))
+        .plugin(Arc::new(BrokenPlugin))
+        .policy(Arc::new(NoWrites))
+        .build()
+        .await
+        .unwrap();
+    let core = |tool: &str, params: serde_json::Value| {
+        let gw = gw.clone();
+        let call = CoreToolCall::parse(tool, params).unwrap();
+        async move {
+            gw.call_tool("a", call, ToolContext::default())
+                .await
+                .unwrap()
+        }
+    };
+
+    // Ran: also when the result is an error (a non-zero exit, a missing file).
+    let out = core("exec", json!({"command": "ls"})).await;
+    assert_eq!(out.outcome(), ToolOutcome::Ran);
+    assert!(!out.is_error);
+    let out = core("read", json!({"path": "missing.txt"})).await;
+    assert_eq!(out.outcome(), ToolOutcome::Ran);
+    assert!(out.is_error, "{out:?}");
+
+    // Denied by the policy: the reason as an error result.
+    let out = core("write", json!({"path": "x", "content": "y"})).await;
+    assert_eq!(out.outcome(), ToolOutcome::Denied);
+    assert!(out.is_error);
+    assert_eq!(out.joined_text(), "no write here");
+    assert!(memory.file("a", "x").is_none());
+
+    // Failed: allowed, but the sandbox could not run it; the error text as before.
+    let out = core("exec", json!({"command": "boom"})).await;
+    assert_eq!(out.outcome(), ToolOutcome::Failed);
+    assert!(out.is_error);
+    assert_eq!(
+        out.joined_text(),
+        "`exec` in the sandbox of agent 'a' did not finish within 5 s"
+    );
+    // The JSON is today's: the outcome is not part of it.
+    assert_eq!(
+        serde_json::to_value(&out).unwrap(),
+        json!({"content": [{"type": "text", "text": "`exec` in the sandbox of agent 'a' did not finish within 5 s"}], "isError": true})
+    );
+
+    let audit = audit_lines(&home);
+    let of = |tool: &str| {
+        audit
+            .iter()
+            .filter(|r| r["tool"] == tool && r["phase"] == "finished")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("write")[0]["decision"], "denied");
+    let boom = of("exec")
+        .into_iter()
+        .find(|r| r["args"] == json!(["boom"]))
+        .unwrap();
+    assert_eq!(boom["decision"], "allowed");
+    assert_eq!(
+        boom["error"],
+        "`exec` in the sandbox of agent 'a' did not finish within 5 s"
+    );
+
+    // The socket: a refused and a failing plugin tool are both error responses, the
+    // audit log says which.
+    let r = socket(&gw, "echo", &["hi"]).await;
+    assert_eq!(r.error.as_deref(), Some("no echo here"));
+    let r = socket(&gw, "broken", &[]).await;
+    assert!(!r.success);
+    assert_eq!(
+        r.error.as_deref(),
+        Some("tool 'broken' failed: the backend is down")
+    );
+    let audit = audit_lines(&home);
+    let last = |tool: &str| {
+        audit
+            .iter()
+            .rev()
+            .find(|r| r["tool"] == tool)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(last("echo")["decision"], "denied");
+    let broken = last("broken");
+    assert_eq!(
+        (broken["decision"].as_str(), broken["phase"].as_str()),
+        (Some("allowed"), Some("finished"))
+    );
+    assert_eq!(broken["error"], "tool 'broken' failed: the backend is down");
+}
