@@ -163,6 +163,7 @@ impl Usage {
 /// What kind of failure, for fallback decisions and user-facing hints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// 429 or the provider's rate-limit error type: cool the model down.
     RateLimit,

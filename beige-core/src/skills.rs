@@ -76,12 +76,15 @@ struct RawManifest {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SkillError {
+    /// The skill's folder does not exist.
     #[error("Skill folder not found: {} (skill '{skill}') — create the folder or fix the skill's path (skills.{skill}.path in the config)", path.display())]
     FolderMissing { skill: String, path: PathBuf },
 
+    /// The skill folder has no `skill.json`.
     #[error("Skill manifest not found: {} — a skill folder needs a skill.json with \"name\" and \"description\"", path.display())]
     ManifestMissing { skill: String, path: PathBuf },
 
+    /// `skill.json` could not be read.
     #[error("Cannot read skill manifest {}: {source}", path.display())]
     Io {
         skill: String,
@@ -90,6 +93,7 @@ pub enum SkillError {
         source: std::io::Error,
     },
 
+    /// `skill.json` is not valid JSON.
     #[error("Invalid JSON in skill manifest: {} (line {line}, column {column}): {message}", path.display())]
     InvalidJson {
         skill: String,
@@ -99,6 +103,7 @@ pub enum SkillError {
         message: String,
     },
 
+    /// `skill.json` lacks `name` or `description`.
     #[error("Skill manifest {} requires 'name' and 'description'; {} missing or empty", path.display(), missing_list(.missing))]
     MissingFields {
         skill: String,
@@ -106,6 +111,7 @@ pub enum SkillError {
         missing: Vec<&'static str>,
     },
 
+    /// `contextFile` is not a relative path inside the skill folder.
     #[error("Skill manifest {}: contextFile '{context_file}' must be a relative path inside the skill folder", path.display())]
     InvalidContextFile {
         skill: String,
@@ -113,6 +119,7 @@ pub enum SkillError {
         context_file: String,
     },
 
+    /// An agent names a skill that is not configured.
     #[error("agent '{agent}' uses skill '{skill}', which is not configured; {}. Add it under skills (or install a plugin that provides it) or fix the name in agents.{agent}.skills.", unknown_hint(.suggestion, .configured))]
     UnknownSkill {
         agent: String,
@@ -121,6 +128,7 @@ pub enum SkillError {
         configured: Vec<String>,
     },
 
+    /// A skill needs a tool the agent does not have.
     #[error("Skill '{skill}' requires tool '{tool}' but it's not available to agent '{agent}'. Add '{tool}' to agents.{agent}.tools or remove the skill.")]
     MissingTool {
         skill: String,
@@ -128,6 +136,7 @@ pub enum SkillError {
         agent: String,
     },
 
+    /// A skill needs a tool the agent's `denyTools` takes away.
     #[error("Skill '{skill}' requires tool '{tool}' but agents.{agent}.denyTools takes it away from agent '{agent}'. Remove '{tool}' from agents.{agent}.denyTools or remove the skill.")]
     DeniedTool {
         skill: String,
@@ -135,6 +144,7 @@ pub enum SkillError {
         agent: String,
     },
 
+    /// A skill needs another skill the agent does not have.
     #[error("Skill '{skill}' requires skill '{required}' but it's not available to agent '{agent}'. Add '{required}' to agents.{agent}.skills or remove the skill.")]
     MissingSkill {
         skill: String,

@@ -137,10 +137,15 @@ pub fn is_valid_id(id: &str) -> bool {
 
 /// Why bytes are not a valid frame. Any of these ends the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FrameError {
+    /// The stream does not start with the link's magic bytes.
     BadMagic,
+    /// The header length prefix (this many bytes) exceeds [`MAX_HEADER_BYTES`].
     HeaderTooLarge(usize),
+    /// The payload length prefix (this many bytes) exceeds [`MAX_PAYLOAD_BYTES`].
     PayloadTooLarge(usize),
+    /// The header is not a valid link message (the JSON error).
     BadHeader(String),
 }
 

@@ -253,12 +253,16 @@ pub struct OpError {
     pub message: String,
 }
 
+/// What kind of error an operation reported ([`OpError::kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum OpErrorKind {
+    /// The path does not exist.
     NotFound,
+    /// The path is a directory where a file was expected.
     IsDirectory,
+    /// The sandbox user may not access the path.
     PermissionDenied,
     /// `patch`: `oldText` not found.
     NoMatch,
@@ -270,6 +274,7 @@ pub enum OpErrorKind {
     NoShell,
     /// The request itself was malformed.
     BadRequest,
+    /// Any other I/O error.
     Io,
 }
 

@@ -146,6 +146,7 @@ pub enum RouteError {
     /// Content already reached the user when the stream failed: not retried.
     #[error("{error}")]
     Interrupted { error: LlmError },
+    /// The prompt was cancelled while a model was being tried.
     #[error("cancelled")]
     Cancelled,
 }

@@ -220,6 +220,7 @@ pub fn now_ts() -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuditError {
+    /// The audit log cannot be written.
     #[error("the audit log {path} cannot be written ({source}); tool calls are refused until it can. Check the permissions and free space of its folder.")]
     Write {
         path: String,

@@ -36,8 +36,10 @@ pub(crate) fn builtin_plugin(name: &str, entry: &PluginEntry) -> Option<Arc<dyn 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChannelError {
+    /// The channel failed, with its message.
     #[error("channel '{channel}': {message}")]
     Failed { channel: String, message: String },
+    /// The channel cannot send messages unprompted.
     #[error("channel '{channel}' cannot send messages on its own")]
     Unsupported { channel: String },
 }

@@ -113,14 +113,19 @@ pub enum LlmError {
         error_type: Option<String>,
         message: String,
     },
+    /// The provider's API could not be reached.
     #[error("{provider}: could not reach the API: {message}")]
     Transport { provider: String, message: String },
+    /// The stream sent nothing for too long and was abandoned.
     #[error("{provider}: no data for {} s; the stream was abandoned", .idle.as_secs())]
     IdleTimeout { provider: String, idle: Duration },
+    /// The stream ended before the response was complete.
     #[error("{provider}: the stream ended before the response was complete")]
     Truncated { provider: String },
+    /// The provider's response could not be read.
     #[error("{provider}: unreadable response: {message}")]
     Decode { provider: String, message: String },
+    /// The provider's configuration is unusable.
     #[error("{provider}: {message}")]
     Config { provider: String, message: String },
     /// The client of the provider's API was left out of this build of beige-core (its

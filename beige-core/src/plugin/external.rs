@@ -82,28 +82,34 @@ const STORE_FULL: i64 = -32001;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExternalError {
+    /// The plugin's process could not be started.
     #[error("plugin '{plugin}' could not be started ({command}): {message}")]
     Spawn {
         plugin: String,
         command: String,
         message: String,
     },
+    /// The plugin exited and is being restarted.
     #[error("plugin '{plugin}' is restarting after it exited ({status}); try again in a moment")]
     Restarting { plugin: String, status: String },
+    /// The plugin was stopped.
     #[error("plugin '{plugin}' is not running (it was stopped)")]
     NotRunning { plugin: String },
+    /// The plugin exited while handling a call.
     #[error("plugin '{plugin}' exited ({status}) while handling {method}{}", exit_hint(.method))]
     Exited {
         plugin: String,
         method: String,
         status: String,
     },
+    /// The plugin did not answer in time.
     #[error("plugin '{plugin}' did not answer {method} within {} s", fmt_secs(.limit))]
     Timeout {
         plugin: String,
         method: String,
         limit: Duration,
     },
+    /// The plugin answered with a JSON-RPC error.
     #[error("plugin '{plugin}' answered {method} with an error: {message} (code {code})")]
     Remote {
         plugin: String,
@@ -111,6 +117,7 @@ pub enum ExternalError {
         code: i64,
         message: String,
     },
+    /// The plugin answered with something unexpected.
     #[error("plugin '{plugin}' answered {method} with something unexpected: {message}")]
     Protocol {
         plugin: String,

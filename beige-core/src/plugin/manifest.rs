@@ -136,15 +136,18 @@ pub fn valid_plugin_name(name: &str) -> bool {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ManifestError {
+    /// The folder has no `plugin.json`.
     #[error(
         "{path}: not found — a plugin folder needs a plugin.json (see docs/external-plugins.md)"
     )]
     Missing { path: PathBuf },
+    /// `plugin.json` could not be read.
     #[error("{path}: {error}")]
     Read {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// `plugin.json` is invalid.
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }

@@ -77,8 +77,10 @@ pub use crate::vocab::ToolResult;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ToolError {
+    /// The handler failed, with its message.
     #[error("{0}")]
     Failed(String),
+    /// An I/O error in the handler.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -154,22 +156,27 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PluginError {
+    /// A tool's name does not belong to its plugin.
     #[error("plugin '{plugin}' cannot register tool '{tool}': tool names must be '{plugin}' or start with '{plugin}.'")]
     ToolName { plugin: String, tool: String },
+    /// Two plugins register the same tool.
     #[error("tool '{tool}' is registered twice (by plugin '{first}' and by plugin '{second}')")]
     DuplicateTool {
         tool: String,
         first: String,
         second: String,
     },
+    /// Two plugins register the same skill.
     #[error("skill '{skill}' is registered twice (by '{first}' and by '{second}')")]
     DuplicateSkill {
         skill: String,
         first: String,
         second: String,
     },
+    /// The config lists a plugin that does not exist.
     #[error("plugin '{plugin}' is listed in the config but no such plugin exists (built-in plugins: {builtin}); give it a `path` or install it with `beige plugins install`")]
     Unknown { plugin: String, builtin: String },
+    /// The plugin failed, with its message.
     #[error("plugin '{plugin}': {message}")]
     Failed { plugin: String, message: String },
 }

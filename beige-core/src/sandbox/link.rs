@@ -43,6 +43,7 @@ const READ_CHUNK: usize = 64 * 1024;
 
 /// Why an op could not be completed over the link.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LinkError {
     /// No link is up for the agent: take the fallback path.
     #[error("no link to the sandbox")]
@@ -50,7 +51,10 @@ pub enum LinkError {
     /// The link dropped while the op ran and did not come back with its result (the
     /// container may have died).
     #[error("the link to the sandbox dropped while the operation ran{}", if *rebooted { " and the sandbox restarted" } else { "" })]
-    Lost { rebooted: bool },
+    Lost {
+        /// The shim came back with a different boot id: the sandbox restarted.
+        rebooted: bool,
+    },
     /// No result within the op's time limit.
     #[error("no result within the time limit")]
     Timeout,

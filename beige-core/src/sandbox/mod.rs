@@ -39,32 +39,42 @@ pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecEr
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SandboxError {
+    /// The Docker engine cannot be reached or used.
     #[error("Docker is not usable: {message}. Start the Docker engine (e.g. `scripts/setup-docker`) and check that this user may use it (`docker info`).")]
     DockerUnavailable { message: String },
+    /// A Docker API call failed.
     #[error("Docker API error while trying to {action}: {message}")]
     Docker { action: String, message: String },
+    /// The sandbox image is not on the engine.
     #[error("image '{image}' is not present on the Docker engine. {hint}")]
     ImageMissing { image: String, hint: String },
+    /// Building the sandbox image failed.
     #[error("building image '{image}' failed: {message}")]
     ImageBuild { image: String, message: String },
+    /// The backend has no sandbox for the agent.
     #[error("no sandbox is configured for agent '{agent}'")]
     UnknownAgent { agent: String },
+    /// The agent's sandbox spec is invalid.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// A container of that name belongs to another installation (or none).
     #[error("a container named {name} exists on the Docker engine but belongs to {} — not to this installation — so it is left alone. If it is stale, remove it with `docker rm -f {name}`; if another beige uses it, give this one another agent name.", match .owner { Some(o) => format!("installation {o}"), None => "no beige installation".to_string() })]
     NameTaken { name: String, owner: Option<String> },
+    /// The spec is for another installation than the backend manages.
     #[error("the spec of agent '{agent}' is for installation {spec}, but this Docker sandbox manages installation {sandbox}: connect it with the id in BEIGE_HOME/installation.id (BeigeHome::ensure_installation_id)")]
     Installation {
         agent: String,
         spec: String,
         sandbox: String,
     },
+    /// The engine refused `sandbox.diskLimit`.
     #[error("agent '{agent}': the Docker engine refused sandbox.diskLimit ({limit}): {message}. A size limit on the container's root file system needs a storage driver that can keep one — overlay2 on an xfs filesystem mounted with the pquota option (Docker's data root, usually /var/lib/docker), btrfs, zfs or devicemapper; docs/sandbox.md#disk-space says more. Remove sandbox.diskLimit from the agent, or move Docker's data root to such a filesystem.")]
     DiskLimit {
         agent: String,
         limit: String,
         message: String,
     },
+    /// The shim binary cannot be used.
     #[error("the shim at {path} cannot be used: {reason}")]
     Shim { path: String, reason: String },
     /// A folder or file on the gateway's host could not be made ready.
@@ -88,12 +98,14 @@ pub enum SandboxError {
         backend: &'static str,
         hint: &'static str,
     },
+    /// The sandbox answered an operation with something unreadable.
     #[error("the sandbox of agent '{agent}' gave no valid answer to `{op}`: {message}")]
     Protocol {
         agent: String,
         op: String,
         message: String,
     },
+    /// An operation did not finish within its time limit.
     #[error("`{op}` in the sandbox of agent '{agent}' did not finish within {secs} s")]
     Timeout {
         agent: String,

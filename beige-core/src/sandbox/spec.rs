@@ -182,8 +182,10 @@ pub(crate) struct MountRecheck {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
+    /// `sandbox.memoryLimit` is not a size.
     #[error("agent '{agent}': invalid sandbox.memoryLimit \"{value}\" — use a number with an optional k/m/g unit, e.g. \"512m\" or \"3g\"")]
     MemoryLimit { agent: String, value: String },
+    /// An `extraMounts` entry is refused.
     #[error(
         "agent '{agent}': sandbox.extraMounts entry {host} → {container} is refused: {reason}"
     )]

@@ -177,12 +177,15 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// Another process holds the database.
     #[error("the database {} is locked by another process; stop the other beige gateway using this BEIGE_HOME, or wait and retry", path.display())]
     Locked { path: PathBuf },
 
+    /// The database is damaged or not a beige database.
     #[error("the database {} is damaged or is not a beige database ({detail}); stop beige and move the file aside (a new one is created on the next start) or restore a backup", path.display())]
     Corrupt { path: PathBuf, detail: String },
 
+    /// The database was written by a newer beige.
     #[error("the database {} has schema version {found}, but this beige only knows versions up to {supported}; upgrade beige, or use a backup made by this version", path.display())]
     TooNew {
         path: PathBuf,
@@ -190,6 +193,7 @@ pub enum StoreError {
         supported: i64,
     },
 
+    /// A schema migration failed.
     #[error("migrating the database {} to schema version {version} failed ({detail}); nothing of that version was applied — report this, and keep the file for diagnosis", path.display())]
     Migration {
         path: PathBuf,
@@ -197,15 +201,19 @@ pub enum StoreError {
         detail: String,
     },
 
+    /// The database cannot be opened.
     #[error("cannot open the database {} ({detail}); check that its directory exists and that this user may read and write it", path.display())]
     CannotOpen { path: PathBuf, detail: String },
 
+    /// The disk is full.
     #[error("the database {} cannot be written: the disk is full; free some space and retry", path.display())]
     DiskFull { path: PathBuf },
 
+    /// The record asked for does not exist.
     #[error("{what} {id} does not exist")]
     NotFound { what: &'static str, id: String },
 
+    /// The request itself is invalid.
     #[error("invalid store request: {message}")]
     Invalid { message: String },
 

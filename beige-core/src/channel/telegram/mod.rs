@@ -87,10 +87,13 @@ pub enum TelegramError {
     /// `plugins.telegram.config<path>` is wrong.
     #[error("plugins.telegram.config{path}: {message}")]
     Config { path: String, message: String },
+    /// A Bot API call failed.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The channel's state could not be read or written.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The gateway refused or failed a request.
     #[error(transparent)]
     Gateway(#[from] GatewayError),
 }
