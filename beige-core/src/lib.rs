@@ -107,6 +107,7 @@
 //! [`GatewayBuilder::sandbox`] without `docker` [`GatewayError::NoSandbox`].
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+#![warn(unreachable_pub)]
 
 pub mod agent;
 pub mod audit;

@@ -552,33 +552,33 @@ enum Guarded<T> {
 }
 
 impl Engine {
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
 
     /// The sandbox specs the gateway started with.
-    pub fn specs(&self) -> &[SandboxSpec] {
+    pub(crate) fn specs(&self) -> &[SandboxSpec] {
         &self.inner.specs
     }
 
     /// What start-up did to the sandboxes.
-    pub fn reconcile_report(&self) -> &ReconcileReport {
+    pub(crate) fn reconcile_report(&self) -> &ReconcileReport {
         &self.report
     }
 
-    pub fn registry(&self) -> &PluginRegistry {
+    pub(crate) fn registry(&self) -> &PluginRegistry {
         &self.inner.registry
     }
 
     /// Standalone and plugin skills.
-    pub fn skills(&self) -> &SkillSet {
+    pub(crate) fn skills(&self) -> &SkillSet {
         &self.inner.skills
     }
 
     /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
     /// sandbox are honoured only when known and owned by the calling agent). Its channel
     /// is the key's first segment; it has no chat or thread until a prompt runs on it.
-    pub fn register_session(&self, agent: &str, session_key: &str) {
+    pub(crate) fn register_session(&self, agent: &str, session_key: &str) {
         self.inner.record_session(
             session_key,
             SessionOrigin::of_key(agent, session_key),
@@ -587,20 +587,24 @@ impl Engine {
     }
 
     /// Handle a tool request as if it arrived on `agent`'s socket.
-    pub async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+    pub(crate) async fn handle_tool_request(
+        &self,
+        agent: &str,
+        request: ToolRequest,
+    ) -> ToolResponse {
         self.inner.handle_tool_request(agent, request).await
     }
 
     /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
     /// and remove the sandboxes unless `gateway.keepSandboxes` is set.
-    pub async fn shutdown(&self) -> Result<(), GatewayError> {
+    pub(crate) async fn shutdown(&self) -> Result<(), GatewayError> {
         self.stop(self.inner.config.gateway.keep_sandboxes).await
     }
 
     /// Stop: cancel running prompts, fire `gatewayShutdown`, stop plugins (reverse
     /// order), close the sockets; remove the sandboxes unless `keep_sandboxes` (an
     /// in-place restart keeps them so the next gateway reattaches).
-    pub async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
+    pub(crate) async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
         for list in self
             .inner
             .running
@@ -624,7 +628,7 @@ impl Engine {
     }
 
     /// Prompts running now.
-    pub fn running_prompts(&self) -> usize {
+    pub(crate) fn running_prompts(&self) -> usize {
         self.inner
             .running
             .lock()

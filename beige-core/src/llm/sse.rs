@@ -46,7 +46,7 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     /// Checks `base_url`, builds the HTTP client and parses the configured `headers`.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         base_url: &str,
         api_key: ApiKey,

@@ -148,7 +148,7 @@ pub(crate) struct Job {
 
 impl Job {
     /// Reply to the user's message in groups (in a private chat it is noise).
-    pub fn reply_to(&self) -> Option<i64> {
+    pub(crate) fn reply_to(&self) -> Option<i64> {
         (self.chat_id < 0).then_some(self.message_id)
     }
 }

@@ -38,7 +38,7 @@ const KV_PROGRESS: &str = "outbox-progress";
 const KV_FAILED: &str = "outbox-failed";
 
 /// Attempts before an item is given up.
-pub const MAX_ATTEMPTS: u32 = 30;
+pub(crate) const MAX_ATTEMPTS: u32 = 30;
 /// Longest wait between attempts (except when Telegram asks for more).
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// The sender looks at the queue at least this often.
@@ -196,7 +196,7 @@ enum Failure {
 
 impl Sender {
     /// Send until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut wake_rx = WAKE.subscribe();
         loop {
             let next = self.pass().await;

@@ -201,7 +201,7 @@ impl Poller {
     }
 
     /// Poll until `shutdown`.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let health = self.health.clone();
         let state = self.state.clone();
         let Some(stored) = retry("reading the offset", &health, &shutdown, || {
