@@ -43,7 +43,7 @@ pub const RECONNECT_FIRST_DELAY: Duration = Duration::from_millis(500);
 pub const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// Set this environment variable to make the TUI panic right after its first frame —
-/// for tests that check the terminal is restored after a panic (`scripts/tui-e2e`).
+/// for tests that check the terminal is restored after a panic (beige-cli's `suite::tui_pty`).
 pub const TEST_PANIC_ENV: &str = "BEIGE_TUI_TEST_PANIC";
 
 /// How long quitting waits for pending cancel requests to reach the gateway.
