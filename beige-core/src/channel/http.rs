@@ -166,14 +166,8 @@ pub struct ApiState {
 
 impl std::fmt::Debug for ApiState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiState")
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("allowed_hosts", &self.allowed_hosts)
-            .field("body_limit", &self.body_limit)
-            .field("restart", &self.restart.is_some())
-            .field("port", &self.port)
-            .field("allow_ip_hosts", &self.allow_ip_hosts)
-            .finish_non_exhaustive()
+        // The same fields as the options (token redacted), without the gateway.
+        self.options().fmt(f)
     }
 }
 

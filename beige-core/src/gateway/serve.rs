@@ -487,26 +487,7 @@ impl LocalGateway {
     /// Wait until no prompt runs, for at most `limit`; then running prompts are left to
     /// be cancelled by the stop that follows.
     pub async fn drain(&self, limit: Duration) {
-        let started = Instant::now();
-        let mut announced = false;
-        while self.running_prompts() > 0 && started.elapsed() < limit {
-            if !announced {
-                tracing::info!(
-                    running = self.running_prompts(),
-                    "waiting up to {} s for running prompts",
-                    limit.as_secs()
-                );
-                announced = true;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if self.running_prompts() > 0 {
-            tracing::warn!(
-                running = self.running_prompts(),
-                "prompts still running after {} s; cancelling them",
-                limit.as_secs()
-            );
-        }
+        drain_engine(&self.engine_now(), limit).await;
     }
 
     /// Load the next config from the [`ConfigSource`] and [`LocalGateway::reload`] it. A
@@ -684,9 +665,17 @@ impl LocalGateway {
     }
 }
 
-/// [`LocalGateway::drain`] on one engine (a reload drains the engine it replaces).
+/// Wait until `engine` runs no prompt, for at most `limit` (a reload drains the engine
+/// it replaces; [`LocalGateway::drain`] the one serving).
 async fn drain_engine(engine: &Engine, limit: Duration) {
     let started = Instant::now();
+    if engine.running_prompts() > 0 {
+        tracing::info!(
+            running = engine.running_prompts(),
+            "waiting up to {} s for running prompts",
+            limit.as_secs()
+        );
+    }
     while engine.running_prompts() > 0 && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
