@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use beige_core::agent::events::AgentEvent;
+use beige_core::api::tools::{CoreToolCall, ToolContext};
 use beige_core::config::Config;
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::Block;
@@ -19,7 +19,7 @@ use beige_core::plugin::{
 };
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::sandbox::{Sandbox as _, Transport};
-use beige_core::tools::{CoreToolCall, ToolContext};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
 struct Figure {
@@ -193,7 +193,7 @@ async fn exec_roundtrip(
             });
             // The same op straight on the sandbox, without the gateway's guarded path
             // (policy, hooks, two audit lines): where the time goes.
-            let op = beige_core::tools::to_request(
+            let op = beige_core::sandbox::to_request(
                 "bench",
                 &gw.config().agents["bench"].sandbox,
                 &read,

@@ -16,12 +16,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
 use beige_core::policy::{
     Approver, ConfigPolicy, Decision, Policy, PolicyRequest, PolicyStack, ToolKind,
 };
 use beige_core::testing::{MemoryAudit, MemorySandbox, MemoryStore, ScriptedProvider};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, PromptRequest};
 use serde_json::json;
 

@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
 use beige_core::sandbox::op::{
     ExecReply, OpError, OpErrorKind, OpReply, OpRequest, PatchReply, ReadReply, WriteReply,
@@ -25,6 +24,7 @@ use beige_core::sandbox::{
     Transport,
 };
 use beige_core::testing::{MemoryStore, ScriptedProvider};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, PromptRequest};
 use serde_json::json;
 

@@ -10,10 +10,10 @@
 
 use std::sync::Arc;
 
-use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::{Block, Role};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, PromptRequest};
 use futures_util::StreamExt;
 

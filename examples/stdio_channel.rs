@@ -13,9 +13,9 @@ use std::io::Write;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use beige_core::agent::events::AgentEvent;
 use beige_core::channel::{Channel, ChannelContext, ChannelError};
-use beige_core::gateway::RemoteGateway;
+use beige_core::AgentEvent;
+use beige_core::RemoteGateway;
 use beige_core::{BeigeHome, Gateway, GatewayError, PromptRequest};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};

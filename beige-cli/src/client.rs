@@ -46,8 +46,8 @@ impl Target {
     }
 
     /// A client of the gateway's API (the `Gateway` trait over HTTP).
-    pub fn remote(&self) -> Result<beige_core::gateway::RemoteGateway, crate::Exit> {
-        beige_core::gateway::RemoteGateway::new(&self.url, self.token.clone())
+    pub fn remote(&self) -> Result<beige_core::RemoteGateway, crate::Exit> {
+        beige_core::RemoteGateway::new(&self.url, self.token.clone())
             .map_err(|e| crate::Exit::new(2, format!("error: {e}")))
     }
 }

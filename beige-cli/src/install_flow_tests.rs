@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use beige_core::config::Config;
-use beige_core::plugin::load::load_plugins;
+use beige_core::plugin::load_plugins;
 use beige_core::BeigeHome;
 use serde_json::json;
 

@@ -481,7 +481,7 @@ fn components(rel: &str) -> Result<Vec<&str>, HostPathError> {
 
 /// Run a blocking host-file operation off the async runtime's threads, so a slow disk
 /// or a file the kernel holds up never stalls the gateway's other work.
-pub async fn blocking<T, F>(f: F) -> Result<T, HostPathError>
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T, HostPathError>
 where
     F: FnOnce() -> Result<T, HostPathError> + Send + 'static,
     T: Send + 'static,
@@ -502,7 +502,7 @@ pub struct PathError(pub String);
 /// Normalise a caller-supplied `cwd` relative to the workspace. `None` or `""` is the
 /// workspace itself. Absolute paths, `..` that leaves the workspace and NUL bytes are
 /// rejected.
-pub fn validate_cwd(cwd: Option<&str>) -> Result<Option<String>, PathError> {
+pub(crate) fn validate_cwd(cwd: Option<&str>) -> Result<Option<String>, PathError> {
     let Some(cwd) = cwd.filter(|c| !c.is_empty() && *c != ".") else {
         return Ok(None);
     };

@@ -10,9 +10,9 @@
 //! The client side of the gateway — the `Gateway`, `Sessions` and `Admin` traits,
 //! prompts and their events, the message vocabulary, session records, `GatewayError`,
 //! `Principal`, `BeigeHome` and `RemoteGateway` — is the crate [`beige_client`] (what
-//! beige-tui uses, without this crate). Every item of it is re-exported here at its old
-//! path (`gateway::Gateway`, `llm::Message`, `store::SessionRecord`, …) and the whole
-//! crate as [`api`].
+//! beige-tui uses, without this crate). Its items are re-exported here at the root or
+//! where they belong ([`Gateway`], `llm::Message`, `store::SessionRecord`, …) and the
+//! whole crate as [`api`].
 //!
 //! ## Quick start
 //!
@@ -64,27 +64,34 @@
 //!
 //! ## Modules
 //!
+//! Public, each a part of the contract:
+//!
 //! | module | owns |
 //! |---|---|
 //! | [`api`] | beige-client: the traits, requests, events and records every gateway shares |
-//! | [`gateway`] | `GatewayBuilder`, the reloadable `LocalGateway` and `serve` (channels, signals, reload), the guarded path every call takes |
-//! | [`agent`] | the agent loop's vocabulary: events, the model router and its health, the system prompt |
 //! | [`config`] | loading, interpolating and validating `config.json5` |
 //! | [`home`] | the layout of `BEIGE_HOME` |
-//! | [`sandbox`] | the portable `SandboxSpec`, the `Sandbox` and `SandboxHost` traits, and the Docker backend (feature `docker`) |
-//! | [`tools`] | the four core tools and their result texts |
+//! | [`sandbox`] | the portable `SandboxSpec`, the `Sandbox` and `SandboxHost` traits, the operation a core tool call becomes, and the Docker backend (feature `docker`) |
 //! | [`policy`] | whether a tool call may run (allow, deny or ask, with its reason), which tools an agent sees, who is calling (`Principal`), approvers |
 //! | [`audit`] | the audit log (`audit.jsonl`), bounded per agent |
 //! | [`hooks`] | the nine hooks and how they chain |
-//! | [`plugin`] | the `Plugin` and `Tool` traits, the registry, external plugins and command tools, the built-in `kv` |
-//! | [`skills`] | skill folders: manifests, requirements |
+//! | [`plugin`] | the `Plugin` and `Tool` traits, the registry, external plugins and command tools, the built-in `kv`, safe access to agent-writable trees (`Beneath`) |
 //! | [`channel`] | the `Channel` trait and `ChannelContext`; the HTTP API (feature `http-api`) and Telegram (feature `telegram`) |
 //! | [`llm`] | the `LlmProvider` trait, the provider clients (one feature each), the model catalogue |
 //! | [`store`] | the store traits by owner (`SessionStore`, `HealthStore`, `ChannelState`, `PluginData`) and `SqliteStore` (feature `sqlite`) |
-//! | [`socket`] | the per-agent tool socket the Docker backend serves, and its limits |
-//! | [`fsutil`] | host-side access to agent-writable trees (`Beneath`: openat2 beneath a handle, no links) and caller path checks |
 //! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
 //! | `testing` | in-memory stand-ins for tests and examples (feature `test-util`) |
+//!
+//! Private, their public items re-exported at the root or in a public module:
+//!
+//! | module | owns |
+//! |---|---|
+//! | `gateway` | [`GatewayBuilder`], the reloadable [`LocalGateway`] and its `serve` (channels, signals, reload), the guarded path every call takes |
+//! | `agent` | the agent loop: the model router and its health, the system prompt ([`system_prompt`]) |
+//! | `tools` | the four core tools, the operations they become ([`sandbox::to_request`]) and their result texts |
+//! | `skills` | skill folders: manifests, requirements ([`SkillSet`]) |
+//! | `socket` | the per-agent tool socket the Docker backend serves, and its limits (`sandbox::docker::SocketLimits`) |
+//! | `fsutil` | host-side access to agent-writable trees (openat2 beneath a handle, no links; [`plugin::Beneath`]) and caller path checks |
 //!
 //! ## Cargo features
 //!
@@ -99,7 +106,7 @@
 //! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
 //! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
-//! With none of them the crate still has the gateway traits, [`gateway::RemoteGateway`],
+//! With none of them the crate still has the gateway traits, [`RemoteGateway`],
 //! config, policy, audit, hooks, plugins and the core tools. A missing piece is an error
 //! of [`GatewayBuilder::build`], never a panic: a configured provider whose client is left
 //! out is [`GatewayError::NotCompiledIn`], `plugins.telegram` without `telegram` a plugin
@@ -109,13 +116,13 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 #![warn(unreachable_pub)]
 
-pub mod agent;
+mod agent;
 pub mod audit;
 pub mod channel;
 pub mod config;
 pub mod disk;
-pub mod fsutil;
-pub mod gateway;
+mod fsutil;
+mod gateway;
 pub mod home;
 pub mod hooks;
 pub mod llm;
@@ -123,27 +130,32 @@ pub mod plugin;
 pub mod policy;
 mod principal;
 pub mod sandbox;
-pub mod skills;
-pub mod socket;
+mod skills;
+#[cfg(feature = "docker")]
+mod socket;
 pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
-pub mod tools;
+mod tools;
 mod vocab;
 
 pub use beige_client as api;
+pub use beige_client::{
+    Admin, AgentEvent, AgentEventStream, AgentInfo, AllowedModel, BoxError, Gateway, GatewayError,
+    GatewayFull, PromptRequest, RemoteGateway, Sessions,
+};
 pub use config::Config;
 pub use gateway::{
-    Admin, AgentEventStream, Gateway, GatewayBuilder, GatewayError, GatewayFull, LocalGateway,
-    PromptRequest, Sessions,
+    ConfigFile, ConfigSource, GatewayBuilder, LocalGateway, ReloadOutcome, ServeError, Shutdown,
+    Snapshot, DEFAULT_DRAIN,
 };
 pub use home::BeigeHome;
 
-pub use agent::events::AgentEvent;
+pub use agent::prompt::{system_prompt, PromptSession, PromptSkill, PromptTool};
 pub use channel::{Channel, ChannelContext};
-pub use gateway::{ConfigSource, Shutdown};
 pub use llm::LlmProvider;
 pub use plugin::{Plugin, Tool};
 pub use policy::{Approver, Decision, Policy, Principal};
 pub use sandbox::{Sandbox, SandboxHost, SandboxSpec};
+pub use skills::{SkillError, SkillSet};
 pub use store::{Store, Stores};

@@ -18,10 +18,10 @@ use crate::plugin::SkillDef;
 use crate::tools::CORE_TOOLS;
 
 /// The manifest file every skill folder holds.
-pub const MANIFEST_FILE: &str = "skill.json";
+pub(crate) const MANIFEST_FILE: &str = "skill.json";
 
 /// The context file when a manifest names none.
-pub const DEFAULT_CONTEXT_FILE: &str = "README.md";
+pub(crate) const DEFAULT_CONTEXT_FILE: &str = "README.md";
 
 /// A skill's `skill.json`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,7 +174,7 @@ fn unknown_hint(suggestion: &Option<String>, configured: &[String]) -> String {
 }
 
 /// Read and check `<dir>/skill.json`.
-pub fn read_manifest(name: &str, dir: &Path) -> Result<SkillManifest, SkillError> {
+pub(crate) fn read_manifest(name: &str, dir: &Path) -> Result<SkillManifest, SkillError> {
     if !dir.is_dir() {
         return Err(SkillError::FolderMissing {
             skill: name.to_string(),
@@ -254,7 +254,8 @@ fn is_inside(file: &str) -> bool {
 
 /// Load the skill `name` (its config key) from `dir`: the folder must exist and hold a
 /// valid `skill.json`.
-pub fn load_skill(name: &str, dir: &Path) -> Result<SkillDef, SkillError> {
+#[cfg(test)]
+pub(crate) fn load_skill(name: &str, dir: &Path) -> Result<SkillDef, SkillError> {
     let manifest = read_manifest(name, dir)?;
     Ok(SkillDef {
         name: name.to_string(),

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Names of the core tools, in the order the model sees them.
-pub const CORE_TOOLS: [&str; 4] = ["read", "write", "patch", "exec"];
+pub(crate) const CORE_TOOLS: [&str; 4] = ["read", "write", "patch", "exec"];
 
 /// Core tool or plugin tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use beige_core::agent::events::AgentEvent;
 use beige_core::audit::{AuditDecision, AuditRecord, AuditType, Phase};
 use beige_core::config::Config;
 use beige_core::home::BeigeHome;
@@ -23,6 +22,7 @@ use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::{Block, LlmProvider, Message, Role, ToolResultPart};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::sandbox::Sandbox;
+use beige_core::AgentEvent;
 use beige_core::{Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use futures_util::StreamExt;
 use serde_json::json;

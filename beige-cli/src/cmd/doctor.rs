@@ -15,14 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use beige_core::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
 use beige_core::config::{Config, LinkMode, DEFAULT_IMAGE};
-use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::home::BeigeHome;
 use beige_core::plugin::{kv::KvPlugin, Plugin, PluginRegistry};
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::skills::SkillSet;
+use beige_core::sandbox::SandboxStatus;
 use beige_core::store::SqliteStore;
+use beige_core::RemoteGateway;
+use beige_core::SkillSet;
+use beige_core::{system_prompt, PromptSession, PromptSkill, PromptTool};
 use beige_core::{Admin, Gateway, GatewayError};
 
 use crate::client;
@@ -637,8 +638,7 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
         .collect();
     let workspace = config.agent_workspace(home, agent);
     // The workspace is the agent's: read beneath a handle, no links, capped.
-    let agents_md = prompt::read_agents_md(&workspace);
-    Ok(prompt::assemble(
+    Ok(system_prompt(
         agent,
         &tools,
         &prompt_skills,
@@ -647,7 +647,7 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
             chat_id: None,
             thread_id: None,
         },
-        Some(agents_md.as_deref().unwrap_or(prompt::DEFAULT_AGENTS_MD)),
+        &workspace,
     ))
 }
 

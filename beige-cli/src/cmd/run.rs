@@ -10,9 +10,9 @@
 use std::io::Write;
 
 use anyhow::Result;
-use beige_core::agent::events::AgentEvent;
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext};
 use beige_core::store::SessionRecord;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
+use beige_core::AgentEvent;
 use beige_core::{Gateway, GatewayError, PromptRequest, Sessions};
 use futures_util::StreamExt;
 use serde_json::Value;

@@ -18,9 +18,9 @@ use anyhow::Result;
 use async_trait::async_trait;
 use beige_core::channel::http::{ApiOptions, HttpApiChannel};
 use beige_core::config::{Config, LoadedConfig};
-use beige_core::gateway::{BoxError, ConfigSource, ServeError, Shutdown};
 use beige_core::home::BeigeHome;
 use beige_core::GatewayBuilder;
+use beige_core::{BoxError, ConfigSource, ServeError, Shutdown};
 
 use super::http::RestartRecord;
 use crate::Exit;

@@ -16,7 +16,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use beige_core::home::BeigeHome;
-use beige_core::sandbox::{shim, SandboxError};
+use beige_core::sandbox::{check_static, locate_shim, SandboxError, BEIGE_SHIM_ENV};
 
 use crate::sys;
 
@@ -158,13 +158,13 @@ pub fn is_gateway_process(pid: i32) -> bool {
     args.iter().any(|a| a == "gateway") && args.iter().any(|a| a == "--foreground" || a == "-F")
 }
 
-/// Find the static shim like [`shim::locate`], but when neither `BEIGE_SHIM` nor the
+/// Find the static shim like [`locate_shim`], but when neither `BEIGE_SHIM` nor the
 /// config names one, skip a dynamically linked `beige-shim` next to the executable (the
 /// one `cargo build` leaves in `target/debug/`) in favour of a static one further up
 /// (`target/shim/beige-shim` from `scripts/build-shim`).
 pub fn find_shim(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
-    let explicit = std::env::var_os(shim::BEIGE_SHIM_ENV).is_some_and(|v| !v.is_empty())
-        || configured.is_some();
+    let explicit =
+        std::env::var_os(BEIGE_SHIM_ENV).is_some_and(|v| !v.is_empty()) || configured.is_some();
     if !explicit {
         if let Some(dir) = std::env::current_exe()
             .ok()
@@ -177,13 +177,13 @@ pub fn find_shim(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
             }
             if let Some(found) = candidates
                 .into_iter()
-                .find(|p| p.is_file() && shim::check_static(p).is_ok())
+                .find(|p| p.is_file() && check_static(p).is_ok())
             {
                 return Ok(found);
             }
         }
     }
-    shim::locate(configured)
+    locate_shim(configured)
 }
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ pub async fn docker_env() -> Option<DockerEnv> {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-shim"),
     };
-    if let Err(e) = beige_core::sandbox::shim::check_static(&shim) {
+    if let Err(e) = beige_core::sandbox::check_static(&shim) {
         return skip(format!(
             "no static shim ({e}): run scripts/build-shim or set BEIGE_SHIM"
         ));

@@ -2,4 +2,4 @@
 //! Telegram, `beige run` — renders this same stream. It lives in beige-client
 //! (`beige_client::events`); this is its old path.
 
-pub use beige_client::events::{hint_for, AgentEvent};
+pub(crate) use beige_client::events::{hint_for, AgentEvent};

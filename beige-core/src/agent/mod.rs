@@ -5,6 +5,6 @@
 //! calls go through the gateway's guarded path (policy, hooks, audit) — the loop never
 //! runs a tool itself — and history goes through the [`crate::store::SessionStore`].
 
-pub mod events;
-pub mod prompt;
-pub mod router;
+pub(crate) mod events;
+pub(crate) mod prompt;
+pub(crate) mod router;

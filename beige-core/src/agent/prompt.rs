@@ -9,10 +9,10 @@ use std::path::Path;
 
 /// The template; placeholders `{{agentName}}`, `{{toolContext}}`, `{{skillContext}}`,
 /// `{{sessionContext}}`, `{{agentsFile}}`.
-pub const TEMPLATE: &str = include_str!("../../assets/system-prompt.md");
+pub(crate) const TEMPLATE: &str = include_str!("../../assets/system-prompt.md");
 
 /// Written to `/workspace/AGENTS.md` when the file does not exist.
-pub const DEFAULT_AGENTS_MD: &str = include_str!("../../assets/AGENTS.md");
+pub(crate) const DEFAULT_AGENTS_MD: &str = include_str!("../../assets/AGENTS.md");
 
 /// A plugin tool as the prompt lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub struct PromptSession {
 }
 
 /// `## Available Tools` block (empty without tools).
-pub fn tool_context(tools: &[PromptTool]) -> String {
+pub(crate) fn tool_context(tools: &[PromptTool]) -> String {
     if tools.is_empty() {
         return String::new();
     }
@@ -59,7 +59,7 @@ pub fn tool_context(tools: &[PromptTool]) -> String {
 }
 
 /// `## Available Skills` block (empty without skills).
-pub fn skill_context(skills: &[PromptSkill]) -> String {
+pub(crate) fn skill_context(skills: &[PromptSkill]) -> String {
     if skills.is_empty() {
         return String::new();
     }
@@ -82,7 +82,7 @@ pub fn skill_context(skills: &[PromptSkill]) -> String {
 }
 
 /// `## Session Context` block for channels other than the TUI.
-pub fn session_context(session: &PromptSession) -> String {
+pub(crate) fn session_context(session: &PromptSession) -> String {
     if session.channel.is_empty() || session.channel == "tui" {
         return String::new();
     }
@@ -96,7 +96,7 @@ pub fn session_context(session: &PromptSession) -> String {
 
 /// Assemble the prompt. Substitution is literal and single-pass: text inserted for one
 /// placeholder is never scanned for another.
-pub fn assemble(
+pub(crate) fn assemble(
     agent: &str,
     tools: &[PromptTool],
     skills: &[PromptSkill],
@@ -134,16 +134,36 @@ pub fn assemble(
     out
 }
 
+/// An agent's system prompt for a session, as `beige doctor` previews it: the
+/// workspace's `AGENTS.md` read as the gateway reads it (beneath a handle, no links, capped), or the
+/// default one a new workspace is seeded with when there is none yet. Blocking.
+pub fn system_prompt(
+    agent: &str,
+    tools: &[PromptTool],
+    skills: &[PromptSkill],
+    session: &PromptSession,
+    workspace: &Path,
+) -> String {
+    let agents_md = read_agents_md(workspace);
+    assemble(
+        agent,
+        tools,
+        skills,
+        session,
+        Some(agents_md.as_deref().unwrap_or(DEFAULT_AGENTS_MD)),
+    )
+}
+
 /// The most of `AGENTS.md` that goes into a system prompt; the rest is left out with a
 /// note, so a giant file cannot become a giant (and costly) prompt.
-pub const AGENTS_MD_CAP: usize = 64 * 1024;
+pub(crate) const AGENTS_MD_CAP: usize = 64 * 1024;
 
 /// Write the default `AGENTS.md` into a workspace unless something of that name exists.
 /// The workspace is agent-writable: the file is created beneath a handle on it, under a
 /// fresh name renamed into place without replacing anything, so a planted link or file
 /// is never followed or overwritten. `owner` hands the file to the sandbox user. Returns
 /// whether it wrote the file. Blocking.
-pub fn seed_agents_md(
+pub(crate) fn seed_agents_md(
     workspace: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<bool, crate::fsutil::HostPathError> {
@@ -158,7 +178,7 @@ pub fn seed_agents_md(
 /// The workspace's `AGENTS.md` for a system prompt: read beneath a handle (no links, no
 /// FIFOs or devices), at most [`AGENTS_MD_CAP`] bytes, invalid UTF-8 replaced. `None`
 /// when there is no such regular file; a refused or unreadable one is logged. Blocking.
-pub fn read_agents_md(workspace: &Path) -> Option<String> {
+pub(crate) fn read_agents_md(workspace: &Path) -> Option<String> {
     let read =
         crate::fsutil::Beneath::open(workspace).and_then(|ws| ws.read("AGENTS.md", AGENTS_MD_CAP));
     match read {

@@ -22,18 +22,18 @@ use crate::config::ModelRef;
 use crate::llm::{ErrorKind, LlmError, LlmProvider, ModelRequest, ModelResponse, StreamEvent};
 
 /// Cooldown after a 429 without `retry-after`.
-pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_COOLDOWN: Duration = Duration::from_secs(300);
 /// Passes over the candidate list per model call.
-pub const PASSES: usize = 3;
+pub(crate) const PASSES: usize = 3;
 /// Failures after which a candidate leaves the pool for this prompt.
-pub const MAX_FAILURES: u32 = 3;
+pub(crate) const MAX_FAILURES: u32 = 3;
 
 /// `provider/model`.
-pub fn model_key(m: &ModelRef) -> String {
+pub(crate) fn model_key(m: &ModelRef) -> String {
     format!("{}/{}", m.provider, m.model)
 }
 
-pub use beige_client::status::ModelHealth;
+pub(crate) use beige_client::status::ModelHealth;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -43,11 +43,11 @@ fn now_ms() -> u64 {
 }
 
 /// Called whenever a model's health changes (the gateway persists it in the store).
-pub type HealthSink = Arc<dyn Fn(&str, &ModelHealth) + Send + Sync>;
+pub(crate) type HealthSink = Arc<dyn Fn(&str, &ModelHealth) + Send + Sync>;
 
 /// Health of every model, in memory, persisted through a sink.
 #[derive(Clone, Default)]
-pub struct HealthTracker {
+pub(crate) struct HealthTracker {
     map: Arc<Mutex<HashMap<String, ModelHealth>>>,
     sink: Option<HealthSink>,
 }
@@ -61,14 +61,14 @@ impl std::fmt::Debug for HealthTracker {
 }
 
 impl HealthTracker {
-    pub fn new(initial: HashMap<String, ModelHealth>, sink: Option<HealthSink>) -> Self {
+    pub(crate) fn new(initial: HashMap<String, ModelHealth>, sink: Option<HealthSink>) -> Self {
         Self {
             map: Arc::new(Mutex::new(initial)),
             sink,
         }
     }
 
-    pub fn get(&self, key: &str) -> ModelHealth {
+    pub(crate) fn get(&self, key: &str) -> ModelHealth {
         self.map
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -78,7 +78,7 @@ impl HealthTracker {
     }
 
     /// Every model with recorded health.
-    pub fn all(&self) -> HashMap<String, ModelHealth> {
+    pub(crate) fn all(&self) -> HashMap<String, ModelHealth> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -115,16 +115,11 @@ impl HealthTracker {
             }
         });
     }
-
-    /// Forget a model's cooldown and failures.
-    pub fn clear(&self, key: &str) {
-        self.update(key, |h| *h = ModelHealth::default());
-    }
 }
 
 /// One failed attempt, for the final error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     pub model: String,
     pub error: String,
 }
@@ -132,7 +127,7 @@ pub struct Attempt {
 /// Why routing failed.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum RouteError {
+pub(crate) enum RouteError {
     /// Every candidate failed or is cooling down.
     #[error("no model could answer: {}", attempts.iter().map(|a| format!("{} — {}", a.model, a.error)).collect::<Vec<_>>().join("; "))]
     AllFailed {
@@ -153,7 +148,7 @@ pub enum RouteError {
 
 /// Per-provider clients and concurrency limits.
 #[derive(Debug, Clone, Default)]
-pub struct Router {
+pub(crate) struct Router {
     providers: HashMap<String, Arc<dyn LlmProvider>>,
     limits: HashMap<String, Arc<Semaphore>>,
     pub health: HealthTracker,
@@ -163,11 +158,11 @@ pub struct Router {
 }
 
 /// Default of [`Router::with_watchdog`].
-pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_WATCHDOG: Duration = Duration::from_secs(600);
 
 /// The result of one routed call.
 #[derive(Debug, Clone)]
-pub struct Routed {
+pub(crate) struct Routed {
     pub response: ModelResponse,
     /// The candidate that answered.
     pub model: ModelRef,
@@ -176,7 +171,7 @@ pub struct Routed {
 }
 
 impl Router {
-    pub fn new(health: HealthTracker) -> Self {
+    pub(crate) fn new(health: HealthTracker) -> Self {
         Self {
             providers: HashMap::new(),
             limits: HashMap::new(),
@@ -186,13 +181,13 @@ impl Router {
     }
 
     /// Set the inactivity watchdog (default 10 minutes).
-    pub fn with_watchdog(mut self, watchdog: Duration) -> Self {
+    pub(crate) fn with_watchdog(mut self, watchdog: Duration) -> Self {
         self.watchdog = watchdog;
         self
     }
 
     /// Register a provider client with its concurrency (`<= 0`: unlimited).
-    pub fn add(&mut self, provider: Arc<dyn LlmProvider>, concurrency: i64) {
+    pub(crate) fn add(&mut self, provider: Arc<dyn LlmProvider>, concurrency: i64) {
         let name = provider.name().to_string();
         if concurrency > 0 {
             let permits = usize::try_from(concurrency).unwrap_or(usize::MAX);
@@ -204,14 +199,14 @@ impl Router {
         self.providers.insert(name, provider);
     }
 
-    pub fn has(&self, provider: &str) -> bool {
+    pub(crate) fn has(&self, provider: &str) -> bool {
         self.providers.contains_key(provider)
     }
 
     /// Call the candidates in order until one answers. `request.model` is overwritten
     /// per candidate; `build` adjusts the request for a candidate (max tokens, thinking).
     /// Text and thinking deltas are forwarded to `events`.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         candidates: &[ModelRef],
         failures: &mut HashMap<String, u32>,

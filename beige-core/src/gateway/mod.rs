@@ -11,19 +11,17 @@
 
 mod error;
 mod prompt;
-pub mod remote;
 mod sandbox_host;
 mod serve;
 
-pub use beige_client::gateway::{
+pub(crate) use beige_client::gateway::{
     Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayFull, Sessions,
 };
-pub use beige_client::{GatewayError, SandboxStatus};
-pub use prompt::PromptRequest;
-pub use remote::RemoteGateway;
+pub(crate) use beige_client::{GatewayError, SandboxStatus};
+pub(crate) use prompt::PromptRequest;
 pub use serve::{
-    BoxError, ConfigFile, ConfigSource, LocalGateway, ReloadOutcome, ServeError, Shutdown,
-    Snapshot, DEFAULT_DRAIN,
+    ConfigFile, ConfigSource, LocalGateway, ReloadOutcome, ServeError, Shutdown, Snapshot,
+    DEFAULT_DRAIN,
 };
 
 use std::collections::HashMap;
@@ -58,10 +56,7 @@ use crate::tools::{run_core_tool, CoreToolCall, ToolContext, ToolOutcome, ToolOu
 use tokio_util::sync::CancellationToken;
 
 /// Default time limit of a plugin tool handler.
-pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Built-in plugins, enabled by listing their name under `plugins` without a `path`.
-pub const BUILTIN_PLUGINS: [&str; 2] = ["kv", "telegram"];
+pub(crate) const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
 static NEXT_PROMPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -204,7 +199,7 @@ impl GatewayBuilder {
 
     /// Bounds of the agents' tool sockets (Docker backend).
     #[cfg(feature = "docker")]
-    pub fn socket_limits(mut self, limits: crate::socket::SocketLimits) -> Self {
+    pub fn socket_limits(mut self, limits: crate::sandbox::docker::SocketLimits) -> Self {
         self.docker.socket_limits = limits;
         self
     }
@@ -557,6 +552,7 @@ impl Engine {
     }
 
     /// The sandbox specs the gateway started with.
+    #[cfg(feature = "test-util")]
     pub(crate) fn specs(&self) -> &[SandboxSpec] {
         &self.inner.specs
     }
@@ -578,6 +574,7 @@ impl Engine {
     /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
     /// sandbox are honoured only when known and owned by the calling agent). Its channel
     /// is the key's first segment; it has no chat or thread until a prompt runs on it.
+    #[cfg(feature = "test-util")]
     pub(crate) fn register_session(&self, agent: &str, session_key: &str) {
         self.inner.record_session(
             session_key,
@@ -587,6 +584,7 @@ impl Engine {
     }
 
     /// Handle a tool request as if it arrived on `agent`'s socket.
+    #[cfg(feature = "test-util")]
     pub(crate) async fn handle_tool_request(
         &self,
         agent: &str,
@@ -1051,7 +1049,7 @@ fn audit_args(call: &CoreToolCall) -> Vec<String> {
 }
 
 /// The `tool` of the audit record of a socket request whose tool could not be read.
-pub const UNPARSED_TOOL: &str = "(unparsed)";
+pub(crate) const UNPARSED_TOOL: &str = "(unparsed)";
 
 #[async_trait]
 impl Gateway for Engine {

@@ -26,7 +26,7 @@ use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolRes
 use crate::store::{NewMessage, NewSession, SessionRecord};
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
-pub use beige_client::PromptRequest;
+pub(crate) use beige_client::PromptRequest;
 
 /// Estimated tokens of a message list (about four characters a token).
 pub(crate) fn estimate_tokens(messages: &[Message]) -> u64 {

@@ -19,6 +19,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+#[cfg(feature = "test-util")]
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +35,9 @@ use crate::home::BeigeHome;
 use crate::hooks::HookName;
 use crate::llm::Message;
 use crate::plugin::PluginRegistry;
-use crate::sandbox::{ReconcileReport, SandboxSpec};
+use crate::sandbox::ReconcileReport;
+#[cfg(feature = "test-util")]
+use crate::sandbox::SandboxSpec;
 use crate::skills::SkillSet;
 use crate::store::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::tools::{CoreToolCall, ToolContext, ToolOutput};
@@ -46,7 +49,7 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
 /// How long a stopping channel gets to end its `run` once its token fired.
 const CHANNEL_STOP: Duration = Duration::from_secs(2);
 
-pub use crate::api::BoxError;
+pub(crate) use crate::api::BoxError;
 
 /// A channel registered on the builder, run by [`LocalGateway::serve`].
 #[derive(Clone)]
@@ -413,7 +416,9 @@ impl LocalGateway {
         &self.shared.home
     }
 
-    /// The sandbox specs the engine started with.
+    /// The sandbox specs the engine started with. A test seam (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
     pub fn specs(&self) -> Snapshot<[SandboxSpec]> {
         self.snapshot(|e| e.specs())
     }
@@ -434,12 +439,18 @@ impl LocalGateway {
     }
 
     /// Record that `session_key` belongs to `agent` (sessions named by scripts in the
-    /// sandbox are honoured only when known and owned by the calling agent).
+    /// sandbox are honoured only when known and owned by the calling agent). A test seam
+    /// (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
     pub fn register_session(&self, agent: &str, session_key: &str) {
         self.engine_now().register_session(agent, session_key);
     }
 
-    /// Handle a tool request as if it arrived on `agent`'s socket.
+    /// Handle a tool request as if it arrived on `agent`'s socket. A test seam (feature
+    /// `test-util`).
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
     pub async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
         self.engine()
             .await

@@ -13,7 +13,7 @@
 //! The gateway calls [`load_plugins`] once at start with the loaded config:
 //!
 //! ```rust,ignore
-//! let loaded = beige_core::plugin::load::load_plugins(&config, &home)?;
+//! let loaded = beige_core::plugin::load_plugins(&config, &home)?;
 //! // loaded.plugins: Vec<Arc<dyn Plugin>>, in config order
 //! // loaded.package_dirs: plugin name → its folder (mounted at /tools/packages/<tool>/)
 //! ```
@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::home::BeigeHome;
 
 pub use super::manifest::*;
-pub use super::process::{base_path, process_env};
+pub(crate) use super::process::process_env;
 
 /// Plugins made from the config, with their package folders.
 #[derive(Debug, Default)]

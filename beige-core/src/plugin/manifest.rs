@@ -201,7 +201,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, ManifestError> {
 /// A value that does not match a schema: where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
-pub struct SchemaError {
+pub(crate) struct SchemaError {
     pub path: String,
     pub message: String,
 }
@@ -210,7 +210,7 @@ pub struct SchemaError {
 /// `required`, `additionalProperties` (`false` or a schema), `enum`, `const`, `items`,
 /// `minimum`, `maximum`, `minLength`, `maxLength`, `minItems`, `maxItems`. Other
 /// keywords are ignored. `path` names the value in messages.
-pub fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<(), SchemaError> {
+pub(crate) fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<(), SchemaError> {
     let err = |message: String| SchemaError {
         path: path.to_string(),
         message,

@@ -11,7 +11,7 @@
 pub mod command;
 pub mod external;
 pub mod kv;
-pub mod load;
+pub(crate) mod load;
 mod manifest;
 mod process;
 pub mod registry;
@@ -27,9 +27,10 @@ pub use registry::{merge_config, PluginRegistry, Registrar};
 // What the plugin installer (`beige plugins install|update|remove`, in beige-cli) reads of
 // a plugin folder: the manifest file, its name rules, the built-in names it must not take,
 // the npm source of the original's toolkit, and joining a relative path beneath a root.
-pub use crate::fsutil::safe_join;
+pub use crate::fsutil::{safe_join, Beneath, Capped, HostPathError, PathError, DEFAULT_READ_CAP};
 pub use load::{
-    read_manifest, valid_plugin_name, Manifest, ManifestError, BUILTIN, MANIFEST_FILE,
+    check_plugin_configs, load_plugin_dir, load_plugins, plugins_from_config, read_manifest,
+    valid_plugin_name, LoadedPlugins, Manifest, ManifestError, BUILTIN, MANIFEST_FILE,
     TOOLKIT_NPM_SOURCE,
 };
 

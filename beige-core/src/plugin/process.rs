@@ -3,12 +3,12 @@
 //! and it uses nothing of the crate.
 
 /// The gateway's own environment, as a lookup.
-pub fn process_env(name: &str) -> Option<String> {
+pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// `PATH` for plugin processes: the gateway's, else a standard one.
-pub fn base_path() -> String {
+pub(super) fn base_path() -> String {
     process_env("PATH")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string())

@@ -5,10 +5,13 @@
 //! once when the gateway runs as root); and, for backends that mount them (Docker), the
 //! launcher and socket folders.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
+#[cfg(feature = "docker")]
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::{SandboxError, SandboxUser};
+#[cfg(feature = "docker")]
 use crate::home::BeigeHome;
 
 fn host_err(path: &Path, e: std::io::Error) -> SandboxError {
@@ -17,7 +20,8 @@ fn host_err(path: &Path, e: std::io::Error) -> SandboxError {
 
 /// Create the agent's launcher folder (`agents/<agent>/launchers`) and socket folder
 /// (`run/<agent>`), mode 0755: what the Docker backend mounts besides the workspace.
-pub fn prepare_run_dirs(home: &BeigeHome, agent: &str) -> Result<(), SandboxError> {
+#[cfg(feature = "docker")]
+pub(crate) fn prepare_run_dirs(home: &BeigeHome, agent: &str) -> Result<(), SandboxError> {
     for dir in [home.launchers_dir(agent), home.run_dir(agent)] {
         std::fs::create_dir_all(&dir).map_err(|e| host_err(&dir, e))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
@@ -28,7 +32,7 @@ pub fn prepare_run_dirs(home: &BeigeHome, agent: &str) -> Result<(), SandboxErro
 
 /// Create the agent's workspace and return the user the sandbox runs as. `configured`
 /// is the config's `sandbox.user`.
-pub fn prepare_workspace(
+pub(crate) fn prepare_workspace(
     workspace: &Path,
     configured: Option<SandboxUser>,
 ) -> Result<SandboxUser, SandboxError> {

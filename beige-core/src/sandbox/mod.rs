@@ -4,15 +4,15 @@
 //! operations in it, remove it), the portable [`SandboxSpec`] computed from config, the
 //! [`SandboxHost`] a backend calls back (plugin tool calls from inside the sandbox,
 //! refused requests, security events), the host-side preparation of an agent's
-//! workspace ([`host`]), the check that the shim is static ([`shim`]), the gateway side
-//! of the shim link ([`link`]) and the Docker backend (`docker::DockerSandbox`, feature
+//! workspace (private `host`), the check that the shim is static ([`check_static`]), the
+//! gateway side of the shim link ([`LinkHub`]) and the Docker backend (`docker::DockerSandbox`, feature
 //! `docker`), which owns the shim, the launchers, the link and the tool endpoint.
 //! It never decides *whether* a call may run — that is policy's job — and never formats
-//! results for the model — that is [`crate::tools`]'.
+//! results for the model — that is the gateway's.
 
-pub mod host;
-pub mod link;
-pub mod shim;
+pub(crate) mod host;
+pub(crate) mod link;
+pub(crate) mod shim;
 pub mod spec;
 
 #[cfg(feature = "docker")]
@@ -31,7 +31,9 @@ pub use beige_protocol::op;
 /// [`SandboxHost::tool_call`].
 pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 
+pub use crate::tools::to_request;
 pub use link::{LinkError, LinkHub, LinkStatus};
+pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
 pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput};
 
 /// Why a sandbox operation failed (as opposed to the operation reporting an error, which

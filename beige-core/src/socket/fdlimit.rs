@@ -10,7 +10,7 @@ use serde::Serialize;
 
 /// `RLIMIT_NOFILE` of this process; `None` is "unlimited".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct NofileLimit {
+pub(crate) struct NofileLimit {
     /// The limit in force (the soft limit).
     pub soft: Option<u64>,
     /// How far the process may raise it (the hard limit).
@@ -19,7 +19,7 @@ pub struct NofileLimit {
 
 impl NofileLimit {
     /// The soft limit as a count, "unlimited" counted as `u32::MAX` descriptors.
-    pub fn effective(&self) -> u64 {
+    pub(crate) fn effective(&self) -> u64 {
         self.soft.unwrap_or(u64::from(u32::MAX))
     }
 }
@@ -32,7 +32,7 @@ impl std::fmt::Display for NofileLimit {
 }
 
 /// The current descriptor limit of this process (what `beige doctor` reports).
-pub fn nofile_limit() -> NofileLimit {
+pub(crate) fn nofile_limit() -> NofileLimit {
     let Rlimit { current, maximum } = getrlimit(Resource::Nofile);
     NofileLimit {
         soft: current,
@@ -46,7 +46,7 @@ const NR_OPEN: &str = "/proc/sys/fs/nr_open";
 /// Raise the soft descriptor limit to the hard limit (or, when the hard limit is
 /// unlimited, to `fs.nr_open`). Returns the limit in force afterwards; an error means
 /// the limit stayed as it was.
-pub fn raise_nofile_limit() -> std::io::Result<NofileLimit> {
+pub(crate) fn raise_nofile_limit() -> std::io::Result<NofileLimit> {
     let before = nofile_limit();
     let target = match before.hard {
         Some(hard) => Some(hard),
@@ -75,14 +75,14 @@ pub fn raise_nofile_limit() -> std::io::Result<NofileLimit> {
 /// and connections): the process limit minus a reserve, so that the HTTP API, the
 /// store, Docker and plugins always have descriptors left whatever sandboxes do.
 #[derive(Debug)]
-pub struct DescriptorBudget {
+pub(crate) struct DescriptorBudget {
     max: AtomicUsize,
     used: AtomicUsize,
 }
 
 impl DescriptorBudget {
     /// A budget of `max` descriptors (for tests and embedders with their own rules).
-    pub fn new(max: usize) -> Arc<Self> {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             max: AtomicUsize::new(max),
             used: AtomicUsize::new(0),
@@ -92,7 +92,7 @@ impl DescriptorBudget {
     /// The one budget of this process (descriptors are per process, so every gateway
     /// built in it shares it), resized to the current soft limit minus `reserve`.
     /// When the limit is not even twice the reserve, half of it is used.
-    pub fn process(reserve: usize) -> Arc<Self> {
+    pub(crate) fn process(reserve: usize) -> Arc<Self> {
         static PROCESS: OnceLock<Arc<DescriptorBudget>> = OnceLock::new();
         let budget = PROCESS.get_or_init(|| DescriptorBudget::new(0)).clone();
         let limit = usize::try_from(nofile_limit().effective()).unwrap_or(usize::MAX);
@@ -106,17 +106,18 @@ impl DescriptorBudget {
     }
 
     /// Change the most descriptors the sockets may hold (connections already open stay).
-    pub fn set_max(&self, max: usize) {
+    pub(crate) fn set_max(&self, max: usize) {
         self.max.store(max, Ordering::SeqCst);
     }
 
     /// The most descriptors the sockets may hold.
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max.load(Ordering::SeqCst)
     }
 
     /// Descriptors the sockets hold now.
-    pub fn used(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::SeqCst)
     }
 

@@ -12,7 +12,7 @@
 
 mod fdlimit;
 
-pub use fdlimit::{nofile_limit, raise_nofile_limit, DescriptorBudget, NofileLimit};
+pub(crate) use fdlimit::{nofile_limit, raise_nofile_limit, DescriptorBudget};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ use fdlimit::Descriptor;
 
 /// Handles one parsed request from an agent's socket.
 #[async_trait]
-pub trait ToolRequestHandler: Send + Sync {
+pub(crate) trait ToolRequestHandler: Send + Sync {
     /// `agent` is the socket's agent — the only identity there is.
     async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse;
 
@@ -50,7 +50,7 @@ pub trait ToolRequestHandler: Send + Sync {
 
 /// The bounds of [`SocketLimits`] a caller can run into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
+pub(crate) enum Limit {
     /// [`SocketLimits::max_connections`].
     Connections,
     /// The process's [`DescriptorBudget`].
@@ -63,7 +63,7 @@ pub enum Limit {
 
 impl Limit {
     /// A short name, e.g. for `security.socket_limit` audit records.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Limit::Connections => "connections",
             Limit::Descriptors => "descriptors",
@@ -99,7 +99,7 @@ pub struct SocketLimits {
     /// connection gets an error line and is closed.
     pub max_buffered: usize,
     /// Descriptors of the process's limit that the sockets never use (for the HTTP API,
-    /// the store, Docker, plugins); see [`DescriptorBudget::process`].
+    /// the store, Docker, plugins).
     pub fd_reserve: usize,
 }
 
@@ -194,7 +194,7 @@ impl Drop for Held {
 
 /// A running socket server; stops and unlinks its socket when dropped.
 #[derive(Debug)]
-pub struct SocketServer {
+pub(crate) struct SocketServer {
     path: PathBuf,
     task: JoinHandle<()>,
 }
@@ -203,7 +203,7 @@ impl SocketServer {
     /// Bind `path` (replacing a stale socket), make it connectable by the sandbox user
     /// and serve `agent`'s requests within `limits`; the listener and every connection
     /// take a descriptor of `descriptors`.
-    pub fn start(
+    pub(crate) fn start(
         agent: &str,
         path: &Path,
         handler: Arc<dyn ToolRequestHandler>,
@@ -274,10 +274,6 @@ impl SocketServer {
             path: path.to_path_buf(),
             task,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

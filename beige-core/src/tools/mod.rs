@@ -14,14 +14,14 @@ use beige_protocol::op::{
 use crate::config::AgentSandboxConfig;
 use crate::sandbox::{OpOutcome, Sandbox, SandboxError};
 
-pub use crate::vocab::CORE_TOOLS;
+pub(crate) use crate::vocab::CORE_TOOLS;
 
 /// Default `exec` timeout in seconds.
-pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 900;
+pub(crate) const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 900;
 
 /// The four core tools as the model sees them: names, descriptions and parameter schemas
 /// (names and parameter names are the original's; models and prompts rely on them).
-pub fn definitions() -> Vec<crate::llm::ToolSpec> {
+pub(crate) fn definitions() -> Vec<crate::llm::ToolSpec> {
     use serde_json::json;
     let spec = |name: &str, description: &str, schema: serde_json::Value| crate::llm::ToolSpec {
         name: name.to_string(),
@@ -66,9 +66,8 @@ pub fn definitions() -> Vec<crate::llm::ToolSpec> {
     ]
 }
 
-pub use beige_client::tools::{
-    ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams, ToolContext,
-    ToolOutcome, ToolOutput, WriteParams,
+pub(crate) use beige_client::tools::{
+    ContentBlock, CoreToolCall, ToolContext, ToolOutcome, ToolOutput,
 };
 
 /// Run a core tool in the agent's sandbox and format its result.
@@ -76,7 +75,7 @@ pub use beige_client::tools::{
 /// When `cancel` fires while an `exec` runs, its processes are killed in the sandbox
 /// (SIGTERM, then SIGKILL) and the result says so. With `output`, an `exec`'s output is
 /// also sent there while it runs, where the transport can.
-pub async fn run_core_tool(
+pub(crate) async fn run_core_tool(
     sandbox: &dyn Sandbox,
     agent: &str,
     limits: &AgentSandboxConfig,
@@ -145,7 +144,8 @@ pub async fn run_core_tool(
     Ok(out)
 }
 
-/// The shim operation for a call.
+/// The operation a core tool call becomes in `agent`'s sandbox, with the agent's
+/// sandbox limits applied (what [`Sandbox::run_op`](crate::Sandbox::run_op) is given).
 pub fn to_request(
     agent: &str,
     limits: &AgentSandboxConfig,
@@ -196,7 +196,7 @@ pub fn to_request(
 }
 
 /// `timeout` (seconds; absent or 0 → 900) capped by `max`.
-pub fn exec_timeout(requested: Option<u64>, max: u64) -> u64 {
+pub(crate) fn exec_timeout(requested: Option<u64>, max: u64) -> u64 {
     let t = match requested {
         None | Some(0) => DEFAULT_EXEC_TIMEOUT_SECS,
         Some(t) => t,
@@ -205,7 +205,7 @@ pub fn exec_timeout(requested: Option<u64>, max: u64) -> u64 {
 }
 
 /// Turn the shim's reply into what the model reads.
-pub fn format_reply(
+pub(crate) fn format_reply(
     call: &CoreToolCall,
     request: &OpRequest,
     reply: OpReply,

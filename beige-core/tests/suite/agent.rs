@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
 use beige_core::store::{HealthStore, SessionStore, SqliteStore, Stores};
 use beige_core::testing::MemoryStore;
+use beige_core::AgentEvent;
 use beige_core::{Admin as _, Sessions as _};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::{error_reply, text_response, tool_use_response, MessageStream};

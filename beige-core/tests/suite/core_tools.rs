@@ -4,9 +4,9 @@
 //! result is checked to have taken the transport under test.
 
 use base64::Engine as _;
+use beige_core::api::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 use beige_core::config::LinkMode;
 use beige_core::sandbox::Transport;
-use beige_core::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 use beige_core::{Gateway, LocalGateway};
 use serde_json::json;
 

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use beige_core::api::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 use beige_core::channel::http::{router, ApiState};
-use beige_core::gateway::AgentInfo;
 use beige_core::llm::Message;
 use beige_core::store::{SessionRecord, SessionSettings, SettingsPatch};
-use beige_core::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
+use beige_core::AgentInfo;
 use beige_core::{
     Admin, AgentEventStream, Gateway, GatewayError, GatewayFull, PromptRequest, Sessions,
 };

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use beige_core::api::tools::ToolOutput;
 use beige_core::channel::http::{router, ApiState};
 use beige_core::disk::{FsSpace, Probe};
 use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
 use beige_core::store::{KvUsage, PluginData, SqliteStore};
-use beige_core::tools::ToolOutput;
 use beige_core::Admin as _;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayError, LocalGateway, PromptRequest};
 use beige_protocol::socket::ToolRequest;

@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext};
 use beige_core::config::Config;
 use beige_core::home::InstallationId;
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
 use beige_core::{Admin, BeigeHome, Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
 

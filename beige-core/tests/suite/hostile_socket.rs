@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::channel::http::{ApiState, HttpApiChannel};
 use beige_core::channel::telegram::{TelegramChannel, TelegramConfig, TelegramPlugin};
 use beige_core::channel::{Channel, ChannelContext};
@@ -16,7 +17,6 @@ use beige_core::llm::scripted::ScriptedProvider;
 use beige_core::llm::LlmProvider;
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::store::{SqliteStore, Store};
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, GatewayFull, LocalGateway};
 use beige_testkit::telegram::FakeTelegram;
 use serde_json::{json, Value};

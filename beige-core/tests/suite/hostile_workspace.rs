@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use beige_core::agent::events::AgentEvent;
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::config::Config;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::Admin as _;
+use beige_core::AgentEvent;
 use beige_core::{Gateway, LocalGateway, PromptRequest};
 use beige_testkit::anthropic::text_response;
 use beige_testkit::llm::FakeLlmServer;

@@ -10,17 +10,18 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use beige_core::agent::events::AgentEvent;
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext};
 use beige_core::channel::http::{
     router, routes, ApiState, HttpApiChannel, OPENAPI_JSON, UNAUTHORIZED_MESSAGE,
 };
 use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::config::{Config, LinkMode};
-use beige_core::gateway::{RemoteGateway, SandboxStatus};
 use beige_core::hooks::HookName;
 use beige_core::sandbox::LinkStatus;
+use beige_core::sandbox::SandboxStatus;
 use beige_core::store::SettingsPatch;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext};
+use beige_core::AgentEvent;
+use beige_core::RemoteGateway;
 use beige_core::{Admin as _, Sessions as _};
 use beige_core::{
     BeigeHome, Gateway, GatewayBuilder, GatewayError, GatewayFull, LocalGateway, PromptRequest,

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::audit::AuditRecord;
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::sandbox::Transport;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::{Gateway, GatewayBuilder, LocalGateway};
 use serde_json::json;
 
@@ -302,8 +302,8 @@ fn one_exec_model(command: &'static str) -> beige_core::llm::scripted::ScriptedP
 
 #[tokio::test]
 async fn exec_output_streams_to_the_prompt_while_it_runs() {
-    use beige_core::agent::events::AgentEvent;
     use beige_core::sandbox::OutputStream;
+    use beige_core::AgentEvent;
     let env = docker_or_skip!();
     let t = TestHome::new();
     let mut config = t.config(

@@ -12,11 +12,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use beige_core::agent::events::AgentEvent;
 use beige_core::config::Config;
 use beige_core::plugin::external::{ExternalPlugin, PluginStatus};
-use beige_core::plugin::load::{load_plugin_dir, load_plugins};
 use beige_core::plugin::Plugin;
+use beige_core::plugin::{load_plugin_dir, load_plugins};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 use beige_testkit::anthropic::text_response;

@@ -6,14 +6,14 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use beige_core::agent::events::AgentEvent;
+use beige_core::api::tools::{CoreToolCall, ToolContext};
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::policy::{
     no_approver_message, Approver, Decision, Policy, PolicyRequest, Principal, ToolKind,
 };
-use beige_core::tools::{CoreToolCall, ToolContext};
+use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 use beige_testkit::anthropic::{tool_use_response, MessageStream};
@@ -597,7 +597,7 @@ impl Plugin for BrokenPlugin {
 /// audit log tells them apart (`denied`, or `allowed` and finished with an error).
 #[tokio::test]
 async fn the_guarded_path_tells_denied_from_failed() {
-    use beige_core::tools::ToolOutcome;
+    use beige_core::api::tools::ToolOutcome;
 
     /// Refuses `write` and `echo`, allows the rest.
     #[derive(Debug)]

@@ -1,8 +1,8 @@
 //! The agent's container on the real Docker engine: hardening as seen by `docker
 //! inspect`, reconcile on restart, recreation after the container died.
 
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::sandbox::docker::DockerSandbox;
-use beige_core::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use beige_core::{Admin, Gateway, LocalGateway};
 use serde_json::json;
 

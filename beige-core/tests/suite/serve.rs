@@ -12,11 +12,11 @@ use async_trait::async_trait;
 use beige_core::channel::http::{ApiOptions, HttpApiChannel};
 use beige_core::channel::{Channel, ChannelContext, ChannelError};
 use beige_core::config::{Config, LoadedConfig};
-use beige_core::gateway::{BoxError, ConfigSource, ServeError, Shutdown};
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use beige_core::{BoxError, ConfigSource, ServeError, Shutdown};
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -192,8 +192,8 @@ async fn agent_names(gw: &dyn Gateway) -> Vec<String> {
 }
 
 async fn next_outcome(
-    rx: &mut tokio::sync::watch::Receiver<Option<beige_core::gateway::ReloadOutcome>>,
-) -> beige_core::gateway::ReloadOutcome {
+    rx: &mut tokio::sync::watch::Receiver<Option<beige_core::ReloadOutcome>>,
+) -> beige_core::ReloadOutcome {
     tokio::time::timeout(Duration::from_secs(30), rx.changed())
         .await
         .expect("a reload outcome within 30 s")

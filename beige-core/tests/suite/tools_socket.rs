@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use beige_core::fsutil::Beneath;
+use beige_core::plugin::Beneath;
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
@@ -388,7 +388,8 @@ async fn unwritable_audit_log_refuses_calls_and_secrets_are_redacted() {
     let err = gw
         .call_tool(
             "sec",
-            beige_core::tools::CoreToolCall::parse("exec", json!({"command": "echo hi"})).unwrap(),
+            beige_core::api::tools::CoreToolCall::parse("exec", json!({"command": "echo hi"}))
+                .unwrap(),
             Default::default(),
         )
         .await

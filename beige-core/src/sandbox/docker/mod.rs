@@ -4,7 +4,7 @@
 //! `/beige/shim`), the launcher folders (`/tools/bin/<tool>` → the shim), the
 //! `run/<agent>` folders, the translation of a [`SandboxSpec`] into a container
 //! ([`body`]), the shim link, and each agent's tool endpoint `run/<agent>/gateway.sock`
-//! ([`crate::socket`]), whose calls go to the [`SandboxHost`]. And the Engine API calls:
+//! (the crate's private `socket` module), whose calls go to the [`SandboxHost`]. And the Engine API calls:
 //! listing this
 //! installation's containers by label (`io.beige.installation`; containers of other
 //! installations are never touched, even when their `BEIGE_HOME` has the same path),
@@ -12,7 +12,7 @@
 //! [`DockerSandbox::with_legacy_home`]), reattaching or recreating them (checking the
 //! `extraMounts` sources again before every creation), building the default image when
 //! it is missing, running core-tool operations — over the shim link when it is up
-//! ([`super::link`]; this module starts its Unix listener or its attach streams and
+//! ([`LinkHub`]; this module starts its Unix listener or its attach streams and
 //! tells it PID 1's host pid), else through `docker exec` of `beige-shim op <name>` —
 //! and recreating a container that died under a running gateway. No `docker` CLI is
 //! ever invoked.
@@ -37,6 +37,8 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, RwLock};
 
+/// Bounds of each agent's tool socket ([`DockerOptions::socket_limits`]).
+pub use crate::socket::SocketLimits;
 pub use body::{engine_body, BodyInput, ContainerSpec, LINK_CAPS, ROOT_CAP_DROP};
 
 use super::link::{LinkError, LinkHub, PeerVerifier, UnixListenerHandle};
@@ -47,7 +49,6 @@ use super::{
 };
 use crate::config::{Config, LinkMode, DEFAULT_IMAGE};
 use crate::home::BeigeHome;
-use crate::socket::SocketLimits;
 
 /// The Dockerfile of the default image `beige-sandbox:latest`.
 pub const DEFAULT_DOCKERFILE: &str = include_str!("../../../assets/sandbox.Dockerfile");
