@@ -9,6 +9,7 @@
 //! there as before.
 
 use crate::home::HomeError;
+use crate::hooks::HookName;
 use crate::tools::InvalidCall;
 
 /// An error of any type, as an engine variant of [`GatewayError`] holds it.
@@ -75,10 +76,27 @@ pub enum GatewayError {
         /// The `DiskLow`.
         source: BoxError,
     },
-    /// A prompt, hook or compaction request the gateway refuses, with the reason
-    /// (HTTP 400).
-    #[error("{0}")]
-    Prompt(String),
+    /// A hook event that does not parse as the hook's event (HTTP 400).
+    #[error("invalid {} event: {source}", .hook.as_str())]
+    InvalidHookEvent {
+        /// The hook the event was for.
+        hook: HookName,
+        /// Why it does not parse.
+        source: serde_json::Error,
+    },
+    /// A hook that only the gateway itself fires, such as `gatewayStarted` (HTTP 400).
+    #[error("the {} hook cannot be triggered from outside the gateway", .hook.as_str())]
+    HookNotTriggerable {
+        /// The hook asked for.
+        hook: HookName,
+    },
+    /// Compacting a session failed: the model call that writes the summary did not
+    /// succeed (HTTP 400).
+    #[error("compaction failed: {source}")]
+    Compaction {
+        /// The model router's error.
+        source: BoxError,
+    },
     /// A model override that is not one of the agent's models (HTTP 403).
     #[error("model '{requested}' is not allowed for agent '{agent}'; allowed models: {allowed}")]
     ModelNotAllowed {

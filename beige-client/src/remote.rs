@@ -813,10 +813,7 @@ impl Admin for RemoteGateway {
         event: Value,
     ) -> Result<Value, GatewayError> {
         let Some(segment) = hook_segment(hook) else {
-            return Err(GatewayError::Prompt(format!(
-                "the {} hook cannot be triggered from outside the gateway",
-                hook.as_str()
-            )));
+            return Err(GatewayError::HookNotTriggerable { hook });
         };
         let v = self
             .call(

@@ -370,8 +370,11 @@ impl From<GatewayError> for ApiError {
                 ApiError::new(StatusCode::NOT_FOUND, e.to_string())
             }
             GatewayError::InvalidCall(c) => ApiError::bad_request(c.message),
-            // Hook events that do not parse, hooks that cannot be triggered from outside.
-            GatewayError::Prompt(message) => ApiError::bad_request(message),
+            // Hook events that do not parse, hooks that cannot be triggered from outside,
+            // a compaction whose summary the model did not write.
+            e @ (GatewayError::InvalidHookEvent { .. }
+            | GatewayError::HookNotTriggerable { .. }
+            | GatewayError::Compaction { .. }) => ApiError::bad_request(e.to_string()),
             // A gateway that is itself remote: pass its answer through.
             GatewayError::Remote { status, message } => ApiError::new(
                 StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),

@@ -1339,9 +1339,7 @@ impl Admin for Engine {
     ) -> Result<serde_json::Value, GatewayError> {
         use crate::hooks::*;
         self.inner.agent(agent)?;
-        let bad = |e: serde_json::Error| {
-            GatewayError::Prompt(format!("invalid {} event: {e}", hook.as_str()))
-        };
+        let bad = |source: serde_json::Error| GatewayError::InvalidHookEvent { hook, source };
         let mut event = event;
         if let serde_json::Value::Object(o) = &mut event {
             // Identity comes from the route, never from the body.
@@ -1382,12 +1380,7 @@ impl Admin for Engine {
                 hooks.session_disposed(&e).await;
                 serde_json::json!({})
             }
-            other => {
-                return Err(GatewayError::Prompt(format!(
-                    "the {} hook cannot be triggered from outside the gateway",
-                    other.as_str()
-                )))
-            }
+            other => return Err(GatewayError::HookNotTriggerable { hook: other }),
         })
     }
 

@@ -303,7 +303,7 @@ impl Inner {
             .router
             .call(candidates, &mut failures, request, &silent, cancel)
             .await
-            .map_err(|e| GatewayError::Prompt(format!("compaction failed: {e}")))?;
+            .map_err(|e| GatewayError::Compaction { source: e.into() })?;
         let summary_text = Message {
             role: Role::Assistant,
             content: routed.response.content,

@@ -1178,7 +1178,9 @@ async fn remote_gateway_round_trip() {
         remote
             .run_hook("a", HookName::GatewayStarted, json!({}))
             .await,
-        Err(GatewayError::Prompt(_))
+        Err(GatewayError::HookNotTriggerable {
+            hook: HookName::GatewayStarted
+        })
     ));
 
     // Errors come back typed.
