@@ -25,6 +25,18 @@
 //!    output before the `Result` (progress for a live view; never acknowledged);
 //! 5. either side may send [`LinkMessage::Ping`]; the other answers
 //!    [`LinkMessage::Pong`] with the same number.
+//!
+//! **Egress streams** (Unix carrier only, for now): PID 1 dials the control socket once
+//! per outbound connection an agent process opens through its proxy. The gateway speaks
+//! first as always ([`LinkMessage::GatewayHello`]); PID 1 answers
+//! [`LinkMessage::ShimHello`] with `role: egress` and the boot id of its control
+//! connection, then one [`LinkMessage::EgressOpen`] whose payload is every byte the
+//! client has sent so far (at least its complete request head). From then on the
+//! connection is a raw byte pipe between the client and the gateway, half-closable: the
+//! gateway answers the client's request itself (`200 Connection established`, or a
+//! `403` saying why not) and, when allowed, splices it to the upstream it dialled. The
+//! gateway accepts an egress stream only from the peer that is PID 1 and only while a
+//! control connection of the same boot id is up.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,13 +79,46 @@ impl Carrier {
     }
 }
 
-/// What a stream is for. Only `control` exists today; egress and relay streams will
-/// pass the same peer check.
+/// What a connection to the gateway is for. Both pass the same peer check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
+    /// The one link that carries ops, results and keepalives.
     Control,
+    /// One outbound connection of an agent process, opened with
+    /// [`LinkMessage::EgressOpen`] and then a raw byte pipe.
+    Egress,
 }
+
+/// Where PID 1 took an egress stream in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressEntry {
+    /// The explicit HTTP proxy on `127.0.0.1:`[`EGRESS_PROXY_PORT`] (`CONNECT` and
+    /// absolute-form requests; what `HTTPS_PROXY` points at).
+    Explicit,
+    /// A transparent listener: the client dialled a synthetic address that PID 1's DNS
+    /// stub handed out for `name`.
+    Transparent,
+}
+
+impl EgressEntry {
+    /// The name used in audit records and config (`explicit`, `transparent`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressEntry::Explicit => "explicit",
+            EgressEntry::Transparent => "transparent",
+        }
+    }
+}
+
+/// The port of PID 1's explicit proxy on the container's loopback.
+pub const EGRESS_PROXY_PORT: u16 = 3128;
+/// Largest request head PID 1 reads before it gives up on a client (and the gateway
+/// before it refuses one with `400`).
+pub const MAX_EGRESS_HEAD: usize = 16 * 1024;
+/// Seconds a client has to send its complete request head.
+pub const EGRESS_HEAD_TIMEOUT_SECS: u64 = 10;
 
 /// The header of a frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +171,17 @@ pub enum LinkMessage {
     /// Sent before closing a connection that is not accepted.
     Refused {
         reason: String,
+    },
+    /// PID 1 → gateway, after its egress hello: a new outbound connection. Payload: the
+    /// bytes the client sent so far, verbatim (its request head, perhaps more). `name`
+    /// and `port` are what PID 1 read: the `CONNECT` or absolute-form target for the
+    /// explicit entry, the name behind the synthetic address for a transparent one. The
+    /// gateway parses the head itself and refuses a stream whose head disagrees.
+    EgressOpen {
+        entry: EgressEntry,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        port: u16,
     },
 }
 

@@ -414,7 +414,8 @@ impl Link {
             LinkMessage::Pong { .. }
             | LinkMessage::ShimHello { .. }
             | LinkMessage::Result { .. }
-            | LinkMessage::Output { .. } => {}
+            | LinkMessage::Output { .. }
+            | LinkMessage::EgressOpen { .. } => {}
         }
     }
 
