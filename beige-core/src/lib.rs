@@ -121,6 +121,8 @@ pub mod audit;
 pub mod channel;
 pub mod config;
 pub mod disk;
+#[cfg(feature = "egress")]
+pub mod egress;
 mod fsutil;
 mod gateway;
 pub mod home;

@@ -1,0 +1,17 @@
+//! Egress: governed network access for agents (spec: `egress.md`).
+//!
+//! A sandbox has no IP route out. An agent process's outbound connection reaches PID 1's
+//! proxy, travels over the shim link as an egress stream, and arrives here, where this
+//! module owns everything that decides and carries it: normalising the target
+//! ([`target`]), the one rule matcher every entry point uses ([`rules`]), the one
+//! classifier of special-purpose addresses ([`classify`]), the config of rules and
+//! credentials ([`config`]), reading what the client sent (its proxy request head,
+//! [`http`]; its TLS ClientHello, [`tls`]), and the engine that resolves, pins, dials,
+//! audits and splices.
+
+pub mod classify;
+pub mod config;
+pub mod http;
+pub mod rules;
+pub mod target;
+pub mod tls;
