@@ -297,6 +297,12 @@ impl FrameDecoder {
         self.buf.len()
     }
 
+    /// The bytes pushed but not yet taken as frames (what follows the last frame on a
+    /// connection that turns into a raw pipe, as an egress stream does).
+    pub fn into_remaining(self) -> Vec<u8> {
+        self.buf
+    }
+
     /// The next complete frame, if one has arrived.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         if self.buf.len() < PREFIX_LEN {

@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use beige_protocol::link::{
-    encode, Carrier, FrameDecoder, LinkMessage, Role, CTL_SOCKET_NAME, PING_INTERVAL_SECS,
+    encode, Carrier, Frame, FrameDecoder, LinkMessage, Role, CTL_SOCKET_NAME, PING_INTERVAL_SECS,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use super::{OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent};
+use super::{EgressStream, OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent};
 
 /// How long the shim has to answer the gateway's hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -425,7 +425,7 @@ impl LinkHub {
     /// keepalives. A newer connection of the same agent replaces an older one.
     pub async fn serve<R, W>(&self, agent: &str, carrier: Carrier, mut reader: R, mut writer: W)
     where
-        R: AsyncRead + Unpin + Send,
+        R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let link = self.link(agent);
@@ -456,6 +456,16 @@ impl LinkHub {
         .await
         .ok()
         .flatten();
+        if let Some(LinkMessage::ShimHello {
+            role: Role::Egress,
+            boot_id,
+            ..
+        }) = shim_hello
+        {
+            self.accept_egress(agent, carrier, boot_id, decoder, reader, writer)
+                .await;
+            return;
+        }
         let Some(LinkMessage::ShimHello {
             role: Role::Control,
             boot_id,
@@ -737,6 +747,85 @@ impl LinkHub {
         }
         let (r, w) = stream.into_split();
         self.serve(agent, Carrier::Unix, r, w).await;
+    }
+
+    /// An egress stream's hello was read: check it belongs to the link that is up, read
+    /// its `EgressOpen`, and hand the stream to the [`SandboxHost`]. Only the Unix
+    /// carrier has per-stream connections; a stream from a boot whose control link is
+    /// not up (a stale or foreign PID 1) is refused and audited.
+    async fn accept_egress<R, W>(
+        &self,
+        agent: &str,
+        carrier: Carrier,
+        boot_id: String,
+        mut decoder: FrameDecoder,
+        mut reader: R,
+        mut writer: W,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let current = self
+            .link(agent)
+            .state()
+            .conn
+            .as_ref()
+            .map(|c| c.boot_id.clone());
+        let refusal = match (carrier, current) {
+            (Carrier::Attach, _) => Some("egress streams need the unix carrier".to_string()),
+            (_, None) => Some("no control link is up for this sandbox".to_string()),
+            (_, Some(b)) if b != boot_id => Some(format!(
+                "the stream's boot id {boot_id} is not the link's ({b})"
+            )),
+            _ => None,
+        };
+        if let Some(reason) = refusal {
+            self.reject(agent, None, None, &reason).await;
+            let _ = writer
+                .write_all(&encode(&LinkMessage::Refused { reason }, b""))
+                .await;
+            return;
+        }
+        let mut buf = vec![0u8; READ_CHUNK];
+        let open = tokio::time::timeout(HELLO_TIMEOUT, async {
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(f)) => return Some(f),
+                    Ok(None) => {}
+                    Err(_) => return None,
+                }
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => decoder.push(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(Frame {
+            message: LinkMessage::EgressOpen { entry, name, port },
+            mut payload,
+        }) = open
+        else {
+            tracing::warn!(agent, "an egress stream did not open; closed");
+            return;
+        };
+        // Raw bytes the client sent right behind the frame belong to the stream.
+        payload.extend_from_slice(&decoder.into_remaining());
+        let Some(host) = self.host() else {
+            return;
+        };
+        let stream = EgressStream::new(
+            entry,
+            name,
+            port,
+            payload,
+            Box::pin(reader),
+            Box::pin(writer),
+            boot_id,
+        );
+        host.egress(agent, stream).await;
     }
 
     /// Reports the `finished` line a previous gateway could not write: the op's

@@ -14,6 +14,7 @@ pub(crate) mod host;
 pub(crate) mod link;
 pub(crate) mod shim;
 pub mod spec;
+mod stream;
 
 #[cfg(feature = "docker")]
 pub mod docker;
@@ -33,6 +34,7 @@ pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 pub use crate::tools::to_request;
 pub use link::{LinkError, LinkHub, LinkStatus};
+pub use stream::{EgressStream, StreamReader, StreamWriter};
 pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
 pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput};
 
@@ -247,6 +249,13 @@ pub trait SandboxHost: Send + Sync {
 
     /// Something the sandbox layer refused or recovered, for the audit log.
     async fn security_event(&self, event: SecurityEvent);
+
+    /// An outbound connection from inside the agent's sandbox (egress): the gateway
+    /// decides, audits and carries it. By default it is dropped unanswered, which the
+    /// client sees as a closed connection.
+    async fn egress(&self, agent: &str, stream: EgressStream) {
+        let _ = (agent, stream);
+    }
 }
 
 /// A [`SandboxHost`] that answers every call with an error and records nothing (a
