@@ -11,7 +11,6 @@
 
 pub mod classify;
 pub mod config;
-pub mod engine;
 pub mod http;
 pub mod rules;
 pub mod target;
