@@ -35,6 +35,8 @@ pub struct SkillManifest {
     /// The file an agent should read first, relative to the folder; default `README.md`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_file: Option<String>,
+    /// The tools and skills an agent must also have for this skill to work; none when
+    /// unset.
     #[serde(default)]
     pub requires: Requires,
 }
@@ -78,17 +80,33 @@ struct RawManifest {
 pub enum SkillError {
     /// The skill's folder does not exist.
     #[error("Skill folder not found: {} (skill '{skill}') — create the folder or fix the skill's path (skills.{skill}.path in the config)", path.display())]
-    FolderMissing { skill: String, path: PathBuf },
+    FolderMissing {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
+        skill: String,
+        /// The folder that was expected.
+        path: PathBuf,
+    },
 
     /// The skill folder has no `skill.json`.
     #[error("Skill manifest not found: {} — a skill folder needs a skill.json with \"name\" and \"description\"", path.display())]
-    ManifestMissing { skill: String, path: PathBuf },
+    ManifestMissing {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
+        skill: String,
+        /// Where `skill.json` was looked for.
+        path: PathBuf,
+    },
 
     /// `skill.json` could not be read.
     #[error("Cannot read skill manifest {}: {source}", path.display())]
     Io {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
         skill: String,
+        /// The `skill.json` that could not be read.
         path: PathBuf,
+        /// The I/O error reading it.
         #[source]
         source: std::io::Error,
     },
@@ -96,59 +114,87 @@ pub enum SkillError {
     /// `skill.json` is not valid JSON.
     #[error("Invalid JSON in skill manifest: {} (line {line}, column {column}): {message}", path.display())]
     InvalidJson {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
         skill: String,
+        /// The `skill.json` that failed to parse.
         path: PathBuf,
+        /// Line of the error, counted from 1.
         line: usize,
+        /// Column of the error, counted from 1.
         column: usize,
+        /// The parser's message, without its trailing position.
         message: String,
     },
 
     /// `skill.json` lacks `name` or `description`.
     #[error("Skill manifest {} requires 'name' and 'description'; {} missing or empty", path.display(), missing_list(.missing))]
     MissingFields {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
         skill: String,
+        /// The `skill.json` that lacks them.
         path: PathBuf,
+        /// The required fields that are missing or blank: `"name"`, `"description"` or
+        /// both.
         missing: Vec<&'static str>,
     },
 
     /// `contextFile` is not a relative path inside the skill folder.
     #[error("Skill manifest {}: contextFile '{context_file}' must be a relative path inside the skill folder", path.display())]
     InvalidContextFile {
+        /// The skill's name (its key under `skills`, or the name a plugin registered it
+        /// under).
         skill: String,
+        /// The `skill.json` that names it.
         path: PathBuf,
+        /// The `contextFile` as written (absolute, empty or climbing out with `..`).
         context_file: String,
     },
 
     /// An agent names a skill that is not configured.
     #[error("agent '{agent}' uses skill '{skill}', which is not configured; {}. Add it under skills (or install a plugin that provides it) or fix the name in agents.{agent}.skills.", unknown_hint(.suggestion, .configured))]
     UnknownSkill {
+        /// The agent whose `skills` names it.
         agent: String,
+        /// The skill name that matched nothing.
         skill: String,
+        /// The closest existing skill name, when one is near enough to be a likely typo.
         suggestion: Option<String>,
+        /// Every skill name that does exist, configured ones first.
         configured: Vec<String>,
     },
 
     /// A skill needs a tool the agent does not have.
     #[error("Skill '{skill}' requires tool '{tool}' but it's not available to agent '{agent}'. Add '{tool}' to agents.{agent}.tools or remove the skill.")]
     MissingTool {
+        /// The skill whose `requires.tools` names the tool.
         skill: String,
+        /// The required tool, neither a core tool nor in the agent's `tools`.
         tool: String,
+        /// The agent that lists the skill.
         agent: String,
     },
 
     /// A skill needs a tool the agent's `denyTools` takes away.
     #[error("Skill '{skill}' requires tool '{tool}' but agents.{agent}.denyTools takes it away from agent '{agent}'. Remove '{tool}' from agents.{agent}.denyTools or remove the skill.")]
     DeniedTool {
+        /// The skill whose `requires.tools` names the tool.
         skill: String,
+        /// The required tool, listed in the agent's `denyTools`.
         tool: String,
+        /// The agent that lists the skill.
         agent: String,
     },
 
     /// A skill needs another skill the agent does not have.
     #[error("Skill '{skill}' requires skill '{required}' but it's not available to agent '{agent}'. Add '{required}' to agents.{agent}.skills or remove the skill.")]
     MissingSkill {
+        /// The skill whose `requires.skills` names the other.
         skill: String,
+        /// The required skill, not in the agent's `skills`.
         required: String,
+        /// The agent that lists the skill.
         agent: String,
     },
 }
@@ -359,10 +405,12 @@ impl SkillSet {
         self.skills.keys().map(String::as_str)
     }
 
+    /// How many skills there are, configured and from plugins.
     pub fn len(&self) -> usize {
         self.skills.len()
     }
 
+    /// Whether there are no skills at all.
     pub fn is_empty(&self) -> bool {
         self.skills.is_empty()
     }

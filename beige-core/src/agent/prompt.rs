@@ -17,15 +17,21 @@ pub(crate) const DEFAULT_AGENTS_MD: &str = include_str!("../../assets/AGENTS.md"
 /// A plugin tool as the prompt lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTool {
+    /// The tool's name; its heading, and its docs are `/tools/packages/<name>/SKILL.md`.
     pub name: String,
+    /// The tool's one-line description.
     pub description: String,
+    /// Usage lines listed under `Commands:` (e.g. `kv get <key>`); none are listed when
+    /// empty.
     pub commands: Vec<String>,
 }
 
 /// A skill as the prompt lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptSkill {
+    /// The skill's name; the agent finds it at `/skills/<name>/`.
     pub name: String,
+    /// The skill's one-line description, from its manifest.
     pub description: String,
     /// The skill's context file, when the skill asks for it to be inlined.
     pub context: Option<String>,
@@ -34,8 +40,12 @@ pub struct PromptSkill {
 /// Where a conversation came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PromptSession {
+    /// The channel's name (`telegram`, `api`, …). Empty or `tui` leaves the session
+    /// block out of the prompt.
     pub channel: String,
+    /// The chat on that channel, when it has one (shown as `none` otherwise).
     pub chat_id: Option<String>,
+    /// The thread or topic within the chat, when there is one.
     pub thread_id: Option<String>,
 }
 

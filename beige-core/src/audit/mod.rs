@@ -26,7 +26,10 @@ use crate::vocab::ToolKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// Written once a call is allowed, just before it runs.
     Started,
+    /// Written when the call has ended (with its duration, exit code and any error), or
+    /// at once for a call that was refused or an event that is not a call.
     Finished,
 }
 
@@ -34,7 +37,9 @@ pub enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditType {
+    /// One of the four core tools (`read`, `write`, `patch`, `exec`).
     CoreTool,
+    /// A plugin tool, called by a script in the sandbox over the tool socket.
     Tool,
     /// A security event that is not a tool call, e.g. `security.link_reject`.
     Security,
@@ -49,10 +54,13 @@ impl From<ToolKind> for AuditType {
     }
 }
 
+/// `allowed` or `denied`: whether the call was let run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuditDecision {
+    /// The policy (or the approver) and the `preToolExec` hooks let the call run.
     Allowed,
+    /// The call was refused before it ran; the record's `error` says why.
     Denied,
 }
 
@@ -60,7 +68,9 @@ pub enum AuditDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
+    /// On the host, in the gateway: plugin tools and security events.
     Gateway,
+    /// In the agent's sandbox: the core tools.
     Sandbox,
 }
 
@@ -70,27 +80,48 @@ pub enum Target {
 pub struct AuditRecord {
     /// Local time, `YYYY-MM-DDTHH:MM:SS.mmm±HH:MM`.
     pub ts: String,
+    /// The agent that made the call (or whose sandbox the event concerns).
     pub agent: String,
+    /// The session key the call ran in, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The model that asked for the call; unset for calls from a script in the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The channel the session's prompts come from (`api`, `telegram`, `socket`, …),
+    /// when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// Whether this is the record before the call ran or after it ended.
     pub phase: Phase,
+    /// What kind of call (or event) this is; `type` in the log.
     #[serde(rename = "type")]
     pub kind: AuditType,
+    /// The tool's name, or for a security event its name (`security.link_reject`, …);
+    /// cut to [`MAX_TOOL_LEN`].
     pub tool: String,
+    /// The call's arguments as text: for a core tool its path or command (`write` adds
+    /// the content's size), for a plugin tool the arguments the script passed.
     pub args: Vec<String>,
+    /// Whether the call was let run.
     pub decision: AuditDecision,
+    /// Where the call ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Target>,
+    /// On `finished` records: how long the call ran, in milliseconds (`0` when it was
+    /// refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// On `finished` records of calls that ran: the exit code after the `postToolExec`
+    /// hooks (for a core tool `0`, or `1` when it failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// On `finished` records of calls that ran: the size in bytes of the output the
+    /// model or script got back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<u64>,
+    /// Why the call was refused or what went wrong running it; for a security event,
+    /// what happened. Cut to [`MAX_ERROR_LEN`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// New in beige, on denied records: the size in bytes of the full arguments (the sum
@@ -223,15 +254,20 @@ pub enum AuditError {
     /// The audit log cannot be written.
     #[error("the audit log {path} cannot be written ({source}); tool calls are refused until it can. Check the permissions and free space of its folder.")]
     Write {
+        /// The log file that could not be written.
         path: String,
+        /// The I/O error writing it.
         #[source]
         source: std::io::Error,
     },
     /// The agent used up its audit budget ([`BoundedAudit`]).
     #[error("agent '{agent}' made more than {budget} bytes of audit records within a minute (gateway.audit.budgetBytesPerMinute); its tool calls are refused for about {retry_secs} s. Make fewer or smaller calls (the owner can raise the budget)")]
     Throttled {
+        /// The agent over its budget.
         agent: String,
+        /// Its budget, in bytes of records per minute.
         budget: u64,
+        /// About how many seconds until enough of the budget is back for a call.
         retry_secs: u64,
     },
 }
@@ -239,6 +275,8 @@ pub enum AuditError {
 /// Where audit records go.
 #[async_trait]
 pub trait AuditSink: Send + Sync + std::fmt::Debug {
+    /// Write one record. An error means it was not written (or was refused), and the
+    /// call it belongs to must not run.
     async fn record(&self, record: &AuditRecord) -> Result<(), AuditError>;
 }
 
@@ -331,6 +369,7 @@ impl JsonlAudit {
         self
     }
 
+    /// The current log file (rotated files are it with `.1` … appended).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -479,6 +518,8 @@ impl AuditSink for JsonlAudit {
 /// refused until half a minute's worth is back. `0` is no budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuditBudget {
+    /// Bytes of audit records an agent may cause per minute on average
+    /// (`gateway.audit.budgetBytesPerMinute`); `0` for no limit.
     pub bytes_per_minute: u64,
 }
 
@@ -522,6 +563,9 @@ pub struct BoundedAudit {
 }
 
 impl BoundedAudit {
+    /// Put the bounds in front of `inner`. `secrets` are the values redacted as `***`
+    /// before a record is bounded (a gateway passes [`secrets_of`] its config); `budget`
+    /// applies to each agent on its own.
     pub fn new(inner: Arc<dyn AuditSink>, secrets: Vec<String>, budget: AuditBudget) -> Self {
         Self {
             inner,

@@ -38,10 +38,18 @@ pub(crate) fn builtin_plugin(name: &str, entry: &PluginEntry) -> Option<Arc<dyn 
 pub enum ChannelError {
     /// The channel failed, with its message.
     #[error("channel '{channel}': {message}")]
-    Failed { channel: String, message: String },
+    Failed {
+        /// The channel's name (`api`, `telegram`, a plugin channel's name).
+        channel: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The channel cannot send messages unprompted.
     #[error("channel '{channel}' cannot send messages on its own")]
-    Unsupported { channel: String },
+    Unsupported {
+        /// The channel's name.
+        channel: String,
+    },
 }
 
 /// Asks the gateway to reload its config in place (what the HTTP API's restart route

@@ -85,6 +85,9 @@ pub struct GatewayBuilder {
 }
 
 impl GatewayBuilder {
+    /// A builder for a gateway that runs `config` with its state under `home`. What is
+    /// not injected takes its default: the providers of the config, the Docker sandbox,
+    /// the store `<home>/beige.db`, the audit log in `<home>/logs`.
     pub fn new(config: Config, home: BeigeHome) -> Self {
         Self {
             config,

@@ -134,7 +134,9 @@ pub enum ServeError {
     /// A channel registered with [`GatewayBuilder::channel`] failed.
     #[error("channel '{channel}' failed")]
     Channel {
+        /// The failed channel's name.
         channel: String,
+        /// What it failed with.
         #[source]
         source: ChannelError,
     },

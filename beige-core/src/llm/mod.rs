@@ -39,7 +39,10 @@ pub use beige_client::llm::{Block, Message, Role, ToolResultPart};
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name the model calls the tool by (the gateway offers the core tools: `read`,
+    /// `write`, `patch`, `exec`).
     pub name: String,
+    /// What the tool does, as the model is told.
     pub description: String,
     /// JSON Schema of the input object.
     pub input_schema: serde_json::Value,
@@ -50,10 +53,15 @@ pub struct ToolSpec {
 pub struct ModelRequest {
     /// The provider's model id.
     pub model: String,
+    /// The system prompt; empty for none.
     pub system: String,
+    /// The conversation so far, oldest first; the model continues after the last one.
     pub messages: Vec<Message>,
+    /// The tools the model may call in its answer; empty for none.
     pub tools: Vec<ToolSpec>,
+    /// The most tokens the model may produce in its answer.
     pub max_tokens: u32,
+    /// How much the model should reason before answering.
     pub thinking: ThinkingLevel,
     /// Whether the model supports reasoning controls (else `thinking` is ignored).
     pub reasoning: bool,
@@ -65,8 +73,11 @@ pub use beige_client::llm::Usage;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
+    /// The model finished its answer.
     EndTurn,
+    /// The model stopped to have its tool calls run.
     ToolUse,
+    /// The answer hit the request's `max_tokens` and was cut off.
     MaxTokens,
     /// Anything else the provider said.
     Other(String),
@@ -77,20 +88,28 @@ pub enum StopReason {
 pub struct ModelResponse {
     /// Text, thinking and tool-use blocks in the order the model produced them.
     pub content: Vec<Block>,
+    /// Why the model stopped.
     pub stop_reason: StopReason,
+    /// The tokens the call consumed, as the provider reported them.
     pub usage: Usage,
 }
 
 /// What a streaming model call yields. Exactly one `Completed` ends a good stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
+    /// The next piece of the answer's text.
     TextDelta(String),
+    /// The next piece of the model's reasoning, for providers that show it.
     ThinkingDelta(String),
     /// The model started a tool call (its input arrives later, in `Completed`).
     ToolUseStarted {
+        /// The call's id, which its tool result answers.
         id: String,
+        /// The tool called.
         name: String,
     },
+    /// The model is done: the whole response, with the text and thinking of the deltas
+    /// before it.
     Completed(ModelResponse),
 }
 
@@ -106,32 +125,64 @@ pub enum LlmError {
     /// The provider answered with an error status (or an error event mid-stream).
     #[error("{provider} answered HTTP {status}{}: {message}", error_type.as_deref().map(|t| format!(" ({t})")).unwrap_or_default())]
     Api {
+        /// The configured provider name.
         provider: String,
+        /// The HTTP status; for an error event mid-stream, the status its error type
+        /// stands for.
         status: u16,
         /// `retry-after`, parsed from seconds or an HTTP date.
         retry_after: Option<Duration>,
+        /// The provider's error type or code (`rate_limit_error`, `RESOURCE_EXHAUSTED`,
+        /// …), when it gave one; [`LlmError::kind`] classifies by it.
         error_type: Option<String>,
+        /// The provider's error message, or the body shortened, or the status's reason
+        /// phrase.
         message: String,
     },
     /// The provider's API could not be reached.
     #[error("{provider}: could not reach the API: {message}")]
-    Transport { provider: String, message: String },
+    Transport {
+        /// The configured provider name.
+        provider: String,
+        /// The HTTP client's error with its causes (DNS, connect, TLS, a dropped
+        /// connection, …).
+        message: String,
+    },
     /// The stream sent nothing for too long and was abandoned.
     #[error("{provider}: no data for {} s; the stream was abandoned", .idle.as_secs())]
-    IdleTimeout { provider: String, idle: Duration },
+    IdleTimeout {
+        /// The configured provider name.
+        provider: String,
+        /// How long the stream had been silent.
+        idle: Duration,
+    },
     /// The stream ended before the response was complete.
     #[error("{provider}: the stream ended before the response was complete")]
-    Truncated { provider: String },
+    Truncated {
+        /// The configured provider name.
+        provider: String,
+    },
     /// The provider's response could not be read.
     #[error("{provider}: unreadable response: {message}")]
-    Decode { provider: String, message: String },
+    Decode {
+        /// The configured provider name.
+        provider: String,
+        /// What could not be parsed.
+        message: String,
+    },
     /// The provider's configuration is unusable.
     #[error("{provider}: {message}")]
-    Config { provider: String, message: String },
+    Config {
+        /// The configured provider name.
+        provider: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The client of the provider's API was left out of this build of beige-core (its
     /// cargo feature is off).
     #[error("provider '{provider}': the {client} provider is not compiled in (cargo feature `{feature}`)")]
     NotCompiledIn {
+        /// The configured provider name.
         provider: String,
         /// `anthropic`, `openai` or `google`.
         client: &'static str,
@@ -198,10 +249,12 @@ pub trait LlmProvider: Send + Sync + std::fmt::Debug {
 pub struct ApiKey(Option<String>);
 
 impl ApiKey {
+    /// Wrap `key`; an empty key counts as none.
     pub fn new(key: Option<String>) -> Self {
         Self(key.filter(|k| !k.is_empty()))
     }
 
+    /// The key itself, for the one place that sends it; `None` when there is no key.
     pub fn expose(&self) -> Option<&str> {
         self.0.as_deref()
     }

@@ -35,6 +35,8 @@ impl std::fmt::Debug for ScriptedProvider {
 }
 
 impl ScriptedProvider {
+    /// An empty script under the provider name `name` (the name the config's model refs
+    /// use). A call once the script has run out fails with [`LlmError::Config`].
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),

@@ -52,6 +52,7 @@ pub struct Pattern {
 }
 
 impl Pattern {
+    /// The pattern written as `text`: its words are split at whitespace.
     pub fn new(text: &str) -> Self {
         Self {
             text: text.to_string(),
@@ -59,10 +60,12 @@ impl Pattern {
         }
     }
 
+    /// The pattern as written, as refusal messages quote it.
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
+    /// Whether the caller's arguments `args` match the whole pattern.
     pub fn matches(&self, args: &[String]) -> bool {
         match_words(&self.words, args)
     }
@@ -107,10 +110,14 @@ fn wildcard(pattern: &str, text: &str) -> bool {
 /// Whether a call may run, and the rule that decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleDecision {
+    /// No deny rule matched and an allow rule did.
     Allowed {
+        /// The first allow rule that matched, as written.
         rule: String,
     },
+    /// A deny rule matched; the call is refused whatever the allow rules say.
     Denied {
+        /// The first deny rule that matched, as written.
         rule: String,
     },
     /// No allow rule matched.
@@ -120,11 +127,14 @@ pub enum RuleDecision {
 /// A tool's allow and deny rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rules {
+    /// The tool's `allow` patterns; a call must match one of them. Empty allows nothing.
     pub allow: Vec<Pattern>,
+    /// The tool's `deny` patterns; a call that matches one is refused.
     pub deny: Vec<Pattern>,
 }
 
 impl Rules {
+    /// The rules of a tool's `allow` and `deny` lists, each pattern as written.
     pub fn new(allow: &[String], deny: &[String]) -> Self {
         Self {
             allow: allow.iter().map(|p| Pattern::new(p)).collect(),

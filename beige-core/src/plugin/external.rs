@@ -85,43 +85,69 @@ pub enum ExternalError {
     /// The plugin's process could not be started.
     #[error("plugin '{plugin}' could not be started ({command}): {message}")]
     Spawn {
+        /// The plugin's name.
         plugin: String,
+        /// The program and its arguments, as it was started.
         command: String,
+        /// Why it could not be started.
         message: String,
     },
     /// The plugin exited and is being restarted.
     #[error("plugin '{plugin}' is restarting after it exited ({status}); try again in a moment")]
-    Restarting { plugin: String, status: String },
+    Restarting {
+        /// The plugin's name.
+        plugin: String,
+        /// How the process ended (`exit code 1`, `killed by signal 9`, …), and why
+        /// restarting it failed if an attempt did.
+        status: String,
+    },
     /// The plugin was stopped.
     #[error("plugin '{plugin}' is not running (it was stopped)")]
-    NotRunning { plugin: String },
+    NotRunning {
+        /// The plugin's name.
+        plugin: String,
+    },
     /// The plugin exited while handling a call.
     #[error("plugin '{plugin}' exited ({status}) while handling {method}{}", exit_hint(.method))]
     Exited {
+        /// The plugin's name.
         plugin: String,
+        /// The JSON-RPC method called (`initialize`, `tool.call`, `hook.<name>`, …).
         method: String,
+        /// How the process ended (`exit code 1`, `killed by signal 9`, `its input
+        /// closed`, …).
         status: String,
     },
     /// The plugin did not answer in time.
     #[error("plugin '{plugin}' did not answer {method} within {} s", fmt_secs(.limit))]
     Timeout {
+        /// The plugin's name.
         plugin: String,
+        /// The JSON-RPC method called (`initialize`, `tool.call`, `hook.<name>`, …).
         method: String,
+        /// The time limit the call had.
         limit: Duration,
     },
     /// The plugin answered with a JSON-RPC error.
     #[error("plugin '{plugin}' answered {method} with an error: {message} (code {code})")]
     Remote {
+        /// The plugin's name.
         plugin: String,
+        /// The JSON-RPC method called (`initialize`, `tool.call`, `hook.<name>`, …).
         method: String,
+        /// The JSON-RPC error's `code`.
         code: i64,
+        /// The JSON-RPC error's `message`.
         message: String,
     },
     /// The plugin answered with something unexpected.
     #[error("plugin '{plugin}' answered {method} with something unexpected: {message}")]
     Protocol {
+        /// The plugin's name.
         plugin: String,
+        /// The JSON-RPC method called (`initialize`, `tool.call`, `hook.<name>`, …).
         method: String,
+        /// What was wrong with the answer.
         message: String,
     },
 }
@@ -153,11 +179,15 @@ pub enum PluginStatus {
     NotStarted,
     /// Starting (the `initialize` handshake runs).
     Starting,
+    /// Up and answering calls.
     Running {
+        /// The process id, when the OS reported one.
         pid: Option<u32>,
     },
     /// It exited and is restarted after a delay; `reason` says how it ended.
     Restarting {
+        /// How the process ended (`exit code 1`, `killed by signal 9`, …), and why
+        /// restarting it failed if an attempt did.
         reason: String,
     },
     /// Stopped by the gateway.
@@ -266,6 +296,7 @@ impl ExternalPlugin {
         Self::new(dir, manifest, &process_env)
     }
 
+    /// The plugin's `plugin.json`, as read.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -278,6 +309,8 @@ impl ExternalPlugin {
         }
     }
 
+    /// Where the plugin's process is now: not started, starting, running, restarting
+    /// or stopped.
     pub fn status(&self) -> PluginStatus {
         match &*lock(&self.shared.state) {
             State::NotStarted => PluginStatus::NotStarted,

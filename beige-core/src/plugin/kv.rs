@@ -51,6 +51,7 @@ const USAGE: &str = "Usage:
 pub struct KvPlugin;
 
 impl KvPlugin {
+    /// The plugin; it has no state of its own (the values live in the gateway's store).
     pub fn new() -> Self {
         Self
     }

@@ -27,6 +27,7 @@ pub struct Manifest {
     /// The plugin's name: the key under `plugins` in the config and the prefix of its
     /// tool names.
     pub name: String,
+    /// One line about the plugin, shown by `beige plugins list` and on install.
     #[serde(default)]
     pub description: Option<String>,
     /// Informational usage lines (the tools report their own).
@@ -140,16 +141,27 @@ pub enum ManifestError {
     #[error(
         "{path}: not found — a plugin folder needs a plugin.json (see docs/external-plugins.md)"
     )]
-    Missing { path: PathBuf },
+    Missing {
+        /// Where `plugin.json` was looked for.
+        path: PathBuf,
+    },
     /// `plugin.json` could not be read.
     #[error("{path}: {error}")]
     Read {
+        /// The `plugin.json` that could not be read.
         path: PathBuf,
+        /// The I/O error reading it.
         error: std::io::Error,
     },
     /// `plugin.json` is invalid.
     #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    Invalid {
+        /// The invalid `plugin.json`.
+        path: PathBuf,
+        /// What is wrong with it (not JSON, a field of the wrong type with its path, a
+        /// bad name, neither or both of `run` and `tools`).
+        message: String,
+    },
 }
 
 /// Read and check `<dir>/plugin.json`.
@@ -391,6 +403,7 @@ pub struct CommandToolSpec {
     /// The program: a name looked up on `PATH`, an absolute path, or a path relative to
     /// the plugin folder (when it contains a `/`).
     pub command: String,
+    /// One line for the system prompt; ``Runs `<command>` on the host.`` when unset.
     #[serde(default)]
     pub description: Option<String>,
     /// Arguments always placed before the caller's (not matched by the rules), e.g.

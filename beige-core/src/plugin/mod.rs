@@ -47,8 +47,11 @@ pub struct SessionInfo {
     pub key: String,
     /// `socket` when the caller named no valid session.
     pub channel: String,
+    /// The chat on that channel the session's prompts come from (a Telegram chat id,
+    /// …); `None` when the channel has no chats or the caller named no valid session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_id: Option<String>,
+    /// The thread or forum topic within that chat, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<String>,
 }
@@ -56,7 +59,9 @@ pub struct SessionInfo {
 /// One invocation of a plugin tool.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
+    /// The tool called: `<plugin>` or `<plugin>.<sub>`, always one this plugin registered.
     pub tool: String,
+    /// The arguments the script passed after the tool's name, as given.
     pub args: Vec<String>,
     /// Data piped into the tool in the sandbox, if any.
     pub stdin: Option<Vec<u8>>,
@@ -66,6 +71,7 @@ pub struct ToolCall {
     pub cwd: Option<String>,
     /// The agent's workspace on the host.
     pub workspace: PathBuf,
+    /// The session the call belongs to, as the gateway verified it.
     pub session: SessionInfo,
     /// The plugin's config deep-merged with the agent's `pluginConfigs` entry.
     pub config: serde_json::Value,
@@ -101,14 +107,21 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
     fn timeout(&self) -> Option<std::time::Duration> {
         None
     }
+    /// Handle one call. A result with a non-zero exit code is an ordinary answer; `Err`
+    /// is a failure of the handler, which the caller sees as exit code 1 and the audit
+    /// log records as an error.
     async fn call(&self, call: ToolCall) -> Result<ToolResult, ToolError>;
 }
 
 /// A skill: a read-only folder mounted at `/skills/<name>/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkillDef {
+    /// The skill's name, its folder under `/skills/`.
     pub name: String,
+    /// The folder on the host that is mounted, read-only.
     pub path: PathBuf,
+    /// One line for the system prompt; when a plugin leaves it empty, the one in the
+    /// folder's `skill.json` is used.
     pub description: String,
 }
 
@@ -137,6 +150,8 @@ pub struct PluginContext {
 /// A plugin: registers tools, hooks and skills; may start and stop background work.
 #[async_trait]
 pub trait Plugin: Send + Sync + std::fmt::Debug {
+    /// The plugin's name: its key under `plugins` in the config, and the name (or
+    /// prefix) of every tool it registers.
     fn name(&self) -> &str;
 
     /// Register tools, hooks and skills. Called once, in config order.
@@ -159,33 +174,58 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
 pub enum PluginError {
     /// A tool's name does not belong to its plugin.
     #[error("plugin '{plugin}' cannot register tool '{tool}': tool names must be '{plugin}' or start with '{plugin}.'")]
-    ToolName { plugin: String, tool: String },
+    ToolName {
+        /// The plugin that tried to register the tool.
+        plugin: String,
+        /// The name it tried.
+        tool: String,
+    },
     /// Two plugins register the same tool.
     #[error("tool '{tool}' is registered twice (by plugin '{first}' and by plugin '{second}')")]
     DuplicateTool {
+        /// The tool's name.
         tool: String,
+        /// The plugin that registered it first.
         first: String,
+        /// The plugin that tried to register it again.
         second: String,
     },
     /// Two plugins register the same skill.
     #[error("skill '{skill}' is registered twice (by '{first}' and by '{second}')")]
     DuplicateSkill {
+        /// The skill's name.
         skill: String,
+        /// The plugin that registered it first.
         first: String,
+        /// The plugin that tried to register it again.
         second: String,
     },
     /// The config lists a plugin that does not exist.
     #[error("plugin '{plugin}' is listed in the config but no such plugin exists (built-in plugins: {builtin}); give it a `path` or install it with `beige plugins install`")]
-    Unknown { plugin: String, builtin: String },
+    Unknown {
+        /// The name under `plugins` in the config.
+        plugin: String,
+        /// The built-in plugins of this build, comma-separated.
+        builtin: String,
+    },
     /// The plugin failed, with its message.
     #[error("plugin '{plugin}': {message}")]
-    Failed { plugin: String, message: String },
+    Failed {
+        /// The plugin's name.
+        plugin: String,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// A registered tool and the plugin that owns it.
 #[derive(Debug, Clone)]
 pub struct RegisteredTool {
+    /// The name of the plugin that registered the tool.
     pub plugin: String,
+    /// The tool, called when a script in the sandbox runs `/tools/bin/<name>`.
     pub tool: Arc<dyn Tool>,
+    /// The plugin's docs folder, mounted at `/tools/packages/<tool>/`; `None` when the
+    /// plugin has none.
     pub package_dir: Option<PathBuf>,
 }

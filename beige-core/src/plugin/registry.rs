@@ -161,6 +161,8 @@ impl PluginRegistry {
         })
     }
 
+    /// The registered tool called `name`, with its plugin; `None` when no plugin
+    /// registered one.
     pub fn tool(&self, name: &str) -> Option<&RegisteredTool> {
         self.tools.get(name)
     }
@@ -170,6 +172,7 @@ impl PluginRegistry {
         &self.tool_order
     }
 
+    /// The hooks every plugin registered, ready to run in registration order.
     pub fn hooks(&self) -> &HookRunner {
         &self.hooks
     }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Time limit of an ordinary Bot API call.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What a Bot API call failed with.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -23,21 +23,41 @@ pub enum ApiError {
     /// Telegram answered `ok: false`.
     #[error("Telegram refused {method}: {description} (error {code})")]
     Api {
+        /// The Bot API method called (`sendMessage`, `getUpdates`, …).
         method: String,
+        /// Telegram's `error_code`, or the HTTP status when it gave none.
         code: i64,
+        /// Telegram's `description` of the error, with the token redacted.
         description: String,
         /// `parameters.retry_after`, in seconds (flood control).
         retry_after: Option<u64>,
     },
     /// The request did not get an answer (connection, DNS, TLS, body).
     #[error("could not reach the Telegram Bot API for {method}: {message}")]
-    Transport { method: String, message: String },
+    Transport {
+        /// The Bot API method called (`sendMessage`, `getUpdates`, …).
+        method: String,
+        /// The HTTP client's error with its causes, without the URL and with the token
+        /// redacted.
+        message: String,
+    },
     /// No answer within the time limit.
     #[error("the Telegram Bot API did not answer {method} within {} s", .after.as_secs_f64())]
-    Timeout { method: String, after: Duration },
+    Timeout {
+        /// The Bot API method called (`sendMessage`, `getUpdates`, …).
+        method: String,
+        /// The time limit the call had.
+        after: Duration,
+    },
     /// An answer that is not the Bot API's JSON envelope.
     #[error("unreadable answer to {method}: {message}")]
-    Decode { method: String, message: String },
+    Decode {
+        /// The Bot API method called (`sendMessage`, `getUpdates`, …).
+        method: String,
+        /// What was wrong with the answer (the HTTP status and the start of the body,
+        /// token redacted).
+        message: String,
+    },
 }
 
 impl ApiError {
@@ -104,7 +124,7 @@ impl ApiError {
 
 /// The Bot API client. Cheap to clone.
 #[derive(Clone)]
-pub struct BotApi {
+pub(crate) struct BotApi {
     http: reqwest::Client,
     base: Arc<str>,
     token: Arc<str>,
@@ -141,46 +161,46 @@ struct ResponseParameters {
 
 /// A Telegram user (`from`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct User {
-    pub id: i64,
+pub(crate) struct User {
+    pub(crate) id: i64,
     #[serde(default)]
-    pub is_bot: bool,
+    pub(crate) is_bot: bool,
     #[serde(default)]
-    pub first_name: String,
+    pub(crate) first_name: String,
     #[serde(default)]
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
 }
 
 /// A chat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Chat {
-    pub id: i64,
+pub(crate) struct Chat {
+    pub(crate) id: i64,
     #[serde(default, rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// A supergroup with topics.
     #[serde(default)]
-    pub is_forum: bool,
+    pub(crate) is_forum: bool,
 }
 
 /// The parts of a message the channel uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    pub message_id: i64,
+pub(crate) struct Message {
+    pub(crate) message_id: i64,
     #[serde(default)]
-    pub from: Option<User>,
-    pub chat: Chat,
+    pub(crate) from: Option<User>,
+    pub(crate) chat: Chat,
     #[serde(default)]
-    pub text: Option<String>,
+    pub(crate) text: Option<String>,
     #[serde(default)]
-    pub message_thread_id: Option<i64>,
+    pub(crate) message_thread_id: Option<i64>,
     #[serde(default)]
-    pub is_topic_message: bool,
+    pub(crate) is_topic_message: bool,
 }
 
 impl Message {
     /// The forum topic this message belongs to (only in forum supergroups; a reply
     /// thread in an ordinary group is not a topic).
-    pub fn topic(&self) -> Option<i64> {
+    pub(crate) fn topic(&self) -> Option<i64> {
         if self.is_topic_message || self.chat.is_forum {
             self.message_thread_id
         } else {
@@ -192,32 +212,32 @@ impl Message {
 /// One update from `getUpdates` (only messages are used; the raw JSON is kept by the
 /// poller).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Update {
-    pub update_id: i64,
+pub(crate) struct Update {
+    pub(crate) update_id: i64,
     #[serde(default)]
-    pub message: Option<Message>,
+    pub(crate) message: Option<Message>,
 }
 
 /// A command for `setMyCommands`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BotCommand {
-    pub command: String,
-    pub description: String,
+pub(crate) struct BotCommand {
+    pub(crate) command: String,
+    pub(crate) description: String,
 }
 
 /// A file to upload.
 #[derive(Debug, Clone)]
-pub struct Upload {
+pub(crate) struct Upload {
     /// The form field (`photo`).
-    pub field: String,
-    pub file_name: String,
-    pub mime: String,
-    pub data: Vec<u8>,
+    pub(crate) field: String,
+    pub(crate) file_name: String,
+    pub(crate) mime: String,
+    pub(crate) data: Vec<u8>,
 }
 
 impl BotApi {
     /// A client for `{base_url}/bot<token>/…`.
-    pub fn new(base_url: &str, token: &str) -> Self {
+    pub(crate) fn new(base_url: &str, token: &str) -> Self {
         Self {
             http: Self::client(),
             base: Arc::from(base_url.trim_end_matches('/')),
@@ -235,7 +255,7 @@ impl BotApi {
 
     /// The same API with a fresh connection pool (the watchdog uses it after a hang: a
     /// half-dead keep-alive connection is the usual cause).
-    pub fn renewed(&self) -> Self {
+    pub(crate) fn renewed(&self) -> Self {
         Self {
             http: Self::client(),
             base: self.base.clone(),
@@ -248,7 +268,7 @@ impl BotApi {
     }
 
     /// Replace the token wherever it appears.
-    pub fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         if self.token.is_empty() {
             return text.to_string();
         }
@@ -309,7 +329,7 @@ impl BotApi {
     }
 
     /// Call `method` with JSON `params`; `timeout` bounds the whole request.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: &str,
         params: &Value,
@@ -327,7 +347,7 @@ impl BotApi {
     }
 
     /// Call `method` with a multipart body: text `fields` and one file.
-    pub async fn call_multipart(
+    pub(crate) async fn call_multipart(
         &self,
         method: &str,
         fields: &[(String, String)],
@@ -380,7 +400,7 @@ impl BotApi {
 
     /// Long-poll for updates with `update_id >= offset`, waiting up to `wait` on
     /// Telegram's side. The raw JSON of each update is returned with its id.
-    pub async fn get_updates(
+    pub(crate) async fn get_updates(
         &self,
         offset: i64,
         wait: Duration,
@@ -415,7 +435,7 @@ impl BotApi {
     }
 
     /// `sendMessage`; returns the new message's id.
-    pub async fn send_message(
+    pub(crate) async fn send_message(
         &self,
         chat_id: i64,
         thread_id: Option<i64>,
@@ -439,7 +459,7 @@ impl BotApi {
     }
 
     /// `editMessageText`. "Not modified" counts as success.
-    pub async fn edit_message_text(
+    pub(crate) async fn edit_message_text(
         &self,
         chat_id: i64,
         message_id: i64,
@@ -458,7 +478,7 @@ impl BotApi {
     }
 
     /// `sendChatAction` (`typing`).
-    pub async fn send_chat_action(
+    pub(crate) async fn send_chat_action(
         &self,
         chat_id: i64,
         thread_id: Option<i64>,
@@ -474,7 +494,7 @@ impl BotApi {
     }
 
     /// `setMyCommands`.
-    pub async fn set_my_commands(&self, commands: &[BotCommand]) -> Result<(), ApiError> {
+    pub(crate) async fn set_my_commands(&self, commands: &[BotCommand]) -> Result<(), ApiError> {
         self.call(
             "setMyCommands",
             &json!({ "commands": commands }),
@@ -485,7 +505,7 @@ impl BotApi {
     }
 
     /// `sendPhoto` with an uploaded file; returns the new message's id.
-    pub async fn send_photo(
+    pub(crate) async fn send_photo(
         &self,
         chat_id: i64,
         thread_id: Option<i64>,

@@ -81,7 +81,9 @@ pub struct TelegramConfig {
     pub allowed_users: Vec<i64>,
     /// Chats the `telegram` tool may send to besides the current one.
     pub allowed_chats: Vec<i64>,
+    /// Which agent answers in which chat (`agentMapping`; its `default` is required).
     pub agent_mapping: AgentMapping,
+    /// Whether chats start verbose and streaming (`defaults`).
     pub defaults: ChannelDefaults,
     /// Without a trailing slash.
     pub api_base_url: String,

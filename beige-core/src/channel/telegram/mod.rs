@@ -13,7 +13,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`config`] | `plugins.telegram.config` and its errors |
-//! | [`api`] | the Bot API client (token redaction) |
+//! | `api` | the Bot API client (token redaction) and its errors ([`ApiError`]) |
 //! | [`format`](mod@format) | Markdown → Telegram HTML, 4096-character splitting |
 //! | `poll` | long polling, the durable inbox, the watchdog |
 //! | `outbox` | queued replies: retry, backoff, `retry_after` |
@@ -50,7 +50,7 @@
 //! verbose tool lines are sent directly and are best effort; the final answer replaces
 //! the preview through the outbox.
 
-pub mod api;
+mod api;
 mod commands;
 pub mod config;
 pub mod format;
@@ -59,6 +59,7 @@ mod poll;
 pub mod tool;
 mod worker;
 
+pub use api::ApiError;
 pub use config::{is_builtin, AgentMapping, ChannelDefaults, TelegramConfig};
 pub use outbox::CHANNEL;
 pub use poll::INBOX;
@@ -72,7 +73,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use self::api::{ApiError, BotApi, Update};
+use self::api::{BotApi, Update};
 use self::format::{render_chunks, MAX_MESSAGE_LEN};
 use self::outbox::{OutItem, KV};
 use self::poll::{Inbound, PollHealth, Poller};
@@ -86,7 +87,13 @@ use crate::store::{ChannelState, PluginData, SessionStore, StoreError, Stores};
 pub enum TelegramError {
     /// `plugins.telegram.config<path>` is wrong.
     #[error("plugins.telegram.config{path}: {message}")]
-    Config { path: String, message: String },
+    Config {
+        /// Where in `plugins.telegram.config` the problem is, as a path such as
+        /// `.agentMapping.default` (empty for the config as a whole).
+        path: String,
+        /// What is wrong there.
+        message: String,
+    },
     /// A Bot API call failed.
     #[error(transparent)]
     Api(#[from] ApiError),
@@ -411,6 +418,7 @@ impl TelegramChannel {
         Ok(self.stores.get_or_init(|| given).clone())
     }
 
+    /// The configuration the channel was created with.
     pub fn config(&self) -> &TelegramConfig {
         &self.config
     }
