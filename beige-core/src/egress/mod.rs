@@ -14,5 +14,5 @@ pub mod config;
 pub mod http;
 pub mod rules;
 pub mod target;
-pub mod upstream;
 pub mod tls;
+pub mod upstream;

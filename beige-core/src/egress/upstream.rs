@@ -11,9 +11,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hickory_resolver::config::{
-    ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts,
-};
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -144,9 +142,11 @@ impl Resolver for HickoryResolver {
                     Ok(addrs)
                 }
             }
-            Err(e) if e.is_no_records_found() || e.is_nx_domain() => Err(ResolveError::NoAddresses {
-                name: name.to_string(),
-            }),
+            Err(e) if e.is_no_records_found() || e.is_nx_domain() => {
+                Err(ResolveError::NoAddresses {
+                    name: name.to_string(),
+                })
+            }
             Err(e) => Err(ResolveError::Failed {
                 name: name.to_string(),
                 message: e.to_string(),
