@@ -675,6 +675,7 @@ impl DiskGuard {
             args_bytes: None,
             args_sha256: None,
             args_truncated: None,
+            egress: None,
             decision,
             target: Some(Target::Gateway),
             duration_ms: None,

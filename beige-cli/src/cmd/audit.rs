@@ -22,6 +22,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::CoreTool => "CORE",
         AuditType::Tool => "TOOL",
         AuditType::Security => "SECURITY",
+        AuditType::Egress => "EGRESS",
     };
     let args = r
         .args

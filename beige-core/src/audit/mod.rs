@@ -43,6 +43,9 @@ pub enum AuditType {
     Tool,
     /// A security event that is not a tool call, e.g. `security.link_reject`.
     Security,
+    /// An outbound connection from a sandbox (`egress.connect`), with its `egress`
+    /// object.
+    Egress,
 }
 
 impl From<ToolKind> for AuditType {
@@ -135,6 +138,11 @@ pub struct AuditRecord {
     /// New in beige: `true` when `args` is an excerpt of longer arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args_truncated: Option<bool>,
+    /// On `type: egress` records: the connection (`id`, `entry`, `host`, `port`, `ip`,
+    /// `mode`, `rule`, `policyVersion`, `bytesUp`, `bytesDown`, and `reason` when it was
+    /// refused; fields that do not apply are left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<serde_json::Value>,
 }
 
 /// Bytes of arguments a denied record keeps, all arguments together.
@@ -179,6 +187,7 @@ impl AuditRecord {
             args_bytes: None,
             args_sha256: None,
             args_truncated: None,
+            egress: None,
         }
     }
 
@@ -703,6 +712,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::CoreTool => "CORE",
         AuditType::Tool => "TOOL",
         AuditType::Security => "SECURITY",
+        AuditType::Egress => "EGRESS",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -799,6 +809,7 @@ mod tests {
             args_bytes: None,
             args_sha256: None,
             args_truncated: None,
+            egress: None,
         }
     }
 

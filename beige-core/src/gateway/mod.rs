@@ -724,6 +724,7 @@ impl Inner {
             args_bytes: None,
             args_sha256: None,
             args_truncated: None,
+            egress: None,
         }
     }
 

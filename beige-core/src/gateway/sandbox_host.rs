@@ -140,6 +140,7 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 args_bytes: None,
                 args_sha256: None,
                 args_truncated: None,
+                egress: None,
             }
         }
     }
