@@ -80,6 +80,7 @@ pub struct Probe(Arc<ReadSpace>);
 type ReadSpace = dyn Fn(&Path) -> io::Result<FsSpace> + Send + Sync;
 
 impl Probe {
+    /// A probe that reads a filesystem's space with `read` instead of [`fs_space`].
     pub fn new(read: impl Fn(&Path) -> io::Result<FsSpace> + Send + Sync + 'static) -> Self {
         Self(Arc::new(read))
     }
@@ -104,8 +105,11 @@ impl fmt::Debug for Probe {
 /// filesystem is low (`agent: None` — every agent's: the store, the logs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchPath {
+    /// A path on the filesystem to watch (the filesystem is what counts, not the path).
     pub path: PathBuf,
+    /// What lives there, for messages (`the audit log`, `the workspace of agent 'a'`).
     pub what: String,
+    /// The agent paused when it is low; `None`: every agent.
     pub agent: Option<String>,
 }
 
@@ -201,11 +205,13 @@ enum Event {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.message())]
 pub struct DiskLow {
+    /// The agent whose work is refused.
     pub agent: String,
     /// A path on the filesystem that is low.
     pub path: PathBuf,
     /// What lives there (`BEIGE_HOME (store, audit log)`, `the workspace of agent 'a'`).
     pub what: String,
+    /// The reading of that filesystem that found it low.
     pub space: FsSpace,
     /// The bytes `gateway.minFreeSpace` asks to keep free there.
     pub min_free_bytes: u64,

@@ -11,9 +11,13 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NameKind {
+    /// A key of `llm.providers` (in `model.provider`).
     Provider,
+    /// A configured plugin (a key of an agent's `pluginConfigs`).
     Plugin,
+    /// A skill of the top-level `skills` or of a plugin (in an agent's `skills`).
     Skill,
+    /// A tool registered by a plugin (in an agent's `tools`).
     Tool,
 }
 
@@ -54,70 +58,110 @@ impl NameKind {
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file does not exist.
-    NotFound { file: PathBuf },
+    NotFound {
+        /// The path that was looked at.
+        file: PathBuf,
+    },
     /// The file exists but cannot be read (permissions, not UTF-8, …). The I/O error is
     /// part of the message rather than a `source`, so printing the chain does not repeat it.
     Read {
+        /// The config file.
         file: PathBuf,
+        /// The I/O error of reading it.
         error: std::io::Error,
     },
     /// Not valid JSON5. `message` is the parser's expectation; `source_line` the text of
     /// the line it stopped on.
     Syntax {
+        /// The config file.
         file: PathBuf,
+        /// The line the parser stopped on, from 1, when it said.
         line: Option<usize>,
+        /// The column on that line, from 1, when the parser said.
         column: Option<usize>,
+        /// What the parser expected there.
         message: String,
+        /// That line's text, trimmed and cut at 80 characters.
         source_line: Option<String>,
     },
     /// `${NAME}` without a default, and `NAME` is not set.
     UnsetVariable {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config the string with `${NAME}` is.
         path: String,
+        /// The variable's name.
         variable: String,
     },
     /// A required field is absent.
     MissingField {
+        /// The config file.
         file: PathBuf,
+        /// Where the field belongs, the field included (`agents.bot.model`).
         path: String,
+        /// The field's key (`model`).
         field: String,
     },
     /// A value has the wrong type or is out of range.
     Invalid {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config, e.g. `agents.intern.tools[1]`.
         path: String,
+        /// What is wrong with the value.
         message: String,
     },
     /// `agents` is present but empty.
-    NoAgents { file: PathBuf },
+    NoAgents {
+        /// The config file.
+        file: PathBuf,
+    },
     /// An agent name that is not safe for paths and container names.
     InvalidAgentName {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config, `agents.<name>`.
         path: String,
+        /// The name as written.
         agent: String,
+        /// A valid name close to it, offered in the message.
         suggestion: String,
     },
     /// A reference to a provider, plugin, skill or tool that does not exist.
     UnknownName {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config, e.g. `agents.intern.tools[1]`.
         path: String,
+        /// What kind of name it is.
         kind: NameKind,
+        /// The name as written.
         name: String,
+        /// A known name close to it (`did you mean …?`), if there is one.
         suggestion: Option<String>,
+        /// Every name of that kind that exists, listed in the message.
         known: Vec<String>,
     },
     /// A provider whose wire format cannot be guessed from its name.
     ProviderApiRequired {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config, `llm.providers.<name>`.
         path: String,
+        /// The provider's name.
         provider: String,
     },
     /// An `extraMounts` entry that would expose the host or beige itself.
     MountRefused {
+        /// The config file.
         file: PathBuf,
+        /// Where in the config, `agents.<name>.sandbox.extraMounts.<host>`.
         path: String,
+        /// The host path, resolved against the config file's folder (`~` expanded).
         host: String,
+        /// The container path as written, `:ro` included.
         container: String,
+        /// Why it is refused: the rule it breaks, or that the host path does not exist.
         reason: String,
     },
 }

@@ -15,6 +15,7 @@ use super::keypath::{KeyPath, Seg};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("environment variable '{name}' is not set and has no default")]
 pub struct UnsetVariable {
+    /// The variable's name, as written between `${` and `}`.
     pub name: String,
 }
 

@@ -23,6 +23,7 @@ use super::validate::{check_raw, did_you_mean, validate};
 /// A validated config, with where it came from and what was odd about it.
 #[derive(Debug, Clone)]
 pub struct LoadedConfig {
+    /// The config, interpolated, validated and with its paths resolved.
     pub config: Config,
     /// The absolute path of the file.
     pub path: PathBuf,
@@ -35,6 +36,7 @@ pub struct LoadedConfig {
 pub struct ConfigWarning {
     /// Where in the config, e.g. `agents.bot.modle`.
     pub path: String,
+    /// What was ignored and why, with a suggestion when the key looks like a typo.
     pub message: String,
 }
 

@@ -23,6 +23,7 @@ const SIZE_HELP: &str = "a whole number of bytes, or a number with an optional u
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
+    /// The number of bytes.
     pub fn bytes(self) -> u64 {
         self.0
     }
@@ -95,6 +96,7 @@ impl JsonSchema for ByteSize {
 /// `0` turns the guard off.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FreeSpace {
+    /// A number of bytes (`"512m"`); `0` turns the guard off.
     Bytes(u64),
     /// Percent of the filesystem's size, `0 ≤ p < 100`.
     Percent(f64),

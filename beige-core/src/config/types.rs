@@ -4,6 +4,10 @@
 //! These are plain serde values. After [`super::Config::load`] returns, every path field
 //! is absolute (relative paths were resolved against the config file's folder, `~`
 //! expanded) and every value has passed validation.
+//!
+//! A doc comment on a type, field or variant here becomes its description in
+//! `config.schema.json`. Items that have none there carry a `//` comment and
+//! `#[allow(missing_docs)]` instead, so that the schema stays as it is.
 
 use std::path::PathBuf;
 
@@ -35,31 +39,44 @@ pub struct Config {
     pub sandbox: GlobalSandboxConfig,
 }
 
+// `llm`: the LLM providers.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LlmConfig {
+    // `llm.providers`: each provider by the name agents use in `model.provider`.
     pub providers: IndexMap<String, ProviderConfig>,
 }
 
 /// The wire format a provider speaks.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ProviderApi {
+    // Anthropic's Messages API (`llm::anthropic`).
     #[serde(rename = "anthropic-messages")]
     AnthropicMessages,
+    // OpenAI's Chat Completions API and the servers compatible with it
+    // (`llm::openai_completions`).
     #[serde(rename = "openai-completions")]
     OpenAiCompletions,
+    // OpenAI's Responses API (`llm::openai_responses`).
     #[serde(rename = "openai-responses")]
     OpenAiResponses,
+    // Google's Generative Language API, Gemini (`llm::google`).
     #[serde(rename = "google-generative-ai")]
     GoogleGenerativeAi,
 }
 
+// `llm.providers.<name>`: one provider.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderConfig {
     /// Secret; never logged, never enters a sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
+    // The API's base URL (proxies, local servers, compatible APIs); default: the
+    // provider's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// Defaults by provider name (`anthropic`, `openai`, `google`); required otherwise.
@@ -81,6 +98,8 @@ fn default_concurrency() -> i64 {
     -1
 }
 
+// `plugins.<name>`: one plugin.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginEntry {
@@ -101,6 +120,8 @@ pub struct PluginEntry {
     pub max_store_bytes: Option<ByteSize>,
 }
 
+// `skills.<name>`: one standalone skill.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SkillEntry {
@@ -112,8 +133,14 @@ pub struct SkillEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelRef {
+    // A key of `llm.providers`.
+    #[allow(missing_docs)]
     pub provider: String,
+    // The provider's model id, e.g. `claude-sonnet-4-6`.
+    #[allow(missing_docs)]
     pub model: String,
+    // Reasoning effort; default `off`.
+    #[allow(missing_docs)]
     #[serde(default)]
     pub thinking_level: ThinkingLevel,
     /// Compact the session when its context reaches this many tokens (≥ 1).
@@ -124,15 +151,20 @@ pub struct ModelRef {
 
 pub use beige_client::llm::ThinkingLevel;
 
+// `agents.<name>`: one agent.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentConfig {
+    // The primary model.
     pub model: ModelRef,
     /// Tried in order when the primary model fails.
     #[serde(default)]
     pub fallback_models: Vec<ModelRef>,
     /// Plugin tools this agent may call (the four core tools are always present).
     pub tools: Vec<String>,
+    // Skills mounted for this agent: keys of the top-level `skills`, or skills that
+    // plugins register.
     #[serde(default)]
     pub skills: Vec<String>,
     /// Per-agent plugin config, deep-merged over `plugins.<name>.config` per call.
@@ -141,6 +173,7 @@ pub struct AgentConfig {
     /// Host folder mounted at `/workspace`; default `<BEIGE_HOME>/agents/<name>/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_dir: Option<PathBuf>,
+    // The agent's container.
     #[serde(default)]
     pub sandbox: AgentSandboxConfig,
     /// New in beige: tools taken away from this agent, core tools included
@@ -169,9 +202,12 @@ pub enum NetworkMode {
 
 pub use beige_client::status::LinkMode;
 
+// `agents.<name>.sandbox`: the agent's container.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSandboxConfig {
+    // The container image, never pulled implicitly; default `DEFAULT_IMAGE`.
     #[serde(default = "default_image")]
     pub image: String,
     /// Memory limit (swap capped to the same): number, optional `k/m/g`, optional `b`.
@@ -272,16 +308,21 @@ pub struct GlobalSandboxConfig {
     pub base_image: Option<String>,
 }
 
+// `gateway`: the gateway process.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayConfig {
+    // The HTTP API's bind address; default `127.0.0.1`.
     #[serde(default = "default_host")]
     pub host: String,
+    // The HTTP API's port; default `7433`.
     #[serde(default = "default_port")]
     pub port: u16,
     /// Gateway log file; default `<BEIGE_HOME>/logs/gateway.log`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_file: Option<PathBuf>,
+    // Rotation of `audit.jsonl` and the gateway log.
     #[serde(default)]
     pub log: LogConfig,
     /// New in beige: how the audit log is kept — each agent's budget, retention, age.
@@ -325,6 +366,9 @@ fn default_true() -> bool {
     true
 }
 
+// `gateway.log`: when `audit.jsonl` and the gateway log rotate, and how many rotated
+// files are kept.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LogConfig {

@@ -168,6 +168,8 @@ pub struct MountTarget {
     pub host: PathBuf,
     /// The absolute container path, without the `:ro`/`:rw` suffix.
     pub container: String,
+    /// The target ended in `:ro`; without a suffix (or with `:rw`) the mount is
+    /// read-write.
     pub read_only: bool,
 }
 
@@ -231,15 +233,20 @@ pub enum WritableKind {
     /// The agent's workspace (`/workspace`).
     Workspace,
     /// A read-write `extraMounts` source, mounted at `container`.
-    Mount { container: String },
+    Mount {
+        /// Where the agent's sandbox sees it, without the `:rw` suffix.
+        container: String,
+    },
 }
 
 /// A host folder an agent can write from inside its sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WritableTree {
+    /// The agent that can write it.
     pub agent: String,
     /// Absolute and lexically normalised.
     pub path: PathBuf,
+    /// Whether it is the agent's workspace or a read-write extra mount.
     pub kind: WritableKind,
 }
 
@@ -296,6 +303,8 @@ impl WritableTrees {
         self.trees.push(tree);
     }
 
+    /// The trees in order: for each agent of the config its workspace, then its
+    /// read-write mounts; then those added with [`push`](Self::push).
     pub fn iter(&self) -> impl Iterator<Item = &WritableTree> {
         self.trees.iter()
     }

@@ -29,12 +29,18 @@ pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub use beige_client::hooks::HookName;
 
+/// What `prePrompt` handlers see: a user's message on its way to the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PrePromptEvent {
+    /// The user's message, as rewritten by earlier handlers.
     pub message: String,
+    /// The session key the prompt runs on, e.g. `telegram:42` or `api:assistant:default`.
     pub session_key: String,
+    /// The agent the prompt is for.
     pub agent_name: String,
+    /// The channel it came from (`telegram`, `api`, `cli`, …): the first segment of the
+    /// session key unless the caller said otherwise.
     pub channel: String,
 }
 
@@ -42,50 +48,76 @@ pub struct PrePromptEvent {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PrePromptResult {
+    /// The rewritten message; `None` leaves it as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Stop the prompt: nothing is stored and the model is not called.
     #[serde(default)]
     pub block: bool,
+    /// Why it was blocked, sent back to the channel; without one the reason names the
+    /// plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
+/// What `postResponse` handlers see: the model's final answer, before the exchange is
+/// stored and `Done` is sent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PostResponseEvent {
+    /// The model's final text, as rewritten by earlier handlers.
     pub response: String,
+    /// The session key the prompt ran on.
     pub session_key: String,
+    /// The agent that answered.
     pub agent_name: String,
+    /// The channel the prompt came from.
     pub channel: String,
 }
 
+/// `response` replaces the final text for later handlers and the `done` event; `block`
+/// empties it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PostResponseResult {
+    /// The rewritten answer; `None` leaves it as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<String>,
+    /// Suppress the answer: the `done` event's response is empty (the stored history
+    /// keeps the model's text).
     #[serde(default)]
     pub block: bool,
 }
 
+/// What `preToolExec` handlers see: a tool call that policy allowed, before it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreToolExecEvent {
+    /// `read`, `write`, `patch`, `exec`, or a plugin tool's name.
     pub tool_name: String,
+    /// The call's arguments as in the audit log: `[path]` for `read`/`patch`,
+    /// `[path, "(N bytes)"]` for `write`, `[command]` for `exec`, a plugin tool's argv.
     pub args: Vec<String>,
+    /// The session key of the call; empty for a core-tool call made without a session.
     pub session_key: String,
+    /// The agent making the call.
     pub agent_name: String,
 }
 
+/// Whether a `preToolExec` handler lets the call run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreToolExecResult {
+    /// `false` denies the call; later handlers are not asked.
     pub allow: bool,
+    /// Why it was denied, given to the caller as the tool error and audited; without one
+    /// the reason names the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
 impl PreToolExecResult {
+    /// Let the call run (no reason).
     pub fn allow() -> Self {
         Self {
             allow: true,
@@ -94,16 +126,24 @@ impl PreToolExecResult {
     }
 }
 
+/// What `postToolExec` handlers see: a tool call that ran, and its result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PostToolExecEvent {
+    /// `read`, `write`, `patch`, `exec`, or a plugin tool's name.
     pub tool_name: String,
+    /// The call's arguments, as in [`PreToolExecEvent::args`].
     pub args: Vec<String>,
+    /// The result, as replaced by earlier handlers. For a core tool: the text the model
+    /// would read, exit code `0`, or `1` for an error result.
     pub result: ToolResult,
+    /// The session key of the call; empty for a core-tool call made without a session.
     pub session_key: String,
+    /// The agent that made the call.
     pub agent_name: String,
 }
 
+/// What a `postToolExec` handler answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PostToolExecResult {
@@ -112,22 +152,35 @@ pub struct PostToolExecResult {
     pub result: Option<ToolResult>,
 }
 
+/// What `sessionCreated` and `sessionDisposed` handlers see.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionEvent {
+    /// The session key whose current session was created or disposed of.
     pub session_key: String,
+    /// The agent the session belongs to.
     pub agent_name: String,
+    /// The channel of the session key.
     pub channel: String,
 }
 
+/// What `modelSwitched` handlers see: a model call of a prompt was answered by another
+/// candidate than the first (at most once per prompt).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSwitchedEvent {
+    /// The session key the prompt runs on.
     pub session_key: String,
+    /// The agent whose model switched.
     pub agent_name: String,
+    /// The channel the prompt came from.
     pub channel: String,
+    /// The prompt's first candidate, as `provider/model` (the session's model override
+    /// when set, else the primary).
     pub previous_model: String,
+    /// The candidate that answered, as `provider/model`.
     pub new_model: String,
+    /// Why: `fallback_rate_limit`, `fallback_timeout` or `fallback_error`.
     pub reason: String,
 }
 
@@ -148,33 +201,45 @@ pub trait HookHandler: Send + Sync + std::fmt::Debug {
         DEFAULT_HOOK_TIMEOUT
     }
 
+    /// `prePrompt`: rewrite or block a message before the model sees it. An `Err`
+    /// blocks the prompt.
     async fn pre_prompt(&self, _e: &PrePromptEvent) -> Result<PrePromptResult, HookError> {
         Ok(PrePromptResult::default())
     }
+    /// `postResponse`: rewrite or suppress the model's final answer. An `Err` is logged
+    /// and skipped.
     async fn post_response(&self, _e: &PostResponseEvent) -> Result<PostResponseResult, HookError> {
         Ok(PostResponseResult::default())
     }
+    /// `preToolExec`: allow or deny a tool call policy allowed. An `Err` denies it.
     async fn pre_tool_exec(&self, _e: &PreToolExecEvent) -> Result<PreToolExecResult, HookError> {
         Ok(PreToolExecResult::allow())
     }
+    /// `postToolExec`: replace a tool call's result. An `Err` is logged and skipped.
     async fn post_tool_exec(
         &self,
         _e: &PostToolExecEvent,
     ) -> Result<PostToolExecResult, HookError> {
         Ok(PostToolExecResult::default())
     }
+    /// `sessionCreated`: a new current session was started for a session key.
     async fn session_created(&self, _e: &SessionEvent) -> Result<(), HookError> {
         Ok(())
     }
+    /// `sessionDisposed`: a session key's current session was replaced by a new one.
     async fn session_disposed(&self, _e: &SessionEvent) -> Result<(), HookError> {
         Ok(())
     }
+    /// `modelSwitched`: a prompt was answered by a fallback model.
     async fn model_switched(&self, _e: &ModelSwitchedEvent) -> Result<(), HookError> {
         Ok(())
     }
+    /// `gatewayStarted`: the gateway was built and every plugin started.
     async fn gateway_started(&self) -> Result<(), HookError> {
         Ok(())
     }
+    /// `gatewayShutdown`: the gateway is shutting down; running prompts were cancelled
+    /// and plugins are not stopped yet.
     async fn gateway_shutdown(&self) -> Result<(), HookError> {
         Ok(())
     }
@@ -192,7 +257,9 @@ pub enum PromptDecision {
 /// The outcome of `postResponse`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResponseDecision {
+    /// Send this (possibly rewritten) answer.
     Continue(String),
+    /// A handler suppressed the answer; the `done` event's response is empty.
     Blocked,
 }
 
@@ -227,6 +294,7 @@ async fn limited<T>(
 }
 
 impl HookRunner {
+    /// A runner over these handlers, run in the order given (plugin config order).
     pub fn new(handlers: Vec<RegisteredHooks>) -> Self {
         Self {
             handlers: Arc::new(handlers),
@@ -317,6 +385,7 @@ impl HookRunner {
         event.result
     }
 
+    /// `sessionCreated`: tells each handler of the hook in turn; failures are logged.
     pub async fn session_created(&self, event: &SessionEvent) {
         for h in self.for_hook(HookName::SessionCreated) {
             if let Err(e) = limited(
@@ -331,6 +400,7 @@ impl HookRunner {
         }
     }
 
+    /// `sessionDisposed`: tells each handler of the hook in turn; failures are logged.
     pub async fn session_disposed(&self, event: &SessionEvent) {
         for h in self.for_hook(HookName::SessionDisposed) {
             if let Err(e) = limited(
@@ -345,6 +415,7 @@ impl HookRunner {
         }
     }
 
+    /// `modelSwitched`: tells each handler of the hook in turn; failures are logged.
     pub async fn model_switched(&self, event: &ModelSwitchedEvent) {
         for h in self.for_hook(HookName::ModelSwitched) {
             if let Err(e) =
@@ -355,6 +426,7 @@ impl HookRunner {
         }
     }
 
+    /// `gatewayStarted`: tells each handler of the hook in turn; failures are logged.
     pub async fn gateway_started(&self) {
         for h in self.for_hook(HookName::GatewayStarted) {
             if let Err(e) = limited(h, HookName::GatewayStarted, h.handler.gateway_started()).await
@@ -364,6 +436,7 @@ impl HookRunner {
         }
     }
 
+    /// `gatewayShutdown`: tells each handler of the hook in turn; failures are logged.
     pub async fn gateway_shutdown(&self) {
         for h in self.for_hook(HookName::GatewayShutdown) {
             if let Err(e) =

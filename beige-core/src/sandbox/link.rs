@@ -176,6 +176,7 @@ impl Default for LinkHub {
 }
 
 impl LinkHub {
+    /// A hub with no links yet and no host to report to (see [`LinkHub::set_host`]).
     pub fn new() -> Self {
         Self {
             inner: Arc::new(HubInner {

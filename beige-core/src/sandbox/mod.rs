@@ -45,46 +45,85 @@ pub use stream::{EgressStream, StreamReader, StreamWriter};
 pub enum SandboxError {
     /// The Docker engine cannot be reached or used.
     #[error("Docker is not usable: {message}. Start the Docker engine (e.g. `scripts/setup-docker`) and check that this user may use it (`docker info`).")]
-    DockerUnavailable { message: String },
+    DockerUnavailable {
+        /// The Docker client's error.
+        message: String,
+    },
     /// A Docker API call failed.
     #[error("Docker API error while trying to {action}: {message}")]
-    Docker { action: String, message: String },
+    Docker {
+        /// What beige was doing, e.g. `create container beige-…`.
+        action: String,
+        /// The Docker client's error.
+        message: String,
+    },
     /// The sandbox image is not on the engine.
     #[error("image '{image}' is not present on the Docker engine. {hint}")]
-    ImageMissing { image: String, hint: String },
+    ImageMissing {
+        /// The image reference of the spec.
+        image: String,
+        /// How to get the image onto the engine.
+        hint: String,
+    },
     /// Building the sandbox image failed.
     #[error("building image '{image}' failed: {message}")]
-    ImageBuild { image: String, message: String },
+    ImageBuild {
+        /// The tag being built.
+        image: String,
+        /// The build's or the client's error.
+        message: String,
+    },
     /// The backend has no sandbox for the agent.
     #[error("no sandbox is configured for agent '{agent}'")]
-    UnknownAgent { agent: String },
+    UnknownAgent {
+        /// The agent asked for.
+        agent: String,
+    },
     /// The agent's sandbox spec is invalid.
     #[error(transparent)]
     Spec(#[from] SpecError),
     /// A container of that name belongs to another installation (or none).
     #[error("a container named {name} exists on the Docker engine but belongs to {} — not to this installation — so it is left alone. If it is stale, remove it with `docker rm -f {name}`; if another beige uses it, give this one another agent name.", match .owner { Some(o) => format!("installation {o}"), None => "no beige installation".to_string() })]
-    NameTaken { name: String, owner: Option<String> },
+    NameTaken {
+        /// The container name.
+        name: String,
+        /// The installation id on the container's label; `None` when it has none.
+        owner: Option<String>,
+    },
     /// The spec is for another installation than the backend manages.
     #[error("the spec of agent '{agent}' is for installation {spec}, but this Docker sandbox manages installation {sandbox}: connect it with the id in BEIGE_HOME/installation.id (BeigeHome::ensure_installation_id)")]
     Installation {
+        /// The agent of the spec.
         agent: String,
+        /// The installation id the spec carries (`none` when it has none).
         spec: String,
+        /// The installation id the backend manages.
         sandbox: String,
     },
     /// The engine refused `sandbox.diskLimit`.
     #[error("agent '{agent}': the Docker engine refused sandbox.diskLimit ({limit}): {message}. A size limit on the container's root file system needs a storage driver that can keep one — overlay2 on an xfs filesystem mounted with the pquota option (Docker's data root, usually /var/lib/docker), btrfs, zfs or devicemapper; docs/sandbox.md#disk-space says more. Remove sandbox.diskLimit from the agent, or move Docker's data root to such a filesystem.")]
     DiskLimit {
+        /// The agent whose container could not be created.
         agent: String,
+        /// The configured limit, formatted as a size (`10.0 GiB`).
         limit: String,
+        /// The engine's error.
         message: String,
     },
     /// The shim binary cannot be used.
     #[error("the shim at {path} cannot be used: {reason}")]
-    Shim { path: String, reason: String },
+    Shim {
+        /// The shim's path (the first place looked at, when none was found).
+        path: String,
+        /// Why it cannot be used (missing, not static, unreadable, …).
+        reason: String,
+    },
     /// A folder or file on the gateway's host could not be made ready.
     #[error("could not prepare {}: {source}", path.display())]
     Host {
+        /// The folder or file on the host.
         path: PathBuf,
+        /// The filesystem's error.
         #[source]
         source: std::io::Error,
     },
@@ -92,28 +131,38 @@ pub enum SandboxError {
     /// opened (Docker: the tool socket `run/<agent>/gateway.sock`).
     #[error("could not open the tool socket {}: {source}", path.display())]
     ToolEndpoint {
+        /// Where the endpoint was to be opened.
         path: PathBuf,
+        /// The error of opening it.
         #[source]
         source: std::io::Error,
     },
     /// The backend was asked to reconcile before it was set up.
     #[error("the {backend} sandbox is not set up: {hint}")]
     NotConfigured {
+        /// The backend's name (`Docker`).
         backend: &'static str,
+        /// What to call first.
         hint: &'static str,
     },
     /// The sandbox answered an operation with something unreadable.
     #[error("the sandbox of agent '{agent}' gave no valid answer to `{op}`: {message}")]
     Protocol {
+        /// The agent whose sandbox answered.
         agent: String,
+        /// The operation's name (`read`, `write`, `patch`, `exec`, `kill`).
         op: String,
+        /// What was wrong with the answer.
         message: String,
     },
     /// An operation did not finish within its time limit.
     #[error("`{op}` in the sandbox of agent '{agent}' did not finish within {secs} s")]
     Timeout {
+        /// The agent whose sandbox ran the operation.
         agent: String,
+        /// The operation's name (`read`, `write`, `patch`, `exec`, `kill`).
         op: String,
+        /// The time limit, in seconds.
         secs: u64,
     },
 }
@@ -131,6 +180,7 @@ impl SandboxError {
 /// The outcome of one operation, plus what the model must be told about the sandbox.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpOutcome {
+    /// What the sandbox answered (a result, or an error the operation reported).
     pub reply: OpReply,
     /// Set when the container had died and was recreated before this operation.
     pub restarted: Option<RestartNotice>,
@@ -144,7 +194,9 @@ pub use beige_client::events::OutputStream;
 /// output in full).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputChunk {
+    /// Standard output or standard error.
     pub stream: OutputStream,
+    /// The bytes as they came, not necessarily whole lines or valid UTF-8.
     pub bytes: Vec<u8>,
 }
 
@@ -156,7 +208,9 @@ pub use beige_client::tools::Transport;
 /// Why a container was recreated under a running gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartNotice {
+    /// The exit code of the stopped container, when the engine reported one.
     pub exit_code: Option<i64>,
+    /// The engine killed the container for running out of memory.
     pub oom_killed: bool,
     /// The container was gone entirely (removed from outside).
     pub missing: bool,
@@ -206,15 +260,19 @@ pub enum SecurityEvent {
     /// A peer other than the agent's PID 1 connected to the link's control socket and
     /// was refused (`security.link_reject`).
     LinkRejected {
+        /// The agent whose control socket it was.
         agent: String,
-        /// The peer's pid and uid, when the kernel told them.
+        /// The peer's pid, when the kernel told it.
         pid: Option<u32>,
+        /// The peer's uid, when the kernel told it.
         uid: Option<u32>,
+        /// Why it was refused.
         reason: String,
     },
     /// The agent reached a bound of its tool endpoint (`security.socket_limit`); once
     /// when it first hits it, until it is back under it.
     ToolEndpointLimit {
+        /// The agent whose endpoint it is.
         agent: String,
         /// The bound: `connections`, `descriptors`, `buffered` or `in_flight`.
         limit: String,
@@ -224,6 +282,7 @@ pub enum SecurityEvent {
     /// The result of an operation that ran while no gateway waited for it (a restart),
     /// replayed by PID 1: its `finished` record, marked as recovered.
     OpRecovered {
+        /// The agent whose sandbox ran the operation.
         agent: String,
         /// The link's id of the operation.
         op_id: String,

@@ -43,8 +43,11 @@ pub use crate::config::SandboxUser;
 /// One bind mount.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mount {
+    /// The source on the gateway's host: its canonical path, when it exists.
     pub host: PathBuf,
+    /// Where the sandbox sees it (an absolute path inside the sandbox).
     pub container: String,
+    /// Mounted read-only; otherwise read-write.
     pub read_only: bool,
 }
 
@@ -87,6 +90,7 @@ pub enum ShareKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Share {
+    /// Whether it is a tool's package or a skill.
     pub kind: ShareKind,
     /// The tool's or the skill's name.
     pub name: String,
@@ -113,16 +117,20 @@ pub struct Limits {
 /// Everything the spec is computed from, already resolved (paths absolute, user known).
 #[derive(Debug, Clone)]
 pub struct SpecInput<'a> {
+    /// The gateway's `BEIGE_HOME`, which no extra mount may expose.
     pub home: &'a BeigeHome,
     /// The installation the sandbox belongs to (its label).
     pub installation: &'a InstallationId,
     /// Every host folder some agent can write (all workspaces, read-write extra
     /// mounts): no extra mount may come from inside one.
     pub writable: &'a WritableTrees,
+    /// The agent's name.
     pub agent: &'a str,
+    /// The agent's config; its `sandbox` section is what the spec is made of.
     pub config: &'a AgentConfig,
     /// The host folder the sandbox sees at `/workspace`.
     pub workspace: PathBuf,
+    /// Who the agent's processes run as, resolved (`sandbox.user`).
     pub user: SandboxUser,
     /// The plugin tools the agent can launch from `/tools/bin/`.
     pub tools: Vec<String>,
@@ -136,7 +144,9 @@ pub struct SpecInput<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct SandboxSpec {
+    /// The agent the sandbox is for.
     pub agent: String,
+    /// The image reference the sandbox runs (`sandbox.image`).
     pub image: String,
     /// Who the agent's processes run as.
     pub user: SandboxUser,
@@ -152,7 +162,9 @@ pub struct SandboxSpec {
     /// `sandbox.extraEnv`, in config order; a backend puts `PATH` ([`SANDBOX_PATH`]) and
     /// `HOME` before it.
     pub env: IndexMap<String, String>,
+    /// Memory, processes, CPU and disk the sandbox may use.
     pub limits: Limits,
+    /// The network the sandbox gets (`sandbox.network`).
     pub network: NetworkMode,
     /// A read-only root file system (with a writable `/tmp`).
     pub read_only_root: bool,
@@ -184,15 +196,24 @@ pub(crate) struct MountRecheck {
 pub enum SpecError {
     /// `sandbox.memoryLimit` is not a size.
     #[error("agent '{agent}': invalid sandbox.memoryLimit \"{value}\" — use a number with an optional k/m/g unit, e.g. \"512m\" or \"3g\"")]
-    MemoryLimit { agent: String, value: String },
+    MemoryLimit {
+        /// The agent whose config it is.
+        agent: String,
+        /// The value as configured.
+        value: String,
+    },
     /// An `extraMounts` entry is refused.
     #[error(
         "agent '{agent}': sandbox.extraMounts entry {host} → {container} is refused: {reason}"
     )]
     Mount {
+        /// The agent whose config it is.
         agent: String,
+        /// The source, as configured.
         host: String,
+        /// The target, as configured.
         container: String,
+        /// Why it is refused.
         reason: String,
     },
 }

@@ -46,6 +46,7 @@ pub fn now_ms() -> i64 {
 /// A new session for a session key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NewSession {
+    /// The agent the session belongs to.
     pub agent: String,
     /// The session key (`tui:<agent>:default`, `telegram:<chatId>`, …).
     pub key: String,
@@ -60,6 +61,7 @@ pub use beige_client::session::SessionRecord;
 /// One message to append, with what produced it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewMessage {
+    /// The message itself, as the agent loop keeps it (provider-neutral).
     pub message: Message,
     /// The model that produced it (`provider/model`); `None` for user messages and tool
     /// results.
@@ -87,8 +89,12 @@ pub struct StoredMessage {
     /// Position in the session, from 1. A summary carries the `seq` of the last message it
     /// replaces and sorts after it.
     pub seq: i64,
+    /// The message itself (or the summary, when [`summary`](Self::summary) is set).
     pub message: Message,
+    /// The model that produced it (`provider/model`); `None` for user messages and tool
+    /// results.
     pub model: Option<String>,
+    /// Token usage of the model call that produced it, when it was recorded.
     pub usage: Option<Usage>,
     /// Replaced by a later summary; kept for history, left out of the model's context.
     pub compacted: bool,
@@ -108,7 +114,9 @@ pub struct HealthRecord {
     pub model_key: String,
     /// Unix ms until which the model cools down (rate limit).
     pub cooldown_until: Option<i64>,
+    /// Failed calls since the last success; a success resets it to 0.
     pub consecutive_failures: u32,
+    /// The error of the latest failed call; a success leaves it in place.
     pub last_error: Option<String>,
 }
 
@@ -117,6 +125,7 @@ pub struct HealthRecord {
 pub struct OutboxItem {
     /// Increasing in enqueue order, never reused.
     pub id: i64,
+    /// The channel that sends it (`telegram`, …).
     pub channel: String,
     /// What the channel needs to send it (chat id, text, …).
     pub payload: serde_json::Value,
@@ -124,6 +133,7 @@ pub struct OutboxItem {
     pub attempts: u32,
     /// Unix ms.
     pub next_attempt_at: i64,
+    /// Why the latest attempt failed; `None` before the first failure.
     pub last_error: Option<String>,
     /// Unix ms.
     pub created: i64,
@@ -147,6 +157,7 @@ pub struct KvLimits {
 /// What a plugin's data takes in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KvUsage {
+    /// Number of keys.
     pub entries: u64,
     /// Bytes of keys plus values, as UTF-8.
     pub bytes: u64,
@@ -155,17 +166,23 @@ pub struct KvUsage {
 /// The outcome of [`PluginData::kv_set_within`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvWrite {
+    /// The value was stored.
     Stored,
     /// The key is new and the data already holds `max` entries; nothing was stored.
     TooManyEntries {
+        /// Entries the data holds now.
         held: u64,
+        /// [`KvLimits::max_entries`].
         max: u64,
     },
     /// Storing the value would take the data from `used` to `after` bytes, over `max`
     /// (counted as [`KvLimits::max_bytes`] says); nothing was stored.
     TooManyBytes {
+        /// Bytes the data takes now.
         used: u64,
+        /// Bytes it would take with the value stored.
         after: u64,
+        /// [`KvLimits::max_bytes`].
         max: u64,
     },
 }
@@ -179,49 +196,81 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum StoreError {
     /// Another process holds the database.
     #[error("the database {} is locked by another process; stop the other beige gateway using this BEIGE_HOME, or wait and retry", path.display())]
-    Locked { path: PathBuf },
+    Locked {
+        /// The database file.
+        path: PathBuf,
+    },
 
     /// The database is damaged or not a beige database.
     #[error("the database {} is damaged or is not a beige database ({detail}); stop beige and move the file aside (a new one is created on the next start) or restore a backup", path.display())]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What the backend said about it.
+        detail: String,
+    },
 
     /// The database was written by a newer beige.
     #[error("the database {} has schema version {found}, but this beige only knows versions up to {supported}; upgrade beige, or use a backup made by this version", path.display())]
     TooNew {
+        /// The database file.
         path: PathBuf,
+        /// The schema version of the file.
         found: i64,
+        /// The newest schema version this beige knows.
         supported: i64,
     },
 
     /// A schema migration failed.
     #[error("migrating the database {} to schema version {version} failed ({detail}); nothing of that version was applied — report this, and keep the file for diagnosis", path.display())]
     Migration {
+        /// The database file.
         path: PathBuf,
+        /// The schema version whose migration failed.
         version: i64,
+        /// What the backend said.
         detail: String,
     },
 
     /// The database cannot be opened.
     #[error("cannot open the database {} ({detail}); check that its directory exists and that this user may read and write it", path.display())]
-    CannotOpen { path: PathBuf, detail: String },
+    CannotOpen {
+        /// The database file.
+        path: PathBuf,
+        /// What the backend or the filesystem said.
+        detail: String,
+    },
 
     /// The disk is full.
     #[error("the database {} cannot be written: the disk is full; free some space and retry", path.display())]
-    DiskFull { path: PathBuf },
+    DiskFull {
+        /// The database file.
+        path: PathBuf,
+    },
 
     /// The record asked for does not exist.
     #[error("{what} {id} does not exist")]
-    NotFound { what: &'static str, id: String },
+    NotFound {
+        /// The kind of record (`session`, …).
+        what: &'static str,
+        /// The id that was asked for.
+        id: String,
+    },
 
     /// The request itself is invalid.
     #[error("invalid store request: {message}")]
-    Invalid { message: String },
+    Invalid {
+        /// What is wrong with the request.
+        message: String,
+    },
 
     /// Any other failure of the backend; `source` is its own error (read it with
     /// `downcast_ref`). The message keeps naming it, as it always did.
     #[error("the database {} failed: {source}", path.display())]
     Backend {
+        /// The database file.
         path: PathBuf,
+        /// The backend's own error.
         #[source]
         source: BoxError,
     },
@@ -249,13 +298,18 @@ pub trait SessionStore: Send + Sync + Debug {
         session_id: &str,
     ) -> Result<SessionRecord, StoreError>;
 
+    /// The session with this id, current or not; `None` when there is none.
     async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
 
     /// Every session of `agent`, sub-sessions included, newest (by creation) first.
     async fn list_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, StoreError>;
 
+    /// Set the title of a session (and `updated`); [`StoreError::NotFound`] when there is
+    /// no such session.
     async fn set_session_title(&self, id: &str, title: &str) -> Result<(), StoreError>;
 
+    /// Set the model of a session (`provider/model`, and `updated`);
+    /// [`StoreError::NotFound`] when there is no such session.
     async fn set_session_model(&self, id: &str, model: &str) -> Result<(), StoreError>;
 
     /// Set `updated` to now.
@@ -325,6 +379,7 @@ pub trait HealthStore: Send + Sync + Debug {
     /// Insert or replace the record of `record.model_key`.
     async fn save_health(&self, record: HealthRecord) -> Result<(), StoreError>;
 
+    /// Remove the record of `model_key`, if there is one.
     async fn clear_health(&self, model_key: &str) -> Result<(), StoreError>;
 }
 
@@ -332,8 +387,11 @@ pub trait HealthStore: Send + Sync + Debug {
 /// ids already seen, and the outbound queue (7 methods).
 #[async_trait]
 pub trait ChannelState: Send + Sync + Debug {
+    /// The stored offset of `channel` (for Telegram, the next update id to fetch); `None`
+    /// when none was set.
     async fn get_offset(&self, channel: &str) -> Result<Option<i64>, StoreError>;
 
+    /// Insert or replace the offset of `channel`.
     async fn set_offset(&self, channel: &str, value: i64) -> Result<(), StoreError>;
 
     /// Remember `update_id`; `false` when it was already seen. The last [`SEEN_WINDOW`]
@@ -371,6 +429,7 @@ pub trait ChannelState: Send + Sync + Debug {
 /// All a plugin gets of the store: it cannot read sessions.
 #[async_trait]
 pub trait PluginData: Send + Sync + Debug {
+    /// The value of `key`; `None` when it is not set.
     async fn kv_get(
         &self,
         plugin: &str,
@@ -378,6 +437,7 @@ pub trait PluginData: Send + Sync + Debug {
         key: &str,
     ) -> Result<Option<String>, StoreError>;
 
+    /// Insert or replace the value of `key`, with no limits checked.
     async fn kv_set(
         &self,
         plugin: &str,

@@ -53,6 +53,8 @@ impl std::fmt::Debug for MemorySandbox {
 }
 
 impl MemorySandbox {
+    /// An empty sandbox: no agents, no files, and every `exec` answered with
+    /// `fake: <command>`, exit 0.
     pub fn new() -> Self {
         Self::default()
     }

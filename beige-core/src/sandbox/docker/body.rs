@@ -45,27 +45,51 @@ pub struct BodyInput<'a> {
 /// The container a gateway wants for one agent.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ContainerSpec {
+    /// The agent the container is for.
     pub agent: String,
+    /// The container name, `beige-<agent>-<first 12 digits of the installation id>`.
     pub name: String,
+    /// The hostname inside the container, `beige-<agent>`.
     pub hostname: String,
+    /// The image reference ([`SandboxSpec::image`]).
     pub image: String,
+    /// The shim's `init` at [`SHIM_PATH`], with the agent's user and link mode for a
+    /// non-root sandbox.
     pub entrypoint: Vec<String>,
+    /// The user the container itself runs as: always root (`0:0`); the agent's own
+    /// user is [`agent_user`](Self::agent_user).
     pub user: String,
+    /// The working directory, [`WORKSPACE`].
     pub working_dir: String,
+    /// `KEY=value` pairs: `PATH` and `HOME` first, then `sandbox.extraEnv` in config
+    /// order.
     pub env: Vec<String>,
+    /// The spec's labels plus [`LABEL_SPEC`], the hash of this spec.
     pub labels: BTreeMap<String, String>,
+    /// Bind mounts: the workspace, the launchers, `run/<agent>`, the shim, the shares,
+    /// then the extra mounts.
     pub mounts: Vec<Mount>,
     /// `none` or `bridge`.
     pub network: String,
+    /// Capabilities dropped: `ALL` for a non-root sandbox, [`ROOT_CAP_DROP`] for root.
     pub cap_drop: Vec<String>,
+    /// Capabilities added: [`LINK_CAPS`] for a non-root sandbox, `sandbox.capAdd` for
+    /// root.
     pub cap_add: Vec<String>,
+    /// Docker's `security_opt` (`no-new-privileges:true`).
     pub security_opt: Vec<String>,
+    /// Memory limit in bytes, swap included (`sandbox.memoryLimit`).
     pub memory_bytes: i64,
     /// Equal to `memory_bytes`: no swap beyond the memory limit.
     pub memory_swap_bytes: i64,
+    /// Most processes the container may run (`sandbox.pidsLimit`).
     pub pids_limit: i64,
+    /// CPU quota in billionths of a CPU (`sandbox.cpus`); `None`: no quota.
     pub nano_cpus: Option<i64>,
+    /// A read-only root file system (`sandbox.readOnlyRoot`).
     pub read_only_root: bool,
+    /// tmpfs mounts and their options: a writable `/tmp` when the root is read-only,
+    /// else none.
     pub tmpfs: BTreeMap<String, String>,
     /// `uid:gid` the agent's processes run as when the container itself runs as root
     /// with only the capabilities PID 1 needs ([`LINK_CAPS`]); PID 1 and every `op`
