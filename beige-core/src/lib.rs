@@ -115,6 +115,7 @@
 
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 #![warn(unreachable_pub)]
+#![warn(missing_docs)]
 
 mod agent;
 pub mod audit;
