@@ -80,6 +80,7 @@
 //! | [`llm`] | the `LlmProvider` trait, the provider clients (one feature each), the model catalogue |
 //! | [`store`] | the store traits by owner (`SessionStore`, `HealthStore`, `ChannelState`, `PluginData`) and `SqliteStore` (feature `sqlite`) |
 //! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
+//! | [`egress`] | governed network access: the rules, the address classifier, the resolver and dialer seams, the engine that decides and carries a sandbox's outbound streams (feature `egress`) |
 //! | `testing` | in-memory stand-ins for tests and examples (feature `test-util`) |
 //!
 //! Private, their public items re-exported at the root or in a public module:
@@ -104,6 +105,7 @@
 //! | `openai` | yes | the `openai-completions` and `openai-responses` clients, `llm::openai_completions`, `llm::openai_responses` |
 //! | `google` | yes | the `google-generative-ai` client, `llm::google` |
 //! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
+//! | `egress` | yes | governed network access for agents, [`egress`] (rules, the address classifier, hickory DNS) |
 //! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
 //! With none of them the crate still has the gateway traits, [`RemoteGateway`],
