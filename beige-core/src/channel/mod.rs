@@ -44,6 +44,14 @@ pub enum ChannelError {
         /// What went wrong.
         message: String,
     },
+    /// No channel of that name is registered with the gateway.
+    #[error("no channel '{channel}' is registered; registered channels: {known}")]
+    Unknown {
+        /// The name asked for.
+        channel: String,
+        /// The registered channels, comma-separated (`none` when there are none).
+        known: String,
+    },
     /// The channel cannot send messages unprompted.
     #[error("channel '{channel}' cannot send messages on its own")]
     Unsupported {

@@ -277,6 +277,8 @@ struct Shared {
     template: tokio::sync::Mutex<GatewayBuilder>,
     /// The channels `serve` runs (taken by the first `serve`).
     channels: std::sync::Mutex<Option<Vec<Registered>>>,
+    /// Every registered channel, for [`LocalGateway::send`].
+    senders: Vec<Arc<dyn Channel>>,
     source: Option<Arc<dyn ConfigSource>>,
     outcomes: watch::Sender<Option<ReloadOutcome>>,
     reloads: AtomicU64,
@@ -376,6 +378,7 @@ impl GatewayBuilder {
                 current: std::sync::RwLock::new(Arc::new(engine)),
                 gate: tokio::sync::RwLock::new(()),
                 template: tokio::sync::Mutex::new(self),
+                senders: channels.iter().map(|r| r.channel.clone()).collect(),
                 channels: std::sync::Mutex::new(Some(channels)),
                 source,
                 outcomes,
@@ -406,6 +409,31 @@ impl LocalGateway {
             engine: self.engine_now(),
             get,
         }
+    }
+
+    /// Send `text` unprompted to `chat_id` (and `thread_id`) through the registered
+    /// channel named `channel` (a schedule's result, a notice): what [`Channel::send`]
+    /// is for. A channel that cannot send on its own answers
+    /// [`ChannelError::Unsupported`]; an unregistered name is [`ChannelError::Unknown`].
+    pub async fn send(
+        &self,
+        channel: &str,
+        chat_id: &str,
+        thread_id: Option<&str>,
+        text: &str,
+    ) -> Result<(), ChannelError> {
+        let Some(c) = self.shared.senders.iter().find(|c| c.name() == channel) else {
+            let known: Vec<&str> = self.shared.senders.iter().map(|c| c.name()).collect();
+            return Err(ChannelError::Unknown {
+                channel: channel.to_string(),
+                known: if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                },
+            });
+        };
+        c.send(chat_id, thread_id, text).await
     }
 
     /// The config in force.

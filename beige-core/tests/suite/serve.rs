@@ -499,3 +499,77 @@ async fn a_served_channel_keeps_its_records_in_the_gateways_own_store() {
     token.cancel();
     assert!(serving.await.unwrap().is_ok());
 }
+
+/// A channel that can send on its own and records what it was given.
+#[derive(Debug, Default)]
+struct Outbox {
+    sent: Mutex<Vec<(String, Option<String>, String)>>,
+}
+
+#[async_trait]
+impl Channel for Outbox {
+    fn name(&self) -> &str {
+        "outbox"
+    }
+
+    async fn run(&self, ctx: ChannelContext) -> Result<(), ChannelError> {
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    }
+
+    async fn send(
+        &self,
+        chat_id: &str,
+        thread_id: Option<&str>,
+        text: &str,
+    ) -> Result<(), ChannelError> {
+        self.sent.lock().unwrap().push((
+            chat_id.to_string(),
+            thread_id.map(str::to_string),
+            text.to_string(),
+        ));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn send_reaches_the_registered_channel_by_name_and_names_the_ones_that_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let outbox = Arc::new(Outbox::default());
+    let quiet = Probe::new("quiet");
+    let gw = build(
+        base(&home, config(&["a"], &[]))
+            .channel(outbox.clone())
+            .channel(quiet.clone()),
+    )
+    .await;
+
+    gw.send("outbox", "chat-7", Some("t1"), "the nightly run finished")
+        .await
+        .unwrap();
+    assert_eq!(
+        outbox.sent.lock().unwrap().as_slice(),
+        [(
+            "chat-7".to_string(),
+            Some("t1".to_string()),
+            "the nightly run finished".to_string()
+        )]
+    );
+    // A channel without `send` says so; an unknown name lists the registered ones.
+    match gw.send("quiet", "c", None, "x").await {
+        Err(ChannelError::Unsupported { channel }) => assert_eq!(channel, "quiet"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    match gw.send("telegram", "c", None, "x").await {
+        Err(e @ ChannelError::Unknown { .. }) => {
+            assert_eq!(
+                e.to_string(),
+                "no channel 'telegram' is registered; registered channels: outbox, quiet"
+            );
+        }
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+    assert_eq!(outbox.sent.lock().unwrap().len(), 1);
+    gw.shutdown().await.unwrap();
+}
