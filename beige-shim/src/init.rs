@@ -1,6 +1,6 @@
 //! The `init` role: PID 1 of a sandbox container.
 //!
-//! `beige-shim init [--agent-user UID:GID] [--link unix|attach|off]`
+//! `beige-shim init [--agent-user UID:GID] [--link unix|attach|off] [--egress proxy=PORT]`
 //!
 //! It always owns the container's process lifetime: one single-threaded `poll(2)` loop
 //! reads signals from a signalfd, reaps every child and orphan re-parented to it,
@@ -21,9 +21,16 @@
 //!   close-on-exec descriptors and reopens 0, 1 and 2 on `/dev/null` before anything
 //!   else runs, so no child can reach them;
 //! - `--link unix` (the default) dials [`CTL_SOCKET_PATH`] (`--link-socket PATH`
-//!   overrides it, for tests).
+//!   overrides it, for tests);
+//! - `--egress proxy=PORT` (3128 in production, 0 for a port the kernel picks) runs the
+//!   explicit egress proxy on `127.0.0.1:PORT` ([`crate::egress`]), which relays each
+//!   client over its own connection to the link's socket. Its listener is bound before
+//!   the link is dialled and before any child runs. Over `--link attach` the listener is
+//!   bound too, but every client gets a `503` (egress does not run over attach yet).
+//!   Other keys of the value (`transparent=…`, `dns=…`) are ignored with a warning.
 //!
-//! Without `--agent-user`, or with `--link off`, there is no link (root sandboxes).
+//! Without `--agent-user`, or with `--link off`, there is no link (root sandboxes), and
+//! `--egress` is ignored with a warning.
 //! Arguments from the first unknown one on are ignored with a warning: Docker appends an
 //! image's CMD to the entrypoint.
 //!
@@ -38,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use beige_protocol::link::CTL_SOCKET_PATH;
 
+use crate::egress::{self, Egress, ProxyListener, Upstream};
 use crate::link::{self, log, CarrierSpec, Link, LinkConfig};
 use crate::privdrop::{AgentUser, PrivDrop};
 use crate::sys::{self, SignalFd, SignalSet};
@@ -70,12 +78,43 @@ enum LinkMode {
     Off,
 }
 
+/// The value of `--egress`: `key=value` pairs separated by commas.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct EgressOptions {
+    /// `proxy=PORT`: the explicit proxy's port on 127.0.0.1.
+    proxy: Option<u16>,
+    /// Pairs of other keys, not supported by this shim.
+    ignored: Vec<String>,
+}
+
+impl EgressOptions {
+    fn parse(value: &str) -> Result<Self, String> {
+        let mut options = EgressOptions::default();
+        for pair in value.split(',') {
+            let Some((key, val)) = pair.split_once('=') else {
+                return Err(format!("--egress: expected key=value pairs, got {pair:?}"));
+            };
+            match key {
+                "proxy" => {
+                    let port = val
+                        .parse()
+                        .map_err(|_| format!("--egress: proxy: expected a port, got {val:?}"))?;
+                    options.proxy = Some(port);
+                }
+                _ => options.ignored.push(pair.to_string()),
+            }
+        }
+        Ok(options)
+    }
+}
+
 /// The parsed arguments of `init`.
 #[derive(Debug, PartialEq, Eq)]
 struct Options {
     agent_user: Option<AgentUser>,
     link: LinkMode,
     socket: PathBuf,
+    egress: Option<EgressOptions>,
     /// Arguments from the first unknown one on.
     ignored: Vec<String>,
 }
@@ -86,6 +125,7 @@ impl Options {
             agent_user: None,
             link: LinkMode::Unix,
             socket: PathBuf::from(CTL_SOCKET_PATH),
+            egress: None,
             ignored: Vec::new(),
         };
         let mut rest = args.iter();
@@ -114,6 +154,7 @@ impl Options {
                     };
                 }
                 "--link-socket" => options.socket = PathBuf::from(value(arg)?),
+                "--egress" => options.egress = Some(EgressOptions::parse(&value(arg)?)?),
                 _ => {
                     options.ignored = std::iter::once(arg).chain(rest).cloned().collect();
                     break;
@@ -163,6 +204,9 @@ pub fn run(args: &[String]) -> i32 {
         // Docker appends an image's CMD to the entrypoint; it is not ours to run.
         log(format_args!("ignoring arguments {:?}", options.ignored));
     }
+    // Before the link is dialled and before any child runs, so that nothing else holds
+    // the port (the listener is close-on-exec, and op children close it at once).
+    let proxy = bind_egress(&options);
     let pid1 = sys::is_pid1();
     // Signals from inside the container are only filtered where the sender pid means
     // something: as PID 1 of the container's namespace.
@@ -178,6 +222,7 @@ pub fn run(args: &[String]) -> i32 {
         }
     };
     let mut link = start_link(&options, attach_fds);
+    let mut egress = proxy.map(|listener| Egress::new(listener, upstream(&options, link.as_ref())));
 
     let mut shutdown_deadline: Option<Instant> = None;
     let mut fds: Vec<libc::pollfd> = Vec::new();
@@ -189,8 +234,16 @@ pub fn run(args: &[String]) -> i32 {
             revents: 0,
         });
         let mut timeout = shutdown_deadline.map(|_| SHUTDOWN_POLL);
+        let now = Instant::now();
         if let Some(link) = link.as_mut() {
-            if let Some(t) = link.prepare(Instant::now(), &mut fds) {
+            if let Some(t) = link.prepare(now, &mut fds) {
+                timeout = Some(timeout.map_or(t, |s| s.min(t)));
+            }
+        }
+        // The link's descriptors are `fds[1..egress_at]`, the proxy's the rest.
+        let egress_at = fds.len();
+        if let Some(egress) = egress.as_mut() {
+            if let Some(t) = egress.prepare(now, &mut fds) {
                 timeout = Some(timeout.map_or(t, |s| s.min(t)));
             }
         }
@@ -226,10 +279,13 @@ pub fn run(args: &[String]) -> i32 {
             }
         }
         if let Some(l) = link.as_mut() {
-            l.dispatch(&fds[1..]);
+            l.dispatch(&fds[1..egress_at]);
             if l.is_gone() {
                 link = None;
             }
+        }
+        if let Some(egress) = egress.as_mut() {
+            egress.dispatch(&fds[egress_at..]);
         }
         // Any wake-up is a good moment to collect zombies; SIGCHLDs coalesce.
         sys::reap_exited_children();
@@ -279,6 +335,63 @@ fn start_link(options: &Options, attach_fds: Option<(OwnedFd, OwnedFd)>) -> Opti
     }))
 }
 
+/// Binds the egress proxy's listener when the options ask for one and there is a link
+/// to carry its streams.
+fn bind_egress(options: &Options) -> Option<ProxyListener> {
+    let spec = options.egress.as_ref()?;
+    if !spec.ignored.is_empty() {
+        log(format_args!(
+            "egress: ignoring {:?}: not supported by this shim",
+            spec.ignored
+        ));
+    }
+    let Some(port) = spec.proxy else {
+        log(format_args!("egress: no proxy=PORT given; no egress proxy"));
+        return None;
+    };
+    match options.link_mode() {
+        None => {
+            log(format_args!(
+                "ignoring --egress: egress needs --agent-user and a link to the gateway"
+            ));
+            return None;
+        }
+        Some(LinkMode::Attach) => log(format_args!(
+            "egress over the attach link is not supported yet: the proxy answers every \
+             client 503"
+        )),
+        Some(LinkMode::Unix | LinkMode::Off) => {}
+    }
+    match ProxyListener::bind(port) {
+        Ok(listener) => {
+            let port = listener.port().unwrap_or(port);
+            log(format_args!("egress proxy listening on 127.0.0.1:{port}"));
+            Some(listener)
+        }
+        Err(err) => {
+            log(format_args!(
+                "cannot listen on 127.0.0.1:{port} for the egress proxy: {err}"
+            ));
+            None
+        }
+    }
+}
+
+/// Where the egress proxy sends its streams: the link's socket, with the link's boot
+/// id, when the link runs over it.
+fn upstream(options: &Options, link: Option<&Link>) -> Upstream {
+    match (options.link_mode(), link) {
+        (Some(LinkMode::Unix), Some(link)) => Upstream::Unix {
+            socket: options.socket.clone(),
+            boot_id: link.boot_id().to_string(),
+        },
+        (Some(LinkMode::Attach), _) => {
+            Upstream::Unavailable(egress::ATTACH_UNSUPPORTED_BODY.to_string())
+        }
+        _ => Upstream::Unavailable("beige: PID 1 has no link to the gateway".to_string()),
+    }
+}
+
 /// Whether any other process we may signal still exists (signal 0 only checks).
 fn others_alive() -> bool {
     sys::signal_all_as_pid1(0).unwrap_or(false)
@@ -322,6 +435,23 @@ mod tests {
         assert_eq!(o.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(o.ignored, ["bash", "--link", "off"]);
         assert_eq!(o.link, LinkMode::Unix);
+
+        let o = parse(&["--agent-user", "1:2", "--egress", "proxy=3128"]).unwrap();
+        assert_eq!(
+            o.egress,
+            Some(EgressOptions {
+                proxy: Some(3128),
+                ignored: vec![]
+            })
+        );
+        let o = parse(&["--egress", "proxy=0,transparent=80+443,dns=synthetic-all"]).unwrap();
+        let egress = o.egress.unwrap();
+        assert_eq!(egress.proxy, Some(0));
+        assert_eq!(egress.ignored, ["transparent=80+443", "dns=synthetic-all"]);
+        assert!(parse(&["--egress", "proxy=http"]).is_err());
+        assert!(parse(&["--egress", "proxy=65536"]).is_err());
+        assert!(parse(&["--egress", "proxy"]).is_err());
+        assert!(parse(&["--egress"]).is_err());
 
         assert!(parse(&["--agent-user"]).is_err());
         assert!(parse(&["--agent-user", "root"]).is_err());

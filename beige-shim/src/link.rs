@@ -224,6 +224,12 @@ impl Link {
         }
     }
 
+    /// The boot id this start of PID 1 presents in every `ShimHello` (egress streams
+    /// present the same one: the gateway takes them only while this link is up).
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
     /// Whether the link is gone for good (the attach stream ended): the caller may drop
     /// it and go on as a pure init.
     pub fn is_gone(&self) -> bool {

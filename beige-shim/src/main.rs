@@ -4,7 +4,7 @@
 //!
 //! | invocation | role |
 //! |---|---|
-//! | `beige-shim init [--agent-user UID:GID] [--link unix\|attach\|off]` | PID 1 of the container ([`init`]); with an agent user, also the link to the gateway ([`link`]) that runs operations as that user |
+//! | `beige-shim init [--agent-user UID:GID] [--link unix\|attach\|off] [--egress proxy=PORT]` | PID 1 of the container ([`init`]); with an agent user, also the link to the gateway ([`link`]) that runs operations as that user, and with `--egress` the explicit egress proxy on `127.0.0.1:PORT` that relays agent connections to the gateway ([`egress`]) |
 //! | `beige-shim op read\|write\|patch\|exec\|kill [--drop UID:GID]` | one core-tool operation (or the kill of a running `exec`), JSON in and out ([`op`]); `--drop` first applies the agent's privilege drop ([`privdrop`]) |
 //! | `beige-shim tool <name> [args…]` | tool client for `<name>` ([`tool`]) |
 //! | `beige-shim --version` | prints the version |
@@ -14,6 +14,7 @@
 //! It must stay free of C dependencies and of anything that needs NSS (user or host
 //! name look-ups), so the statically linked build runs in any image.
 
+mod egress;
 mod fsutil;
 mod init;
 mod link;
@@ -81,9 +82,11 @@ fn usage() -> String {
     format!(
         "beige-shim {} — the in-sandbox helper of beige\n\n\
          usage:\n  \
-         beige-shim init [--agent-user UID:GID] [--link unix|attach|off]\n                                \
+         beige-shim init [--agent-user UID:GID] [--link unix|attach|off] [--egress proxy=PORT]\n                                \
          run as PID 1 of the container; with an agent user, also hold the link\n                                \
-         to the gateway and run operations for it as that user\n  \
+         to the gateway and run operations for it as that user; --egress:\n                                \
+         also relay HTTP proxy clients of 127.0.0.1:PORT (CONNECT and\n                                \
+         http:// requests) to the gateway over the link's socket\n  \
          beige-shim op <operation> [--drop UID:GID]\n                                \
          one operation ({}) — JSON request on stdin, JSON reply on stdout;\n                                \
          --drop: first drop to that user, no capabilities, the seccomp filter\n  \

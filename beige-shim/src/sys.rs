@@ -11,7 +11,8 @@
 //!   the process non-dumpable;
 //! - file descriptors: bounded waits for readability, `poll(2)`, non-blocking mode,
 //!   pipes, moving stdin and stdout out of reach of children (the attach carrier), a
-//!   non-blocking Unix-socket connect (the Unix carrier), random bytes;
+//!   non-blocking Unix-socket connect (the Unix carrier and egress streams), a loopback
+//!   TCP listener without address reuse (the egress proxy), random bytes;
 //! - PID 1's op children ([`fork_agent_child`]): a fork with only the reply pipe (as
 //!   stdout) and, for `exec`, the progress pipe (as descriptor [`PROGRESS_FD`],
 //!   close-on-exec) left open, then the privilege drop below;
@@ -507,6 +508,124 @@ pub fn connect_unix(path: &Path) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     Ok(owned)
+}
+
+/// Backlog of [`listen_tcp_loopback`]: connections the kernel completes before PID 1
+/// accepts them.
+const TCP_BACKLOG: libc::c_int = 128;
+
+/// A TCP listener on `127.0.0.1:port` (0: a port the kernel picks), made with plain
+/// `socket`, `bind` and `listen`: non-blocking, close-on-exec, and with neither
+/// `SO_REUSEADDR` nor `SO_REUSEPORT` (std's `TcpListener::bind` sets `SO_REUSEADDR`),
+/// so no other socket can share the port while it is open.
+pub fn listen_tcp_loopback(port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `sockaddr_in` is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    addr.sin_family = libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2);
+    addr.sin_port = port.to_be();
+    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `addr` is an initialised `sockaddr_in` of exactly `len` bytes.
+    let rc = unsafe {
+        libc::bind(
+            owned.as_raw_fd(),
+            ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) on a bound socket this function owns.
+    if unsafe { libc::listen(owned.as_raw_fd(), TCP_BACKLOG) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned)
+}
+
+/// The integer value of a socket option (`getsockopt(2)`).
+#[cfg(test)]
+pub fn socket_option(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
+    // SAFETY: `value` and `len` are valid out-pointers sized for an int option.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            ptr::addr_of_mut!(value).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// The descriptor flags (`F_GETFD`) of descriptor number `fd`; `EBADF` when it is not
+/// open. Async-signal-safe, so a forked child may call it.
+#[cfg(test)]
+pub fn descriptor_flags(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: fcntl(2) F_GETFD on a descriptor number; a closed one only yields EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(flags)
+}
+
+/// The file status flags (`F_GETFL`, e.g. `O_NONBLOCK`) of `fd`.
+#[cfg(test)]
+pub fn status_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    // SAFETY: fcntl(2) F_GETFL on a borrowed, open descriptor.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(flags)
+}
+
+/// Waits for the child `pid` to exit, reaps it and returns its exit code (128 plus the
+/// signal number when a signal ended it).
+#[cfg(test)]
+pub fn wait_exit_code(pid: u32) -> io::Result<i32> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid out-pointer; only the child `pid` is waited for.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc == pid {
+            if libc::WIFEXITED(status) {
+                return Ok(libc::WEXITSTATUS(status));
+            }
+            return Ok(128 + libc::WTERMSIG(status));
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
 }
 
 /// Fills `buf` with random bytes from the kernel.
