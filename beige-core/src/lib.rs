@@ -124,7 +124,6 @@ pub mod audit;
 pub mod channel;
 pub mod config;
 pub mod disk;
-#[cfg(feature = "egress")]
 pub mod egress;
 mod fsutil;
 mod gateway;

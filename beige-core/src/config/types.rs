@@ -37,6 +37,10 @@ pub struct Config {
     /// Settings shared by every sandbox (new in beige).
     #[serde(default)]
     pub sandbox: GlobalSandboxConfig,
+    /// Egress defaults and rules shared by every agent with egress (new in beige);
+    /// enables nothing by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::config::EgressConfig>,
 }
 
 // `llm`: the LLM providers.
@@ -183,6 +187,10 @@ pub struct AgentConfig {
     /// Upper bound on model turns per prompt (new in beige).
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
+    /// New in beige: network access through the gateway, only to what the rules allow;
+    /// turns egress on for this agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::config::AgentEgressConfig>,
 }
 
 fn default_max_turns() -> u32 {

@@ -682,6 +682,83 @@ fn validate_agent(
                 reason,
             })?;
     }
+    check_egress(config, file, &at, name, agent)
+}
+
+/// Variables the gateway sets in a sandbox with egress; `extraEnv` may not set them.
+const EGRESS_ENV: [&str; 11] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "grpc_proxy",
+    "NODE_USE_ENV_PROXY",
+    "GRPC_PROXY",
+];
+
+/// An agent with `egress`: a non-root sandbox with no network of its own and the Unix
+/// link (egress streams travel over it), valid rules, and no proxy variables of its own.
+fn check_egress(
+    config: &Config,
+    file: &Path,
+    at: &KeyPath,
+    name: &str,
+    agent: &AgentConfig,
+) -> Result<(), ConfigError> {
+    let Some(egress) = &agent.egress else {
+        return Ok(());
+    };
+    let sandbox = at.key("sandbox");
+    if agent.sandbox.network != super::NetworkMode::None {
+        return Err(invalid(
+            file,
+            sandbox.key("network"),
+            "egress needs network \"none\" and the shim link: with \"bridge\" the sandbox \
+             has open egress and no rule applies; remove `egress` or set network \"none\"",
+        ));
+    }
+    if agent.sandbox.user.as_deref() == Some("root") {
+        return Err(invalid(
+            file,
+            sandbox.key("user"),
+            "egress needs a non-root sandbox user: a root sandbox has no shim link to carry \
+             it; remove `egress` or set user to `uid:gid`",
+        ));
+    }
+    if agent.sandbox.link != super::LinkMode::Unix {
+        return Err(invalid(
+            file,
+            sandbox.key("link"),
+            "egress needs the shim link over its Unix socket (`link: \"unix\"`, the \
+             default); egress over `attach` is not supported yet",
+        ));
+    }
+    if let Some(k) = agent
+        .sandbox
+        .extra_env
+        .keys()
+        .find(|k| EGRESS_ENV.contains(&k.as_str()))
+    {
+        return Err(invalid(
+            file,
+            sandbox.key("extraEnv").key(k),
+            format!("the gateway sets {k} in a sandbox with egress; remove it from extraEnv"),
+        ));
+    }
+    let first = |errors: Vec<crate::egress::config::RuleError>| {
+        let e = errors.into_iter().next();
+        ConfigError::Invalid {
+            file: file.to_path_buf(),
+            path: e.as_ref().map(|e| e.path.clone()).unwrap_or_default(),
+            message: e.map(|e| e.message).unwrap_or_default(),
+        }
+    };
+    crate::egress::config::rule_set(config.egress.as_ref(), name, egress, 0).map_err(first)?;
+    crate::egress::config::settings(config.egress.as_ref(), name, egress).map_err(first)?;
     Ok(())
 }
 

@@ -11,8 +11,11 @@
 
 pub mod classify;
 pub mod config;
+#[cfg(feature = "egress")]
+pub mod engine;
 pub mod http;
 pub mod rules;
 pub mod target;
 pub mod tls;
+#[cfg(feature = "egress")]
 pub mod upstream;

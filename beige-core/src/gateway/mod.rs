@@ -9,6 +9,8 @@
 //! `finished`. A denied call is audited once; a call whose audit record cannot be
 //! written does not run.
 
+#[cfg(feature = "egress")]
+mod egress;
 mod error;
 mod prompt;
 mod sandbox_host;
@@ -82,6 +84,12 @@ pub struct GatewayBuilder {
     /// Channels [`LocalGateway::serve`] runs; taken out by `build`.
     channels: Vec<serve::Registered>,
     config_source: Option<Arc<dyn ConfigSource>>,
+    /// Where egress names are resolved (default: the host's DNS, through hickory).
+    #[cfg(feature = "egress")]
+    egress_resolver: Option<Arc<dyn crate::egress::upstream::Resolver>>,
+    /// How egress upstreams are dialled (default: TCP).
+    #[cfg(feature = "egress")]
+    egress_dialer: Option<Arc<dyn crate::egress::upstream::Dialer>>,
 }
 
 impl GatewayBuilder {
@@ -106,7 +114,27 @@ impl GatewayBuilder {
             disk_probe: None,
             channels: Vec::new(),
             config_source: None,
+            #[cfg(feature = "egress")]
+            egress_resolver: None,
+            #[cfg(feature = "egress")]
+            egress_dialer: None,
         }
+    }
+
+    /// Resolve egress names with `resolver` instead of the host's DNS. Whatever it
+    /// answers is still checked by the address classifier before anything is dialled.
+    #[cfg(feature = "egress")]
+    pub fn egress_resolver(mut self, resolver: Arc<dyn crate::egress::upstream::Resolver>) -> Self {
+        self.egress_resolver = Some(resolver);
+        self
+    }
+
+    /// Dial egress upstreams with `dialer` instead of TCP. It is only ever given an
+    /// address that the rules and the classifier let through.
+    #[cfg(feature = "egress")]
+    pub fn egress_dialer(mut self, dialer: Arc<dyn crate::egress::upstream::Dialer>) -> Self {
+        self.egress_dialer = Some(dialer);
+        self
     }
 
     /// Read free space with `probe` instead of `statvfs` (tests that cannot make a small
@@ -355,6 +383,44 @@ impl GatewayBuilder {
             );
         }
 
+        // Egress: each agent's rules, checked now; its proxy port goes into its spec.
+        #[cfg(feature = "egress")]
+        let egress = {
+            let egress = egress::GatewayEgress::from_config(
+                &config,
+                &config_file,
+                self.egress_resolver.clone(),
+                self.egress_dialer.clone(),
+                1,
+            )?;
+            for spec in &mut specs {
+                if let (Some(e), Some(a)) = (spec.egress.as_mut(), config.agents.get(&spec.agent)) {
+                    if let Some(agent_egress) = &a.egress {
+                        if let Ok(s) = crate::egress::config::settings(
+                            config.egress.as_ref(),
+                            &spec.agent,
+                            agent_egress,
+                        ) {
+                            e.proxy_port = s.proxy_port;
+                        }
+                    }
+                }
+            }
+            egress
+        };
+        #[cfg(not(feature = "egress"))]
+        if let Some(name) = config
+            .agents
+            .iter()
+            .find(|(_, a)| a.egress.is_some())
+            .map(|(n, _)| n)
+        {
+            return Err(GatewayError::NotCompiledIn {
+                what: format!("agents.{name}.egress: egress through the gateway"),
+                feature: "egress",
+            });
+        }
+
         let sandbox: Arc<dyn Sandbox> = match self.sandbox {
             Some(s) => s,
             #[cfg(feature = "docker")]
@@ -394,6 +460,8 @@ impl GatewayBuilder {
             router,
             session_locks: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
+            #[cfg(feature = "egress")]
+            egress,
         });
         // The backend serves the sandboxes' tool calls through the gateway, which it
         // holds without keeping alive.
@@ -500,6 +568,10 @@ struct Inner {
     session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancellation of the running prompt per session key.
     running: std::sync::Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
+    /// The agents' egress rules and the engine that carries their streams; `None`
+    /// when no agent has egress.
+    #[cfg(feature = "egress")]
+    egress: Option<egress::GatewayEgress>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]

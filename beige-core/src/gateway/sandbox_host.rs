@@ -64,6 +64,21 @@ impl SandboxHost for GatewayHost {
             tracing::error!(agent = %record.agent, tool = %record.tool, error = %e, "could not audit a sandbox event");
         }
     }
+
+    /// An egress stream: decided with the agent's rules and carried (or refused) by the
+    /// gateway's egress engine; refused when no agent has egress.
+    #[cfg(feature = "egress")]
+    async fn egress(&self, agent: &str, stream: crate::sandbox::EgressStream) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        match &inner.egress {
+            Some(egress) => egress.serve(agent, stream, inner.audit.as_ref()).await,
+            None => {
+                super::egress::GatewayEgress::refuse_all(agent, stream, inner.audit.as_ref()).await
+            }
+        }
+    }
 }
 
 /// The audit record of a sandbox event.

@@ -35,7 +35,9 @@ pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 pub use crate::tools::to_request;
 pub use link::{LinkError, LinkHub, LinkStatus};
 pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
-pub use spec::{Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput};
+pub use spec::{
+    EgressSpec, Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput,
+};
 pub use stream::{EgressStream, StreamReader, StreamWriter};
 
 /// Why a sandbox operation failed (as opposed to the operation reporting an error, which

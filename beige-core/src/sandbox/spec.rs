@@ -173,10 +173,51 @@ pub struct SandboxSpec {
     pub extra_capabilities: Vec<String>,
     /// [`LABEL_AGENT`] and [`LABEL_INSTALLATION`].
     pub labels: BTreeMap<String, String>,
+    /// Egress through the gateway (`agents.<name>.egress`): PID 1's proxy and the proxy
+    /// environment. `None`: the sandbox has no way out at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
     /// What the extra mounts were checked against, to check them again before every
     /// (re)creation of the sandbox.
     #[serde(skip)]
     recheck: Option<MountRecheck>,
+}
+
+/// What a sandbox with egress gets: PID 1's explicit proxy on the container's loopback,
+/// and the environment that points clients at it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressSpec {
+    /// The proxy's port on `127.0.0.1` (`egress.proxyPort`, default 3128).
+    pub proxy_port: u16,
+}
+
+impl Default for EgressSpec {
+    fn default() -> Self {
+        Self {
+            proxy_port: beige_protocol::link::EGRESS_PROXY_PORT,
+        }
+    }
+}
+
+impl EgressSpec {
+    /// The environment of every process in the sandbox: the proxy variables (both
+    /// cases, as clients read one or the other), what is never proxied, and Node's
+    /// switch to honour them.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let proxy = format!("http://127.0.0.1:{}", self.proxy_port);
+        let mut env = Vec::new();
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            env.push((k.to_string(), proxy.clone()));
+            env.push((k.to_ascii_lowercase(), proxy.clone()));
+        }
+        env.push(("grpc_proxy".into(), proxy));
+        let no_proxy = "localhost,127.0.0.1,::1".to_string();
+        env.push(("NO_PROXY".into(), no_proxy.clone()));
+        env.push(("no_proxy".into(), no_proxy));
+        env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+        env
+    }
 }
 
 /// The inputs of the `extraMounts` check, kept in the spec.
@@ -303,6 +344,7 @@ impl SandboxSpec {
             read_only_root: cfg.read_only_root,
             extra_capabilities,
             labels,
+            egress: input.config.egress.as_ref().map(|_| EgressSpec::default()),
             recheck: Some(recheck),
         })
     }

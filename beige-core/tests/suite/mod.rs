@@ -1,5 +1,6 @@
 mod agent;
 mod core_tools;
+mod egress;
 mod gateway_traits;
 mod hooks;
 mod hostile_disk;

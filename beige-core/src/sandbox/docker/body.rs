@@ -157,6 +157,14 @@ impl ContainerSpec {
                 link.as_str().to_string(),
             ]);
         }
+        // Egress only for a sandbox with the link (config validation refuses the rest).
+        let egress = spec.egress.as_ref().filter(|_| agent_user.is_some());
+        if let Some(egress) = egress {
+            entrypoint.extend([
+                "--egress".to_string(),
+                format!("proxy={}", egress.proxy_port),
+            ]);
+        }
         let attach = link == LinkMode::Attach;
 
         let home_env = match spec.user {
@@ -165,6 +173,9 @@ impl ContainerSpec {
         };
         let mut env = vec![format!("PATH={SANDBOX_PATH}"), format!("HOME={home_env}")];
         env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+        if let Some(egress) = egress {
+            env.extend(egress.env().into_iter().map(|(k, v)| format!("{k}={v}")));
+        }
 
         let mut tmpfs = BTreeMap::new();
         if spec.read_only_root {

@@ -1,0 +1,531 @@
+//! [`EgressEngine`]: what happens to one egress stream, start to end. It reads the
+//! client's proxy request, decides it with the agent's [`RuleSet`] (the one matcher),
+//! resolves the name with the [`Resolver`], refuses the stream if *any* address is not
+//! public (the one classifier, [`classify::permitted`]), records `started` before a
+//! byte goes upstream, dials only the pinned, checked address with the [`Dialer`],
+//! checks that a TLS client names the host it asked for (SNI) and splices the bytes
+//! without reading them (tunnel mode). Every refusal is one `403` to the client and one
+//! record. The rules a stream was decided with are the snapshot it keeps to its end.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use beige_protocol::link::{EgressEntry, EGRESS_HEAD_TIMEOUT_SECS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::classify;
+use super::http::{self, ProxyRequest};
+use super::rules::{DenyReason, Request, RuleSet, Verdict};
+use super::target::{parse_authority, Host};
+use super::tls::{self, Hello};
+use super::upstream::{Dialer, Resolver};
+use crate::sandbox::EgressStream;
+
+/// Most streams one agent may have open at once, unless its config says otherwise.
+pub const DEFAULT_MAX_STREAMS: usize = 256;
+/// Bytes buffered per direction while splicing.
+const SPLICE_BUFFER: usize = 256 * 1024;
+/// How long resolving a name may take in all (the resolver's own attempts included).
+const RESOLVE_BUDGET: Duration = Duration::from_secs(5);
+
+/// How a stream was carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Bytes spliced, never decrypted.
+    Tunnel,
+    /// Plain HTTP, its first request checked and forwarded in origin form.
+    Http,
+}
+
+impl Mode {
+    /// The name in audit records: `tunnel`, `http`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Tunnel => "tunnel",
+            Mode::Http => "http",
+        }
+    }
+}
+
+/// Where a connection record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionPhase {
+    /// Decided and about to dial: written before the first upstream byte.
+    Started,
+    /// Ended, with its byte counts; or refused (then it is the only record).
+    Finished,
+}
+
+/// One record of an egress connection, for the audit log (`tool: egress.connect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionRecord {
+    /// The stream's id (also in a refusal's `X-Beige-Egress` header).
+    pub id: String,
+    /// The agent whose sandbox opened it.
+    pub agent: String,
+    /// Which of PID 1's listeners took it in.
+    pub entry: EgressEntry,
+    /// The target host as normalised, or the raw text when it did not normalise.
+    pub host: String,
+    /// The target port (0 when the request did not get that far).
+    pub port: u16,
+    /// The pinned address dialled.
+    pub ip: Option<IpAddr>,
+    /// How it was carried, once decided.
+    pub mode: Option<Mode>,
+    /// The rule that allowed or refused it.
+    pub rule: Option<String>,
+    /// The version of the rules it was decided with.
+    pub policy_version: u64,
+    /// Bytes from the client to the upstream.
+    pub bytes_up: u64,
+    /// Bytes from the upstream to the client.
+    pub bytes_down: u64,
+    /// `started` or `finished`.
+    pub phase: ConnectionPhase,
+    /// Why it was refused; `None` when it was allowed.
+    pub reason: Option<DenyReason>,
+    /// What went wrong upstream or on the way, in words.
+    pub error: Option<String>,
+    /// How long it lasted (on `finished`).
+    pub duration: Option<Duration>,
+}
+
+/// Where the engine writes its records. A `started` record that cannot be written
+/// refuses the connection (`audit_unavailable`): no byte goes out unrecorded.
+#[async_trait]
+pub trait EgressAudit: Send + Sync {
+    /// Write one record.
+    async fn record(&self, record: &ConnectionRecord) -> Result<(), String>;
+}
+
+/// Decides and carries egress streams. One per gateway; cheap to share.
+#[derive(Debug)]
+pub struct EgressEngine {
+    resolver: Arc<dyn Resolver>,
+    dialer: Arc<dyn Dialer>,
+    open: Mutex<HashMap<String, usize>>,
+}
+
+/// One agent's stream count, given back when the stream ends.
+struct Slot<'a> {
+    engine: &'a EgressEngine,
+    agent: String,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut open = self
+            .engine
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.agent);
+            }
+        }
+    }
+}
+
+/// What the engine knows of a stream while deciding it.
+struct Pending {
+    record: ConnectionRecord,
+    target_text: String,
+}
+
+impl Pending {
+    fn refuse(&mut self, reason: DenyReason, rule: Option<String>) {
+        self.record.reason = Some(reason);
+        if rule.is_some() {
+            self.record.rule = rule;
+        }
+    }
+}
+
+impl EgressEngine {
+    /// An engine resolving with `resolver` and dialling with `dialer`.
+    pub fn new(resolver: Arc<dyn Resolver>, dialer: Arc<dyn Dialer>) -> Self {
+        Self {
+            resolver,
+            dialer,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Streams `agent` has open now.
+    pub fn open_streams(&self, agent: &str) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn take_slot(&self, agent: &str, max: usize) -> Option<Slot<'_>> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = open.entry(agent.to_string()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            engine: self,
+            agent: agent.to_string(),
+        })
+    }
+
+    /// Serve one stream of `agent` to its end with the rules `rules` (kept for the
+    /// stream's life) and at most `max_streams` open for the agent.
+    pub async fn serve(
+        &self,
+        agent: &str,
+        rules: Arc<RuleSet>,
+        max_streams: usize,
+        mut stream: EgressStream,
+        audit: &dyn EgressAudit,
+    ) {
+        let started = Instant::now();
+        let mut p = Pending {
+            record: ConnectionRecord {
+                id: http::new_id(),
+                agent: agent.to_string(),
+                entry: stream.entry,
+                host: stream.name.clone().unwrap_or_default(),
+                port: stream.port,
+                ip: None,
+                mode: None,
+                rule: None,
+                policy_version: rules.version(),
+                bytes_up: 0,
+                bytes_down: 0,
+                phase: ConnectionPhase::Finished,
+                reason: None,
+                error: None,
+                duration: None,
+            },
+            target_text: format!("{}:{}", stream.name.as_deref().unwrap_or("?"), stream.port),
+        };
+        let Some(_slot) = self.take_slot(agent, max_streams) else {
+            p.refuse(DenyReason::TooManyStreams, None);
+            return finish_refused(&mut p, &mut stream, audit).await;
+        };
+        if stream.entry != EgressEntry::Explicit {
+            p.refuse(DenyReason::BadRequest, None);
+            p.record.error = Some("transparent egress is not served yet".into());
+            return finish_refused(&mut p, &mut stream, audit).await;
+        }
+
+        // The request head, parsed here whatever PID 1 read of it.
+        let parsed = match read_head(&mut stream).await {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                p.refuse(DenyReason::BadRequest, None);
+                p.record.error = Some(e);
+                return finish_refused(&mut p, &mut stream, audit).await;
+            }
+        };
+        let (target, request, mode) = match &parsed.request {
+            ProxyRequest::Connect { authority } => {
+                (parse_authority(authority, 443), None, Mode::Tunnel)
+            }
+            ProxyRequest::Absolute {
+                method,
+                authority,
+                path,
+                ..
+            } => (
+                parse_authority(authority, 80),
+                Some((method.clone(), path_only(path).to_string())),
+                Mode::Http,
+            ),
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(e) => {
+                p.refuse(DenyReason::BadRequest, None);
+                p.record.error = Some(e.to_string());
+                return finish_refused(&mut p, &mut stream, audit).await;
+            }
+        };
+        p.record.host = host_text(&target.host);
+        p.record.port = target.port;
+        p.record.mode = Some(mode);
+        p.target_text = target.to_string();
+
+        // One matcher.
+        let verdict = rules.decide(
+            &target,
+            request
+                .as_ref()
+                .map(|(method, path)| Request { method, path }),
+        );
+        let allowed = match verdict {
+            Verdict::Allow(a) => a,
+            Verdict::Deny(d) => {
+                p.refuse(d.reason, d.rule);
+                return finish_refused(&mut p, &mut stream, audit).await;
+            }
+        };
+        p.record.rule = Some(allowed.rule.clone());
+
+        // Resolve, classify every address, pin one.
+        let addrs = match &target.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => {
+                match tokio::time::timeout(RESOLVE_BUDGET, self.resolver.resolve(name)).await {
+                    Ok(Ok(addrs)) if !addrs.is_empty() => addrs,
+                    Ok(Ok(_)) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(format!("'{name}' has no addresses"));
+                        return finish_refused(&mut p, &mut stream, audit).await;
+                    }
+                    Ok(Err(e)) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(e.to_string());
+                        return finish_refused(&mut p, &mut stream, audit).await;
+                    }
+                    Err(_) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(format!(
+                            "resolving '{name}' took longer than {}s",
+                            RESOLVE_BUDGET.as_secs()
+                        ));
+                        return finish_refused(&mut p, &mut stream, audit).await;
+                    }
+                }
+            }
+        };
+        for addr in &addrs {
+            if let Err(special) = classify::permitted(*addr, &allowed.allow_private) {
+                p.refuse(DenyReason::PrivateAddress, None);
+                p.record.ip = Some(*addr);
+                p.record.error = Some(format!(
+                    "{} resolves to {addr} ({}), which is never dialled",
+                    p.target_text,
+                    special.as_str()
+                ));
+                return finish_refused(&mut p, &mut stream, audit).await;
+            }
+        }
+        let pinned = addrs[0];
+        p.record.ip = Some(pinned);
+
+        // Dial the pinned address (no byte goes up yet): a failure is still a `502`.
+        let upstream = self.dialer.dial(SocketAddr::new(pinned, target.port)).await;
+        let mut upstream = match upstream {
+            Ok(u) => u,
+            Err(e) => {
+                let answer = http::upstream_error(502, "connect_failed", &p.target_text, agent);
+                let _ = stream.writer.write_all(&answer).await;
+                let _ = stream.writer.shutdown().await;
+                p.record.error = Some(format!("cannot connect to {pinned}: {e}"));
+                return finish(&mut p, started, audit).await;
+            }
+        };
+
+        // What goes upstream first.
+        let rest = stream
+            .head
+            .split_off(parsed.head_len.min(stream.head.len()));
+        let first: Vec<u8> = match mode {
+            Mode::Tunnel => {
+                if stream.writer.write_all(http::CONNECT_OK).await.is_err() {
+                    p.record.error = Some("the client went away".into());
+                    return finish(&mut p, started, audit).await;
+                }
+                if target.port == 443 {
+                    match read_hello(&mut stream, rest).await {
+                        Ok((hello, bytes)) => {
+                            if let Some(reason) = sni_verdict(&target.host, &hello) {
+                                // The client speaks TLS now: it can only be closed.
+                                let _ = stream.writer.shutdown().await;
+                                p.refuse(reason, None);
+                                p.record.error = Some(match hello {
+                                    Hello::Sni(s) => format!("the TLS client named '{s}'"),
+                                    Hello::NoSni => "the TLS client named no server".into(),
+                                });
+                                return finish(&mut p, started, audit).await;
+                            }
+                            bytes
+                        }
+                        Err((reason, e)) => {
+                            let _ = stream.writer.shutdown().await;
+                            p.refuse(reason, None);
+                            p.record.error = Some(e);
+                            return finish(&mut p, started, audit).await;
+                        }
+                    }
+                } else {
+                    rest
+                }
+            }
+            Mode::Http => {
+                let Some(mut head) = http::origin_form_head(&parsed) else {
+                    p.record.error = Some("not an absolute-form request".into());
+                    return finish(&mut p, started, audit).await;
+                };
+                head.extend_from_slice(&rest);
+                head
+            }
+        };
+
+        // Audit before bytes.
+        p.record.phase = ConnectionPhase::Started;
+        if let Err(e) = audit.record(&p.record).await {
+            tracing::error!(agent, "egress: the audit record cannot be written: {e}");
+            let _ = stream.writer.shutdown().await;
+            p.refuse(DenyReason::AuditUnavailable, None);
+            p.record.error = Some(e);
+            return finish(&mut p, started, audit).await;
+        }
+        if upstream.write_all(&first).await.is_err() {
+            let _ = stream.writer.shutdown().await;
+            p.record.error = Some("the upstream closed before the first bytes".into());
+            return finish(&mut p, started, audit).await;
+        }
+        p.record.bytes_up = first.len() as u64;
+
+        let mut client = tokio::io::join(stream.reader, stream.writer);
+        match tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            SPLICE_BUFFER,
+            SPLICE_BUFFER,
+        )
+        .await
+        {
+            Ok((up, down)) => {
+                p.record.bytes_up += up;
+                p.record.bytes_down = down;
+            }
+            Err(e) => p.record.error = Some(format!("the stream broke: {e}")),
+        }
+        finish(&mut p, started, audit).await;
+    }
+}
+
+/// The path of a request target without its query (rules never see the query).
+fn path_only(path: &str) -> &str {
+    path.split_once('?').map_or(path, |(p, _)| p)
+}
+
+fn host_text(host: &Host) -> String {
+    match host {
+        Host::Name(n) => n.clone(),
+        Host::Ip(ip) => ip.to_string(),
+    }
+}
+
+/// Whether a ClientHello may go to `host`: `None` when it names it.
+fn sni_verdict(host: &Host, hello: &Hello) -> Option<DenyReason> {
+    match (host, hello) {
+        // An address has no name to check.
+        (Host::Ip(_), _) => None,
+        (Host::Name(name), Hello::Sni(sni)) if sni == name => None,
+        (Host::Name(_), Hello::Sni(_)) => Some(DenyReason::SniMismatch),
+        (Host::Name(_), Hello::NoSni) => Some(DenyReason::SniMissing),
+    }
+}
+
+/// Reads until the request head is complete (bounded in size and time).
+async fn read_head(stream: &mut EgressStream) -> Result<http::ParsedHead, String> {
+    let deadline = Instant::now() + Duration::from_secs(EGRESS_HEAD_TIMEOUT_SECS);
+    let mut buf = [0u8; 8192];
+    loop {
+        match http::parse_proxy_head(&stream.head) {
+            Ok(Some(parsed)) => return Ok(parsed),
+            Ok(None) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.reader.read(&mut buf)).await {
+            Ok(Ok(0)) => return Err("the client closed before its request was complete".into()),
+            Ok(Ok(n)) => stream.head.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => return Err(format!("reading the request failed: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "no complete request within {EGRESS_HEAD_TIMEOUT_SECS}s"
+                ))
+            }
+        }
+    }
+}
+
+/// Reads the client's ClientHello (after the `200`), bounded in size and time; returns
+/// it and every byte read, to be sent upstream as they are.
+async fn read_hello(
+    stream: &mut EgressStream,
+    mut bytes: Vec<u8>,
+) -> Result<(Hello, Vec<u8>), (DenyReason, String)> {
+    let deadline = Instant::now() + Duration::from_secs(EGRESS_HEAD_TIMEOUT_SECS);
+    let mut buf = [0u8; 8192];
+    loop {
+        match tls::client_hello_sni(&bytes) {
+            Ok(Some(hello)) => return Ok((hello, bytes)),
+            Ok(None) => {}
+            Err(tls::HelloError::NotTls) => {
+                return Err((DenyReason::NotTls, "the client does not speak TLS".into()))
+            }
+            Err(e) => return Err((DenyReason::NotTls, e.to_string())),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.reader.read(&mut buf)).await {
+            Ok(Ok(0)) => {
+                return Err((
+                    DenyReason::NotTls,
+                    "the client closed before its TLS hello".into(),
+                ))
+            }
+            Ok(Ok(n)) => bytes.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => return Err((DenyReason::NotTls, format!("reading failed: {e}"))),
+            Err(_) => {
+                return Err((
+                    DenyReason::NotTls,
+                    format!("no TLS hello within {EGRESS_HEAD_TIMEOUT_SECS}s"),
+                ))
+            }
+        }
+    }
+}
+
+/// Answers a refused stream with its `403` and writes its one record.
+async fn finish_refused(p: &mut Pending, stream: &mut EgressStream, audit: &dyn EgressAudit) {
+    let reason = p.record.reason.unwrap_or(DenyReason::BadRequest);
+    let answer = http::refusal(
+        reason.as_str(),
+        reason.explain(),
+        &p.target_text,
+        &p.record.agent,
+        &p.record.id,
+    );
+    let _ = stream.writer.write_all(&answer).await;
+    let _ = stream.writer.shutdown().await;
+    p.record.phase = ConnectionPhase::Finished;
+    if let Err(e) = audit.record(&p.record).await {
+        tracing::error!(
+            agent = p.record.agent,
+            "egress: the refusal's audit record cannot be written: {e}"
+        );
+    }
+}
+
+/// Writes the `finished` record of a stream that was started.
+async fn finish(p: &mut Pending, started: Instant, audit: &dyn EgressAudit) {
+    p.record.phase = ConnectionPhase::Finished;
+    p.record.duration = Some(started.elapsed());
+    if let Err(e) = audit.record(&p.record).await {
+        tracing::error!(
+            agent = p.record.agent,
+            "egress: the finished record cannot be written: {e}"
+        );
+    }
+}

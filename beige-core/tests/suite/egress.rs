@@ -1,0 +1,347 @@
+//! Egress end to end: real clients (curl, openssl) in a Debian sandbox with no network,
+//! through PID 1's proxy and the link, to a TLS upstream on `127.0.0.1`.
+//!
+//! Loopback only. The test [`Resolver`] maps the test names to public-looking and to
+//! private addresses; the test [`Dialer`] maps `11.0.0.1:443` to the upstream's
+//! loopback port and refuses (and records) any other address, so the production
+//! classifier and rules run unchanged and nothing is ever sent anywhere else.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use beige_core::api::tools::{ContentBlock, CoreToolCall, ExecParams, ToolContext};
+use beige_core::audit::AuditRecord;
+use beige_core::egress::upstream::{BoxUpstream, Dialer, ResolveError, Resolver};
+use beige_core::{Gateway, GatewayBuilder, LocalGateway};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::support::TestHome;
+use crate::docker_or_skip;
+
+const IMAGE: &str = "beige-test-debian:bookworm";
+const API: &str = "api.example.test";
+const PUBLIC_IP: &str = "11.0.0.1";
+
+#[derive(Debug)]
+struct TestResolver(HashMap<&'static str, Result<Vec<IpAddr>, ()>>);
+
+#[async_trait]
+impl Resolver for TestResolver {
+    async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, ResolveError> {
+        match self.0.get(name) {
+            Some(Ok(addrs)) => Ok(addrs.clone()),
+            _ => Err(ResolveError::NoAddresses {
+                name: name.to_string(),
+            }),
+        }
+    }
+}
+
+/// Dials `11.0.0.1:443` on the upstream's loopback port; records every other address
+/// and refuses it (it must never be asked for one).
+#[derive(Debug)]
+struct TestDialer {
+    upstream: SocketAddr,
+    unexpected: Mutex<Vec<SocketAddr>>,
+}
+
+#[async_trait]
+impl Dialer for TestDialer {
+    async fn dial(&self, addr: SocketAddr) -> std::io::Result<BoxUpstream> {
+        if addr != SocketAddr::new(PUBLIC_IP.parse().unwrap(), 443) {
+            self.unexpected.lock().unwrap().push(addr);
+            return Err(std::io::Error::other(
+                "the test dialer refuses this address",
+            ));
+        }
+        let s = tokio::net::TcpStream::connect(self.upstream).await?;
+        Ok(Box::pin(s))
+    }
+}
+
+/// A TLS server on `127.0.0.1:0` for `api.example.test`, answering every request with
+/// a fixed body; records the SNI of every handshake.
+struct Upstream {
+    addr: SocketAddr,
+    ca_pem: String,
+    snis: Arc<Mutex<Vec<String>>>,
+}
+
+async fn tls_upstream() -> Upstream {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "beige egress test CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec![API.to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let snis = Arc::new(Mutex::new(Vec::new()));
+    let seen = snis.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if let Some(sni) = tls.get_ref().1.server_name() {
+                    seen.lock().unwrap().push(sni.to_string());
+                }
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "hello from the upstream\n";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    Upstream {
+        addr,
+        ca_pem: ca.pem(),
+        snis,
+    }
+}
+
+async fn exec(gw: &LocalGateway, command: &str) -> String {
+    let out = gw
+        .call_tool(
+            "net",
+            CoreToolCall::Exec(ExecParams {
+                command: command.into(),
+                timeout: Some(60),
+            }),
+            ToolContext::default(),
+        )
+        .await
+        .unwrap();
+    out.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn egress_records(t: &TestHome) -> Vec<Value> {
+    std::fs::read_to_string(t.home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<AuditRecord>(l).ok())
+        .filter(|r| r.tool == "egress.connect")
+        .map(|r| serde_json::to_value(&r).unwrap())
+        .collect()
+}
+
+/// The one record (or the pair) for `host:port`.
+fn records_for<'a>(records: &'a [Value], host: &str, port: u16) -> Vec<&'a Value> {
+    records
+        .iter()
+        .filter(|r| r["egress"]["host"] == host && r["egress"]["port"] == port)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let docker = t.docker().await;
+    if docker.client().inspect_image(IMAGE).await.is_err() {
+        assert!(
+            !super::support::required(),
+            "{IMAGE} missing in CI: scripts/setup-docker --debian-base builds it"
+        );
+        eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
+        return;
+    }
+    let upstream = tls_upstream().await;
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let resolver = TestResolver(HashMap::from([
+        (API, Ok(vec![ip(PUBLIC_IP)])),
+        ("internal.example.test", Ok(vec![ip("10.0.0.1")])),
+        ("metadata.example.test", Ok(vec![ip("169.254.169.254")])),
+        (
+            "mixed.example.test",
+            Ok(vec![ip(PUBLIC_IP), ip("10.0.0.1")]),
+        ),
+        ("mapped.example.test", Ok(vec![ip("::ffff:10.0.0.1")])),
+        ("loop.example.test", Ok(vec![ip("127.0.0.1")])),
+        ("broken.example.test", Err(())),
+    ]));
+    let dialer = Arc::new(TestDialer {
+        upstream: upstream.addr,
+        unexpected: Mutex::new(Vec::new()),
+    });
+
+    let mut config = t.config(
+        &env,
+        &[(
+            "net",
+            json!({
+                "sandbox": {"image": IMAGE, "memoryLimit": "256m"},
+                "egress": {"rules": [
+                    {"id": "api", "hosts": [API]},
+                    {"id": "trap", "hosts": [
+                        "internal.example.test", "metadata.example.test",
+                        "mixed.example.test", "mapped.example.test",
+                        "loop.example.test", "broken.example.test"
+                    ]},
+                    {"id": "no-gist", "hosts": ["gist.example.test"], "action": "deny"},
+                ]},
+            }),
+        )],
+    );
+    config.gateway.keep_sandboxes = false;
+    let gw = GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(docker.clone()))
+        .egress_resolver(Arc::new(resolver))
+        .egress_dialer(dialer.clone())
+        .build()
+        .await
+        .unwrap();
+    let ws = gw.config().agent_workspace(gw.home(), "net");
+    std::fs::write(ws.join("ca.pem"), &upstream.ca_pem).unwrap();
+
+    // The proxy environment is there for every exec.
+    let envs = exec(&gw, "env | grep -i _proxy | sort").await;
+    assert!(envs.contains("HTTPS_PROXY=http://127.0.0.1:3128"), "{envs}");
+    assert!(envs.contains("NO_PROXY=localhost,127.0.0.1,::1"), "{envs}");
+
+    // 1. An allowed host: through the tunnel, the upstream saw the SNI.
+    let ok = exec(
+        &gw,
+        &format!(
+            "curl -sS --max-time 20 --cacert /workspace/ca.pem https://{API}/ ; echo \"rc=$?\""
+        ),
+    )
+    .await;
+    assert!(ok.contains("hello from the upstream"), "{ok}");
+    assert!(ok.contains("rc=0"), "{ok}");
+    assert_eq!(upstream.snis.lock().unwrap().as_slice(), [API]);
+
+    // 2. Refusals, each readable by a curl user.
+    let refused = |host: &str, port: u16| {
+        format!(
+            "curl -sS -v --max-time 20 --cacert /workspace/ca.pem https://{host}:{port}/ 2>&1 | grep -i -e x-beige-egress -e 'HTTP/1.1 403' ; true"
+        )
+    };
+    for (host, port, reason) in [
+        ("unknown.example.test", 443, "no_rule"),
+        ("gist.example.test", 443, "denied_by_rule"),
+        (API, 8443, "port_not_allowed"),
+        ("internal.example.test", 443, "private_address"),
+        ("metadata.example.test", 443, "private_address"),
+        ("mixed.example.test", 443, "private_address"),
+        ("mapped.example.test", 443, "private_address"),
+        ("loop.example.test", 443, "private_address"),
+        ("broken.example.test", 443, "dns_failed"),
+        (PUBLIC_IP, 443, "ip_literal"),
+    ] {
+        let out = exec(&gw, &refused(host, port)).await;
+        assert!(out.contains("403"), "{host}:{port}: {out}");
+        assert!(
+            out.to_ascii_lowercase()
+                .contains(&format!("x-beige-egress: denied; reason={reason}")),
+            "{host}:{port}: {out}"
+        );
+    }
+
+    // 3. Domain fronting: a TLS client that names another server is cut off.
+    let fronted = exec(
+        &gw,
+        &format!(
+            "echo | timeout 20 openssl s_client -proxy 127.0.0.1:3128 -connect {API}:443 -servername evil.example.test 2>&1 | head -5; true"
+        ),
+    )
+    .await;
+    assert!(!fronted.contains("Verify return code: 0"), "{fronted}");
+    assert_eq!(
+        upstream.snis.lock().unwrap().as_slice(),
+        [API],
+        "the fronted hello must not reach the upstream"
+    );
+
+    // 4. No route out: a direct connect fails in the sandbox, with no packet sent.
+    let direct = exec(
+        &gw,
+        "curl -sS --noproxy '*' --max-time 5 https://1.1.1.1/ 2>&1; echo \"rc=$?\"; ip route 2>/dev/null | wc -l",
+    )
+    .await;
+    assert!(direct.contains("rc=7"), "{direct}");
+
+    // The dialer was only ever asked for the one allowed, public address.
+    assert!(
+        dialer.unexpected.lock().unwrap().is_empty(),
+        "dialled: {:?}",
+        dialer.unexpected.lock().unwrap()
+    );
+
+    // Audit: the allowed stream has `started` then `finished` with its bytes; every
+    // refusal is one `finished`, `denied` record with its reason.
+    let records = egress_records(&t);
+    let api = records_for(&records, API, 443);
+    let phases: Vec<&str> = api.iter().filter_map(|r| r["phase"].as_str()).collect();
+    assert!(phases.starts_with(&["started", "finished"]), "{api:?}");
+    let done = api[1];
+    assert_eq!(done["decision"], "allowed", "{done}");
+    assert_eq!(done["egress"]["ip"], PUBLIC_IP, "{done}");
+    assert_eq!(done["egress"]["mode"], "tunnel", "{done}");
+    assert_eq!(done["egress"]["entry"], "explicit", "{done}");
+    assert_eq!(done["egress"]["rule"], "api", "{done}");
+    assert!(done["egress"]["bytesUp"].as_u64().unwrap() > 0, "{done}");
+    assert!(done["egress"]["bytesDown"].as_u64().unwrap() > 0, "{done}");
+    for (host, reason) in [
+        ("unknown.example.test", "no_rule"),
+        ("gist.example.test", "denied_by_rule"),
+        ("internal.example.test", "private_address"),
+        ("metadata.example.test", "private_address"),
+        ("broken.example.test", "dns_failed"),
+    ] {
+        let r = records_for(&records, host, 443);
+        assert_eq!(r.len(), 1, "{host}: {r:?}");
+        assert_eq!(r[0]["decision"], "denied", "{host}: {:?}", r[0]);
+        assert_eq!(r[0]["egress"]["reason"], reason, "{host}: {:?}", r[0]);
+    }
+    let fronted: Vec<_> = api
+        .iter()
+        .filter(|r| r["egress"]["reason"] == "sni_mismatch")
+        .collect();
+    assert_eq!(fronted.len(), 1, "{api:?}");
+    gw.shutdown().await.unwrap();
+}
