@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::classify;
 use super::http::{self, ProxyRequest};
 use super::rules::{DenyReason, Request, RuleSet, Verdict};
-use super::target::{parse_authority, Host};
+use super::target::{normalize_host, parse_authority, Host, Target};
 use super::tls::{self, Hello};
 use super::upstream::{Dialer, Resolver};
 use crate::sandbox::EgressStream;
@@ -218,35 +218,81 @@ impl EgressEngine {
             p.refuse(DenyReason::TooManyStreams, None);
             return finish_refused(&mut p, &mut stream, audit).await;
         };
-        if stream.entry != EgressEntry::Explicit {
-            p.refuse(DenyReason::BadRequest, None);
-            p.record.error = Some("transparent egress is not served yet".into());
-            return finish_refused(&mut p, &mut stream, audit).await;
-        }
-
-        // The request head, parsed here whatever PID 1 read of it.
-        let parsed = match read_head(&mut stream).await {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                p.refuse(DenyReason::BadRequest, None);
-                p.record.error = Some(e);
-                return finish_refused(&mut p, &mut stream, audit).await;
-            }
-        };
-        let (target, request, mode) = match &parsed.request {
-            ProxyRequest::Connect { authority } => {
-                (parse_authority(authority, 443), None, Mode::Tunnel)
-            }
-            ProxyRequest::Absolute {
-                method,
-                authority,
-                path,
-                ..
-            } => (
-                parse_authority(authority, 80),
-                Some((method.clone(), path_only(path).to_string())),
-                Mode::Http,
-            ),
+        // What the client asked for: its proxy request (explicit), or the name behind
+        // the synthetic address it dialled (transparent; PID 1 mapped it back).
+        let (parsed, target, request, mode) = if stream.entry == EgressEntry::Explicit {
+            let parsed = match read_head(&mut stream).await {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    p.refuse(DenyReason::BadRequest, None);
+                    p.record.error = Some(e);
+                    return finish_refused(&mut p, &mut stream, audit).await;
+                }
+            };
+            let (target, request, mode) = match &parsed.request {
+                ProxyRequest::Connect { authority } => {
+                    (parse_authority(authority, 443), None, Mode::Tunnel)
+                }
+                ProxyRequest::Absolute {
+                    method,
+                    authority,
+                    path,
+                    ..
+                } => (
+                    parse_authority(authority, 80),
+                    Some((method.clone(), path_only(path).to_string())),
+                    Mode::Http,
+                ),
+            };
+            (Some(parsed), target, request, mode)
+        } else {
+            let target = match stream.name.as_deref().map(normalize_host) {
+                Some(Ok(Host::Name(name))) => Ok(Target {
+                    host: Host::Name(name),
+                    port: stream.port,
+                }),
+                Some(Ok(Host::Ip(ip))) => Err(format!("a transparent stream names {ip}")),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("a transparent stream names no host".to_string()),
+            };
+            let target = match target {
+                Ok(t) => t,
+                Err(e) => {
+                    p.refuse(DenyReason::BadRequest, None);
+                    p.record.error = Some(e);
+                    return finish_refused(&mut p, &mut stream, audit).await;
+                }
+            };
+            // Plain HTTP on :80: the first request's method, path and Host are read.
+            let (request, mode) = if target.port == 80 {
+                match read_origin_head(&mut stream).await {
+                    Ok(head) => {
+                        if head.host.as_deref() != Some(&host_text(&target.host)) {
+                            p.record.host = host_text(&target.host);
+                            p.record.port = target.port;
+                            p.target_text = target.to_string();
+                            p.refuse(DenyReason::HostMismatch, None);
+                            p.record.error = Some(format!(
+                                "the request's Host is {:?}",
+                                head.host.unwrap_or_default()
+                            ));
+                            return finish_refused(&mut p, &mut stream, audit).await;
+                        }
+                        (
+                            Some((head.method, path_only(&head.path).to_string())),
+                            Mode::Http,
+                        )
+                    }
+                    Err(e) => {
+                        p.refuse(DenyReason::BadRequest, None);
+                        p.record.error = Some(e);
+                        return finish_refused(&mut p, &mut stream, audit).await;
+                    }
+                }
+            } else {
+                (None, Mode::Tunnel)
+            };
+            (None, Ok(target), request, mode)
         };
         let target = match target {
             Ok(t) => t,
@@ -333,12 +379,13 @@ impl EgressEngine {
         };
 
         // What goes upstream first.
-        let rest = stream
-            .head
-            .split_off(parsed.head_len.min(stream.head.len()));
+        // (A transparent stream's bytes are all the client's own; a proxy request's
+        // head is the gateway's to answer.)
+        let head_len = parsed.as_ref().map_or(0, |h| h.head_len);
+        let rest = stream.head.split_off(head_len.min(stream.head.len()));
         let first: Vec<u8> = match mode {
             Mode::Tunnel => {
-                if stream.writer.write_all(http::CONNECT_OK).await.is_err() {
+                if parsed.is_some() && stream.writer.write_all(http::CONNECT_OK).await.is_err() {
                     p.record.error = Some("the client went away".into());
                     return finish(&mut p, started, audit).await;
                 }
@@ -368,14 +415,18 @@ impl EgressEngine {
                     rest
                 }
             }
-            Mode::Http => {
-                let Some(mut head) = http::origin_form_head(&parsed) else {
-                    p.record.error = Some("not an absolute-form request".into());
-                    return finish(&mut p, started, audit).await;
-                };
-                head.extend_from_slice(&rest);
-                head
-            }
+            Mode::Http => match &parsed {
+                Some(parsed) => {
+                    let Some(mut head) = http::origin_form_head(parsed) else {
+                        p.record.error = Some("not an absolute-form request".into());
+                        return finish(&mut p, started, audit).await;
+                    };
+                    head.extend_from_slice(&rest);
+                    head
+                }
+                // Transparent :80: the request is already in origin form.
+                None => rest,
+            },
         };
 
         // Audit before bytes.
@@ -460,6 +511,68 @@ async fn read_head(stream: &mut EgressStream) -> Result<http::ParsedHead, String
     }
 }
 
+/// The first request of a transparent plain-HTTP stream, as far as the rules need it.
+struct OriginHead {
+    method: String,
+    path: String,
+    /// The `Host` header, lower-cased, without a port.
+    host: Option<String>,
+}
+
+/// Reads a transparent stream's first request head (origin form), bounded in size and
+/// time; the bytes stay in `stream.head` to be forwarded as they are.
+async fn read_origin_head(stream: &mut EgressStream) -> Result<OriginHead, String> {
+    let deadline = Instant::now() + Duration::from_secs(EGRESS_HEAD_TIMEOUT_SECS);
+    let mut buf = [0u8; 8192];
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; http::MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&stream.head) {
+            Ok(httparse::Status::Complete(_)) => {
+                let host = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("host"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .map(|v| {
+                        let v = v.trim().to_ascii_lowercase();
+                        match v.rsplit_once(':') {
+                            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+                                h.to_string()
+                            }
+                            _ => v,
+                        }
+                    });
+                let path = req.path.unwrap_or("/").to_string();
+                if !path.starts_with('/') {
+                    return Err("a transparent request must be in origin form".into());
+                }
+                return Ok(OriginHead {
+                    method: req.method.unwrap_or("").to_string(),
+                    path,
+                    host,
+                });
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(format!("unreadable request: {e}")),
+        }
+        if stream.head.len() >= beige_protocol::link::MAX_EGRESS_HEAD {
+            return Err("the request head is over 16 KiB".into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.reader.read(&mut buf)).await {
+            Ok(Ok(0)) => return Err("the client closed before its request was complete".into()),
+            Ok(Ok(n)) => stream.head.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => return Err(format!("reading the request failed: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "no complete request within {EGRESS_HEAD_TIMEOUT_SECS}s"
+                ))
+            }
+        }
+    }
+}
+
 /// Reads the client's ClientHello (after the `200`), bounded in size and time; returns
 /// it and every byte read, to be sent upstream as they are.
 async fn read_hello(
@@ -497,9 +610,21 @@ async fn read_hello(
     }
 }
 
-/// Answers a refused stream with its `403` and writes its one record.
+/// Answers a refused stream with its `403` (a transparent TLS client, which cannot
+/// read one, is closed) and writes its one record.
 async fn finish_refused(p: &mut Pending, stream: &mut EgressStream, audit: &dyn EgressAudit) {
     let reason = p.record.reason.unwrap_or(DenyReason::BadRequest);
+    if stream.entry == EgressEntry::Transparent && stream.port != 80 {
+        let _ = stream.writer.shutdown().await;
+        p.record.phase = ConnectionPhase::Finished;
+        if let Err(e) = audit.record(&p.record).await {
+            tracing::error!(
+                agent = p.record.agent,
+                "egress: a refusal's record failed: {e}"
+            );
+        }
+        return;
+    }
     let answer = http::refusal(
         reason.as_str(),
         reason.explain(),
@@ -529,3 +654,7 @@ async fn finish(p: &mut Pending, started: Instant, audit: &dyn EgressAudit) {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -190,17 +190,30 @@ pub struct SandboxSpec {
 pub struct EgressSpec {
     /// The proxy's port on `127.0.0.1` (`egress.proxyPort`, default 3128).
     pub proxy_port: u16,
+    /// PID 1 also answers DNS with synthetic addresses and takes connections to them
+    /// on ports 80 and 443 (for clients that ignore the proxy variables).
+    pub transparent: bool,
 }
 
 impl Default for EgressSpec {
     fn default() -> Self {
         Self {
             proxy_port: beige_protocol::link::EGRESS_PROXY_PORT,
+            transparent: true,
         }
     }
 }
 
 impl EgressSpec {
+    /// The value of the shim's `--egress` flag.
+    pub fn shim_flag(&self) -> String {
+        if self.transparent {
+            format!("proxy={},dns=synthetic,transparent=80+443", self.proxy_port)
+        } else {
+            format!("proxy={}", self.proxy_port)
+        }
+    }
+
     /// The environment of every process in the sandbox: the proxy variables (both
     /// cases, as clients read one or the other), what is never proxied, and Node's
     /// switch to honour them.

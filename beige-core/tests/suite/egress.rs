@@ -242,6 +242,10 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     let envs = exec(&gw, "env | grep -i _proxy | sort").await;
     assert!(envs.contains("HTTPS_PROXY=http://127.0.0.1:3128"), "{envs}");
     assert!(envs.contains("NO_PROXY=localhost,127.0.0.1,::1"), "{envs}");
+    // PID 1's DNS stub is the sandbox's only name server, without search domains.
+    let resolv = exec(&gw, "cat /etc/resolv.conf").await;
+    assert!(resolv.contains("nameserver 127.0.0.1"), "{resolv}");
+    assert!(!resolv.contains("search"), "{resolv}");
 
     // 1. An allowed host: through the tunnel, the upstream saw the SNI.
     let ok = exec(

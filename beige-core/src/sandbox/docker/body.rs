@@ -91,6 +91,14 @@ pub struct ContainerSpec {
     /// tmpfs mounts and their options: a writable `/tmp` when the root is read-only,
     /// else none.
     pub tmpfs: BTreeMap<String, String>,
+    /// Name servers of the container (`127.0.0.1`, PID 1's DNS stub, with transparent
+    /// egress); empty: the engine's default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<String>,
+    /// Namespaced sysctls (with transparent egress, the low ports PID 1 binds without
+    /// `NET_BIND_SERVICE`); empty: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, String>,
     /// `uid:gid` the agent's processes run as when the container itself runs as root
     /// with only the capabilities PID 1 needs ([`LINK_CAPS`]); PID 1 and every `op`
     /// drop to it. `None` for `root` sandboxes.
@@ -159,11 +167,17 @@ impl ContainerSpec {
         }
         // Egress only for a sandbox with the link (config validation refuses the rest).
         let egress = spec.egress.as_ref().filter(|_| agent_user.is_some());
+        let mut dns = Vec::new();
+        let mut sysctls = BTreeMap::new();
         if let Some(egress) = egress {
-            entrypoint.extend([
-                "--egress".to_string(),
-                format!("proxy={}", egress.proxy_port),
-            ]);
+            entrypoint.extend(["--egress".to_string(), egress.shim_flag()]);
+            if egress.transparent {
+                dns.push("127.0.0.1".to_string());
+                sysctls.insert(
+                    "net.ipv4.ip_unprivileged_port_start".to_string(),
+                    "0".to_string(),
+                );
+            }
         }
         let attach = link == LinkMode::Attach;
 
@@ -210,6 +224,8 @@ impl ContainerSpec {
             nano_cpus: spec.limits.cpus.map(|c| (c * 1e9).round() as i64),
             read_only_root: spec.read_only_root,
             tmpfs,
+            dns,
+            sysctls,
             agent_user,
             link,
             open_stdin: attach,
@@ -295,6 +311,9 @@ pub fn engine_body(spec: &ContainerSpec) -> ContainerCreateBody {
             } else {
                 Some(spec.tmpfs.clone().into_iter().collect())
             },
+            dns: (!spec.dns.is_empty()).then(|| spec.dns.clone()),
+            dns_search: (!spec.dns.is_empty()).then(Vec::new),
+            sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
             init: Some(false),
             log_config: spec.log_driver.as_ref().map(|driver| {
                 bollard::models::HostConfigLogConfig {
