@@ -5,9 +5,10 @@
 //! egress.connect`). An agent without an `egress` block has no rules: every stream its
 //! sandbox opens is refused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
@@ -17,9 +18,10 @@ use crate::config::{Config, ConfigError};
 use crate::egress::engine::{
     ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine, DEFAULT_MAX_STREAMS,
 };
-use crate::egress::rules::RuleSet;
+use crate::egress::rules::{DenyReason, RuleSet};
 use crate::egress::upstream::{Dialer, HickoryResolver, Resolver, TcpDialer};
 use crate::sandbox::EgressStream;
+use crate::tools::{ContentBlock, ToolOutput};
 
 /// One agent's egress: its rules (the snapshot new streams get) and its stream limit.
 #[derive(Debug)]
@@ -33,6 +35,70 @@ struct AgentEgress {
 pub(crate) struct GatewayEgress {
     engine: EgressEngine,
     agents: HashMap<String, AgentEgress>,
+    /// Recent refusals per agent, for the footer of the exec they happened during.
+    refusals: Refusals,
+}
+
+/// Most refusals kept per agent for exec footers.
+const KEPT_REFUSALS: usize = 256;
+/// Most footer lines under one exec result.
+const FOOTER_LINES: usize = 5;
+
+/// Recent refusals per agent: when, the target, the reason.
+#[derive(Debug, Default)]
+struct Refusals(Mutex<HashMap<String, VecDeque<(Instant, String, DenyReason)>>>);
+
+impl Refusals {
+    fn push(&self, agent: &str, target: String, reason: DenyReason) {
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let q = all.entry(agent.to_string()).or_default();
+        if q.len() == KEPT_REFUSALS {
+            q.pop_front();
+        }
+        q.push_back((Instant::now(), target, reason));
+    }
+
+    /// The refusals of `agent` since `since`, as at most [`FOOTER_LINES`] lines.
+    fn footer(&self, agent: &str, since: Instant) -> Option<String> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let q = all.get(agent)?;
+        let mut groups: Vec<((String, DenyReason), usize)> = Vec::new();
+        for (_, target, reason) in q.iter().filter(|(at, ..)| *at >= since) {
+            match groups
+                .iter_mut()
+                .find(|((t, r), _)| t == target && r == reason)
+            {
+                Some((_, n)) => *n += 1,
+                None => groups.push(((target.clone(), *reason), 1)),
+            }
+        }
+        if groups.is_empty() {
+            return None;
+        }
+        let mut lines: Vec<String> = groups
+            .iter()
+            .take(FOOTER_LINES)
+            .map(|((target, reason), n)| {
+                let what = if *n == 1 {
+                    "1 connection".to_string()
+                } else {
+                    format!("{n} connections")
+                };
+                format!(
+                    "[beige] egress: {what} to {target} refused ({}: {})",
+                    reason.as_str(),
+                    reason.explain()
+                )
+            })
+            .collect();
+        if groups.len() > FOOTER_LINES {
+            lines.push(format!(
+                "[beige] egress: and {} more refused targets (see the audit log)",
+                groups.len() - FOOTER_LINES
+            ));
+        }
+        Some(lines.join("\n"))
+    }
 }
 
 impl GatewayEgress {
@@ -89,6 +155,7 @@ impl GatewayEgress {
         Ok(Some(Self {
             engine: EgressEngine::new(resolver, dialer),
             agents,
+            refusals: Refusals::default(),
         }))
     }
 
@@ -97,14 +164,21 @@ impl GatewayEgress {
     pub(crate) async fn refuse_all(agent: &str, stream: EgressStream, audit: &dyn AuditSink) {
         let engine = EgressEngine::new(Arc::new(NoResolver), Arc::new(TcpDialer));
         let rules = Arc::new(RuleSet::new(Vec::new(), 0));
+        let recorder = Recorder {
+            audit,
+            refusals: None,
+        };
         engine
-            .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &Recorder(audit))
+            .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &recorder)
             .await;
     }
 
     /// Serve one stream of `agent`'s sandbox to its end.
     pub(crate) async fn serve(&self, agent: &str, stream: EgressStream, audit: &dyn AuditSink) {
-        let recorder = Recorder(audit);
+        let recorder = Recorder {
+            audit,
+            refusals: Some(&self.refusals),
+        };
         let (rules, max) = match self.agents.get(agent) {
             Some(a) => (a.rules.clone(), a.max_streams),
             // No egress block: no rule allows anything.
@@ -132,16 +206,36 @@ impl Resolver for NoResolver {
     }
 }
 
-/// Writes the engine's connection records to the gateway's audit log.
-struct Recorder<'a>(&'a dyn AuditSink);
+/// Writes the engine's connection records to the gateway's audit log, and keeps the
+/// refusals for the exec footer.
+struct Recorder<'a> {
+    audit: &'a dyn AuditSink,
+    refusals: Option<&'a Refusals>,
+}
 
 #[async_trait]
 impl EgressAudit for Recorder<'_> {
     async fn record(&self, record: &ConnectionRecord) -> Result<(), String> {
-        self.0
+        if let (Some(refusals), Some(reason)) = (self.refusals, record.reason) {
+            refusals.push(
+                &record.agent,
+                format!("{}:{}", record.host, record.port),
+                reason,
+            );
+        }
+        self.audit
             .record(&audit_record(record))
             .await
             .map_err(|e| e.to_string())
+    }
+}
+
+impl GatewayEgress {
+    /// The footer of an exec of `agent` that started at `since`: the egress refusals
+    /// of the agent meanwhile (attributed by time, not yet by process: two execs of one
+    /// agent at once see each other's).
+    pub(crate) fn footer(&self, agent: &str, since: Instant) -> Option<String> {
+        self.refusals.footer(agent, since)
     }
 }
 
@@ -194,4 +288,23 @@ pub(crate) fn audit_record(r: &ConnectionRecord) -> AuditRecord {
     };
     record.egress = Some(Value::Object(egress));
     record
+}
+
+/// `out` with `footer` after its text (in its last text block, or a new one).
+pub(crate) fn with_footer(mut out: ToolOutput, footer: &str) -> ToolOutput {
+    match out.content.iter_mut().rev().find_map(|b| match b {
+        ContentBlock::Text { text } => Some(text),
+        ContentBlock::Image { .. } => None,
+    }) {
+        Some(text) => {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(footer);
+        }
+        None => out.content.push(ContentBlock::Text {
+            text: footer.to_string(),
+        }),
+    }
+    out
 }

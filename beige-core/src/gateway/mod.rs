@@ -952,7 +952,9 @@ impl Inner {
         };
         let sandbox = self.sandbox.clone();
         let run = async {
-            run_core_tool(
+            #[cfg(feature = "egress")]
+            let since = Instant::now();
+            let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
                 &config.sandbox,
@@ -962,7 +964,17 @@ impl Inner {
                 output,
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+            // Egress refused while an exec ran: the model reads why its command failed.
+            #[cfg(feature = "egress")]
+            let out = match (&call, &self.egress) {
+                (CoreToolCall::Exec(_), Some(egress)) => match egress.footer(agent, since) {
+                    Some(footer) => egress::with_footer(out, &footer),
+                    None => out,
+                },
+                _ => out,
+            };
+            Ok(out)
         };
         let guarded = self
             .guarded(

@@ -279,6 +279,9 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     ] {
         let out = exec(&gw, &refused(host, port)).await;
         assert!(out.contains("403"), "{host}:{port}: {out}");
+        // The exec's result names the refusal for the model, once.
+        let footer = format!("[beige] egress: 1 connection to {host}:{port} refused ({reason}: ");
+        assert_eq!(out.matches(&footer).count(), 1, "{out}");
         assert!(
             out.to_ascii_lowercase()
                 .contains(&format!("x-beige-egress: denied; reason={reason}")),
