@@ -44,9 +44,12 @@ const KEPT_REFUSALS: usize = 256;
 /// Most footer lines under one exec result.
 const FOOTER_LINES: usize = 5;
 
-/// Recent refusals per agent: when, the target, the reason.
+/// One refusal: when, the target (`host:port`), why.
+type Refusal = (Instant, String, DenyReason);
+
+/// Recent refusals per agent.
 #[derive(Debug, Default)]
-struct Refusals(Mutex<HashMap<String, VecDeque<(Instant, String, DenyReason)>>>);
+struct Refusals(Mutex<HashMap<String, VecDeque<Refusal>>>);
 
 impl Refusals {
     fn push(&self, agent: &str, target: String, reason: DenyReason) {
