@@ -44,6 +44,20 @@
 //!    until it closes (at most [`ANSWER_TIMEOUT`]), so closing never resets the
 //!    connection before the client has read the response.
 //!
+//! Two more ways in share the streams and their limit:
+//!
+//! - *transparent listeners* ([`TransparentListener`], [`Egress::with_transparent`]) on
+//!   `0.0.0.0:PORT` (80 and 443 in production): the local address a client dialled
+//!   (`getsockname`) is a synthetic one that the DNS stub ([`crate::dns`],
+//!   [`Egress::with_dns`]) handed out for a name, and the stream goes to the gateway at
+//!   once, without waiting for a byte, as `EgressOpen` (entry `transparent`, that name,
+//!   the local port) with whatever the client had sent as its payload. A client of any
+//!   other address, one beyond [`MAX_STREAMS`], or one whose stream the gateway does
+//!   not take is closed: PID 1 never answers a transparent client itself;
+//! - the proxy maps a synthetic address in a request line (`CONNECT 127.77.0.5:443`,
+//!   from a client that resolved first) back to its name; an address without one goes
+//!   as it is.
+//!
 //! Without a usable link ([`Upstream::Unavailable`], e.g. on the attach carrier, which
 //! does not carry egress yet) every well-formed request gets a `503` saying why.
 //!
@@ -54,7 +68,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -65,6 +79,7 @@ use beige_protocol::link::{
     MAGIC, MAX_EGRESS_HEAD, PREFIX_LEN,
 };
 
+use crate::dns::{DnsListener, DnsStub, SyntheticNames};
 use crate::link::log;
 use crate::sys;
 
@@ -147,6 +162,29 @@ impl ProxyListener {
     }
 }
 
+/// A transparent listener's socket, on `0.0.0.0:port`, bound ahead of everything else
+/// like the proxy's.
+#[derive(Debug)]
+pub struct TransparentListener {
+    listener: TcpListener,
+}
+
+impl TransparentListener {
+    /// Listens on `0.0.0.0:port` (0: a port the kernel picks): non-blocking,
+    /// close-on-exec, with neither `SO_REUSEADDR` nor `SO_REUSEPORT`.
+    pub fn bind(port: u16) -> io::Result<Self> {
+        let fd = sys::listen_tcp(Ipv4Addr::UNSPECIFIED, port)?;
+        Ok(Self {
+            listener: TcpListener::from(fd),
+        })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> io::Result<u16> {
+        Ok(self.listener.local_addr()?.port())
+    }
+}
+
 /// Where the proxy sends its streams.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Upstream {
@@ -162,6 +200,12 @@ pub enum Upstream {
 #[derive(Debug)]
 pub struct Egress {
     listener: TcpListener,
+    /// The transparent listeners.
+    transparent: Vec<TcpListener>,
+    /// The DNS stub, which hands out the synthetic addresses.
+    dns: Option<DnsStub>,
+    /// The synthetic addresses and their names (see [`crate::dns`]).
+    names: SyntheticNames,
     upstream: Upstream,
     limits: Limits,
     streams: Vec<Stream>,
@@ -178,7 +222,8 @@ pub struct Egress {
 
 #[derive(Debug, Clone, Copy)]
 enum Slot {
-    Listener,
+    /// The proxy's listener (0) or a transparent one (1 on).
+    Listener(usize),
     Client(usize),
     Gateway(usize),
 }
@@ -192,6 +237,9 @@ impl Egress {
     fn with_limits(listener: ProxyListener, upstream: Upstream, limits: Limits) -> Self {
         Self {
             listener: listener.listener,
+            transparent: Vec::new(),
+            dns: None,
+            names: SyntheticNames::new(),
             upstream,
             limits,
             streams: Vec::new(),
@@ -201,6 +249,21 @@ impl Egress {
             saturated: false,
             scratch: vec![0u8; CHUNK],
         }
+    }
+
+    /// Also takes the connections of `listener`: a client that dialled a synthetic
+    /// address is relayed to the gateway as a transparent stream for the address's
+    /// name, with what it sent so far; any other client is closed at once.
+    pub fn with_transparent(mut self, listener: TransparentListener) -> Self {
+        self.transparent.push(listener.listener);
+        self
+    }
+
+    /// Also runs the DNS stub on `listener`, whose synthetic addresses the transparent
+    /// listeners and the proxy map back to names.
+    pub fn with_dns(mut self, listener: DnsListener) -> Self {
+        self.dns = Some(DnsStub::new(listener));
+        self
     }
 
     /// Handles what is due at `now` (timeouts, dialling again), then appends the
@@ -230,7 +293,10 @@ impl Egress {
             Some(until) if until > now => earliest(until),
             _ => {
                 self.accept_paused_until = None;
-                watch(self.listener.as_raw_fd(), libc::POLLIN, Slot::Listener);
+                watch(self.listener.as_raw_fd(), libc::POLLIN, Slot::Listener(0));
+                for (i, listener) in self.transparent.iter().enumerate() {
+                    watch(listener.as_raw_fd(), libc::POLLIN, Slot::Listener(i + 1));
+                }
             }
         }
         for (i, stream) in self.streams.iter().enumerate() {
@@ -245,7 +311,12 @@ impl Egress {
                 earliest(at);
             }
         }
-        next.map(|at| at.saturating_duration_since(now))
+        let mut sleep = next.map(|at| at.saturating_duration_since(now));
+        // The stub's descriptors follow the proxy's (`dispatch` splits them there).
+        if let Some(t) = self.dns.as_mut().and_then(|dns| dns.prepare(now, fds)) {
+            sleep = Some(sleep.map_or(t, |s| s.min(t)));
+        }
+        sleep
     }
 
     /// Handles the events of the descriptors from the last [`Egress::prepare`], in the
@@ -253,15 +324,18 @@ impl Egress {
     pub fn dispatch(&mut self, fds: &[libc::pollfd]) {
         let slots = std::mem::take(&mut self.slots);
         let now = Instant::now();
-        let mut accept = false;
+        let mut accept = Vec::new();
         let mut last = None;
+        if let Some(dns) = self.dns.as_mut() {
+            dns.dispatch(now, fds.get(slots.len()..).unwrap_or(&[]), &mut self.names);
+        }
         for (slot, pfd) in slots.iter().zip(fds) {
             if pfd.revents == 0 {
                 continue;
             }
             let i = match *slot {
-                Slot::Listener => {
-                    accept = true;
+                Slot::Listener(which) => {
+                    accept.push(which);
                     continue;
                 }
                 Slot::Client(i) | Slot::Gateway(i) => i,
@@ -272,12 +346,18 @@ impl Egress {
             }
             last = Some(i);
             if let Some(stream) = self.streams.get_mut(i) {
-                stream.step(now, &self.upstream, &self.limits, &mut self.scratch);
+                stream.step(
+                    now,
+                    &self.upstream,
+                    &self.limits,
+                    &mut self.names,
+                    &mut self.scratch,
+                );
             }
         }
         self.streams.retain(|s| !s.is_done());
-        if accept {
-            self.accept(now);
+        for which in accept {
+            self.accept(now, which);
         }
         self.slots = slots;
         self.slots.clear();
@@ -288,13 +368,24 @@ impl Egress {
         self.streams.iter().filter(|s| !s.refusal).count()
     }
 
-    /// Accepts what the listener has.
-    fn accept(&mut self, now: Instant) {
+    /// Accepts what listener `which` (0: the proxy's, 1 on: transparent ones) has.
+    fn accept(&mut self, now: Instant, which: usize) {
         for _ in 0..ACCEPTS_PER_WAKE {
-            match self.listener.accept() {
+            let listener = match which.checked_sub(1) {
+                None => &self.listener,
+                Some(i) => match self.transparent.get(i) {
+                    Some(listener) => listener,
+                    None => return,
+                },
+            };
+            match listener.accept() {
                 Ok((client, _)) => {
                     self.accept_failure_logged = false;
-                    self.admit(client, now);
+                    if which == 0 {
+                        self.admit(client, now);
+                    } else {
+                        self.admit_transparent(client, now);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e)
@@ -351,7 +442,58 @@ impl Egress {
                 &body,
             ),
         );
-        stream.step(now, &self.upstream, &self.limits, &mut self.scratch);
+        stream.step(
+            now,
+            &self.upstream,
+            &self.limits,
+            &mut self.names,
+            &mut self.scratch,
+        );
+        if !stream.is_done() {
+            self.streams.push(stream);
+        }
+    }
+
+    /// Takes a client of a transparent listener in: when the local address it dialled
+    /// is a synthetic one with a name, dials the gateway for that name and the local
+    /// port at once, with whatever the client sent so far; otherwise (or when
+    /// [`MAX_STREAMS`] are open) closes it.
+    fn admit_transparent(&mut self, client: TcpStream, now: Instant) {
+        let target = match client.local_addr() {
+            Ok(SocketAddr::V4(local)) => self.names.name_for(*local.ip(), now).map(|name| Target {
+                name,
+                port: local.port(),
+            }),
+            _ => None,
+        };
+        let Some(target) = target else {
+            return;
+        };
+        if client.set_nonblocking(true).is_err() {
+            return;
+        }
+        let open = self.open_streams();
+        if open >= self.limits.streams {
+            if !self.saturated {
+                log(format_args!(
+                    "egress: {open} streams are open; refusing new clients until some close"
+                ));
+                self.saturated = true;
+            }
+            return;
+        }
+        let mut stream = Stream::new(client, now, &self.limits);
+        stream.entry = EgressEntry::Transparent;
+        match fill(
+            &mut stream.client,
+            &mut stream.up,
+            MAX_EGRESS_HEAD,
+            &mut self.scratch,
+        ) {
+            Ok((_, eof)) => stream.client_eof = eof,
+            Err(_) => return,
+        }
+        stream.on_target(now, target, &self.upstream, &self.limits);
         if !stream.is_done() {
             self.streams.push(stream);
         }
@@ -384,6 +526,9 @@ enum Phase {
 /// One client and, once dialled, its connection to the gateway.
 #[derive(Debug)]
 struct Stream {
+    /// How the client came in: through the proxy (`Explicit`), or a transparent
+    /// listener, where PID 1 never answers itself but closes.
+    entry: EgressEntry,
     client: TcpStream,
     gateway: Option<UnixStream>,
     phase: Phase,
@@ -410,6 +555,7 @@ struct Stream {
 impl Stream {
     fn new(client: TcpStream, now: Instant, limits: &Limits) -> Self {
         Self {
+            entry: EgressEntry::Explicit,
             client,
             gateway: None,
             phase: Phase::Head {
@@ -507,9 +653,16 @@ impl Stream {
     }
 
     /// Makes what progress its sockets allow.
-    fn step(&mut self, now: Instant, upstream: &Upstream, limits: &Limits, scratch: &mut [u8]) {
+    fn step(
+        &mut self,
+        now: Instant,
+        upstream: &Upstream,
+        limits: &Limits,
+        names: &mut SyntheticNames,
+        scratch: &mut [u8],
+    ) {
         match self.phase {
-            Phase::Head { .. } => self.read_head(now, upstream, limits, scratch),
+            Phase::Head { .. } => self.read_head(now, upstream, limits, names, scratch),
             Phase::Hello { .. } => self.read_hello(now, upstream, limits, scratch),
             Phase::Relay => self.relay(now, limits, scratch),
             Phase::Answer { .. } => self.deliver_answer(scratch),
@@ -517,9 +670,14 @@ impl Stream {
         }
     }
 
-    /// Replaces whatever the stream was doing with delivering `response`.
+    /// Replaces whatever the stream was doing with delivering `response` (a
+    /// transparent stream is closed instead: its client may not speak HTTP).
     fn answer(&mut self, now: Instant, limits: &Limits, response: Vec<u8>) {
         self.gateway = None;
+        if self.entry == EgressEntry::Transparent {
+            self.phase = Phase::Done;
+            return;
+        }
         self.up = VecDeque::new();
         self.down = VecDeque::from(response);
         self.phase = Phase::Answer {
@@ -532,6 +690,7 @@ impl Stream {
         now: Instant,
         upstream: &Upstream,
         limits: &Limits,
+        names: &mut SyntheticNames,
         scratch: &mut [u8],
     ) {
         let Ok((n, eof)) = fill(&mut self.client, &mut self.up, MAX_EGRESS_HEAD, scratch) else {
@@ -544,7 +703,20 @@ impl Stream {
         let buf = self.up.make_contiguous();
         if let Some(end) = head_end(buf) {
             match parse_request_line(&buf[..end]) {
-                Some(target) => self.on_target(now, target, upstream, limits),
+                Some(mut target) => {
+                    // A client that resolved first names the synthetic address; an
+                    // address without a name goes as it is (the gateway refuses IP
+                    // literals).
+                    if let Some(name) = target
+                        .name
+                        .parse::<Ipv4Addr>()
+                        .ok()
+                        .and_then(|ip| names.name_for(ip, now))
+                    {
+                        target.name = name;
+                    }
+                    self.on_target(now, target, upstream, limits);
+                }
                 None => self.answer(
                     now,
                     limits,
@@ -703,7 +875,7 @@ impl Stream {
             pending: Vec::new(),
         };
         let open = LinkMessage::EgressOpen {
-            entry: EgressEntry::Explicit,
+            entry: self.entry,
             name: Some(name),
             port,
         };

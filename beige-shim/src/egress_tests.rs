@@ -31,9 +31,18 @@ struct Proxy {
 
 impl Proxy {
     fn start(upstream: Upstream, limits: Limits) -> Self {
+        Self::start_with(upstream, limits, |egress| egress)
+    }
+
+    /// Like [`Proxy::start`], with `setup` adding to the proxy before its loop starts.
+    fn start_with(
+        upstream: Upstream,
+        limits: Limits,
+        setup: impl FnOnce(Egress) -> Egress,
+    ) -> Self {
         let listener = ProxyListener::bind(0).unwrap();
         let port = listener.port().unwrap();
-        let mut egress = Egress::with_limits(listener, upstream, limits);
+        let mut egress = setup(Egress::with_limits(listener, upstream, limits));
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = thread::spawn(move || {
@@ -799,4 +808,192 @@ fn a_gateway_refusing_after_the_stream_hello_gets_502() {
     let proxy = Proxy::start(gateway.upstream(), limits());
     assert_eq!(exchange(&proxy, CONNECT), "BGX raw");
     gateway.join();
+}
+
+/// A transparent listener on `0.0.0.0` and a free port (so that clients can dial any
+/// loopback address, `127.77.0.0/16` included), and its port.
+fn transparent_listener() -> (TransparentListener, u16) {
+    let listener = TransparentListener::bind(0).unwrap();
+    let port = listener.port().unwrap();
+    assert!(listener
+        .listener
+        .local_addr()
+        .unwrap()
+        .ip()
+        .is_unspecified());
+    (listener, port)
+}
+
+/// The address the stub on `port` answers for `name` (over UDP).
+fn resolve(port: u16, name: &str) -> std::net::Ipv4Addr {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut query = vec![0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        query.push(u8::try_from(label.len()).unwrap());
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend([0, 0, 1, 0, 1]);
+    socket.send_to(&query, ("127.0.0.1", port)).unwrap();
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).unwrap();
+    // The answer's address is the last four bytes of the response.
+    assert_eq!(&buf[..2], [0xab, 0xcd]);
+    let ip: [u8; 4] = buf[n - 4..n].try_into().unwrap();
+    std::net::Ipv4Addr::from(ip)
+}
+
+/// Something that starts like a TLS ClientHello.
+const CLIENT_HELLO: &[u8] = b"\x16\x03\x01\x00\x05hello";
+
+#[test]
+fn transparent_clients_are_relayed_for_the_name_behind_the_address() {
+    let (report, opened) = mpsc::channel();
+    let gateway = Gateway::start(move |mut conn| {
+        say_hello(&mut conn);
+        let (mut frames, rest) = read_frames(&mut conn, 2);
+        let open = frames.pop().unwrap();
+        let hello = frames.pop().unwrap();
+        // The client's first bytes: the payload, then what arrived after the frames.
+        let mut sent = [&open.payload[..], &rest[..]].concat();
+        let mut chunk = vec![0u8; 1024];
+        while sent.len() < CLIENT_HELLO.len() {
+            let n = conn.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            sent.extend_from_slice(&chunk[..n]);
+        }
+        report
+            .send(Opened {
+                hello: hello.message,
+                open: open.message,
+                payload: sent,
+            })
+            .unwrap();
+        conn.write_all(b"server hello").unwrap();
+        let mut tail = Vec::new();
+        conn.read_to_end(&mut tail).unwrap();
+        assert_eq!(tail, b"bye");
+        conn.shutdown(Shutdown::Write).unwrap();
+    });
+    let (listener, port) = transparent_listener();
+    // The kernel picks the UDP port; TCP may find it taken.
+    let dns = (0..20)
+        .find_map(|_| crate::dns::DnsListener::bind(0).ok())
+        .unwrap();
+    let dns_port = dns.port().unwrap();
+    let proxy = Proxy::start_with(gateway.upstream(), limits(), |egress| {
+        egress.with_dns(dns).with_transparent(listener)
+    });
+    let ip = resolve(dns_port, "Example.Test");
+    assert_eq!(ip, std::net::Ipv4Addr::new(127, 77, 0, 1));
+    let mut client = TcpStream::connect((ip, port)).unwrap();
+    client.set_read_timeout(Some(PATIENCE)).unwrap();
+    client.write_all(CLIENT_HELLO).unwrap();
+    let opened = opened.recv_timeout(PATIENCE).unwrap();
+    assert_eq!(
+        opened.open,
+        LinkMessage::EgressOpen {
+            entry: EgressEntry::Transparent,
+            name: Some("example.test".to_string()),
+            port,
+        }
+    );
+    assert!(matches!(
+        opened.hello,
+        LinkMessage::ShimHello {
+            role: Role::Egress,
+            ..
+        }
+    ));
+    assert_eq!(opened.payload, CLIENT_HELLO);
+    assert_eq!(read_exactly(&mut client, 12), b"server hello");
+    client.write_all(b"bye").unwrap();
+    client.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    gateway.join();
+    drop(proxy);
+}
+
+/// Whether the peer closed `client` without sending a byte.
+fn closed_at_once(client: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 16];
+    match client.read(&mut buf) {
+        Ok(0) => true,
+        Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn transparent_clients_of_other_addresses_are_closed() {
+    let (listener, port) = transparent_listener();
+    let proxy = Proxy::start_with(
+        Upstream::Unavailable("test".into()),
+        limits(),
+        |mut egress| {
+            egress
+                .names
+                .address_for("example.test", Instant::now())
+                .unwrap();
+            egress.with_transparent(listener)
+        },
+    );
+    // Not synthetic, not handed out, and handed out but without a way to the gateway.
+    for ip in ["127.0.0.1", "127.77.0.9", "127.77.0.1"] {
+        let mut client = TcpStream::connect((ip, port)).unwrap();
+        client.set_read_timeout(Some(PATIENCE)).unwrap();
+        client.write_all(CLIENT_HELLO).unwrap();
+        assert!(closed_at_once(&mut client), "{ip}");
+    }
+    assert!(proxy.finish().streams.is_empty());
+}
+
+#[test]
+fn the_proxy_maps_synthetic_addresses_back_to_names() {
+    let connect = b"CONNECT 127.77.0.1:443 HTTP/1.1\r\nHost: 127.77.0.1:443\r\n\r\n";
+    let (gateway, opened) = echo_gateway();
+    let proxy = Proxy::start_with(gateway.upstream(), limits(), |mut egress| {
+        egress
+            .names
+            .address_for("example.test", Instant::now())
+            .unwrap();
+        egress
+    });
+    let mut client = proxy.client();
+    client.write_all(connect).unwrap();
+    assert_eq!(read_exactly(&mut client, ESTABLISHED.len()), ESTABLISHED);
+    assert_opened(&opened.recv().unwrap(), "example.test", 443, connect);
+    drop(client);
+    gateway.join();
+
+    // An address without a name goes as it is.
+    let connect = b"CONNECT 127.77.0.2:443 HTTP/1.1\r\n\r\n";
+    let (gateway, opened) = echo_gateway();
+    let proxy = Proxy::start(gateway.upstream(), limits());
+    let mut client = proxy.client();
+    client.write_all(connect).unwrap();
+    assert_eq!(read_exactly(&mut client, ESTABLISHED.len()), ESTABLISHED);
+    assert_opened(&opened.recv().unwrap(), "127.77.0.2", 443, connect);
+    drop(client);
+    gateway.join();
+}
+
+#[test]
+fn transparent_listeners_share_their_port_with_nobody() {
+    let (listener, port) = transparent_listener();
+    let fd = listener.listener.as_fd();
+    let option = |name| sys::socket_option(fd, libc::SOL_SOCKET, name).unwrap();
+    assert_eq!(option(libc::SO_REUSEADDR), 0);
+    assert_eq!(option(libc::SO_REUSEPORT), 0);
+    assert_ne!(sys::status_flags(fd).unwrap() & libc::O_NONBLOCK, 0);
+    let flags = sys::descriptor_flags(fd.as_raw_fd()).unwrap();
+    assert_ne!(flags & libc::FD_CLOEXEC, 0);
+    for ip in ["0.0.0.0", "127.0.0.1", "127.77.0.1"] {
+        let err = std::net::TcpListener::bind((ip, port)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{ip}");
+    }
+    let err = TransparentListener::bind(port).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
 }

@@ -1,6 +1,7 @@
 //! The `init` role: PID 1 of a sandbox container.
 //!
-//! `beige-shim init [--agent-user UID:GID] [--link unix|attach|off] [--egress proxy=PORT]`
+//! `beige-shim init [--agent-user UID:GID] [--link unix|attach|off]
+//! [--egress proxy=PORT[,dns=synthetic][,transparent=PORT+PORT…]]`
 //!
 //! It always owns the container's process lifetime: one single-threaded `poll(2)` loop
 //! reads signals from a signalfd, reaps every child and orphan re-parented to it,
@@ -27,7 +28,19 @@
 //!   client over its own connection to the link's socket. Its listener is bound before
 //!   the link is dialled and before any child runs. Over `--link attach` the listener is
 //!   bound too, but every client gets a `503` (egress does not run over attach yet).
-//!   Other keys of the value (`transparent=…`, `dns=…`) are ignored with a warning.
+//!   Further keys, comma-separated, need `proxy=` too:
+//!   - `dns=synthetic` (or `synthetic-all`, the same here) runs the DNS stub on UDP and
+//!     TCP `127.0.0.1:53` ([`crate::dns`]), which answers every `A` query with a
+//!     synthetic address from `127.77.0.0/16`; the proxy maps such an address in a
+//!     request back to its name;
+//!   - `transparent=80+443` (ports joined by `+`) listens on `0.0.0.0:PORT` for each
+//!     port and relays a client that dialled a synthetic address to the gateway as a
+//!     transparent stream for its name ([`crate::egress`]); any other client is closed.
+//!
+//!   All of these are bound before the link is dialled; one that cannot be bound is
+//!   logged and left out (below port 1024 PID 1 relies on the container's sysctl
+//!   `net.ipv4.ip_unprivileged_port_start=0`, as it lacks `CAP_NET_BIND_SERVICE`).
+//!   Other keys, and other `dns=` modes, are ignored with a warning.
 //!
 //! Without `--agent-user`, or with `--link off`, there is no link (root sandboxes), and
 //! `--egress` is ignored with a warning.
@@ -45,7 +58,8 @@ use std::time::{Duration, Instant};
 
 use beige_protocol::link::CTL_SOCKET_PATH;
 
-use crate::egress::{self, Egress, ProxyListener, Upstream};
+use crate::dns::{self, DnsListener};
+use crate::egress::{self, Egress, ProxyListener, TransparentListener, Upstream};
 use crate::link::{self, log, CarrierSpec, Link, LinkConfig};
 use crate::privdrop::{AgentUser, PrivDrop};
 use crate::sys::{self, SignalFd, SignalSet};
@@ -83,7 +97,11 @@ enum LinkMode {
 struct EgressOptions {
     /// `proxy=PORT`: the explicit proxy's port on 127.0.0.1.
     proxy: Option<u16>,
-    /// Pairs of other keys, not supported by this shim.
+    /// `dns=synthetic` (or `synthetic-all`): the DNS stub on 127.0.0.1:53.
+    dns: bool,
+    /// `transparent=PORT+PORT…`: the transparent listeners' ports on 0.0.0.0.
+    transparent: Vec<u16>,
+    /// Pairs of other keys (or values), not supported by this shim.
     ignored: Vec<String>,
 }
 
@@ -100,6 +118,20 @@ impl EgressOptions {
                         .parse()
                         .map_err(|_| format!("--egress: proxy: expected a port, got {val:?}"))?;
                     options.proxy = Some(port);
+                }
+                "dns" if matches!(val, "synthetic" | "synthetic-all") => options.dns = true,
+                "transparent" => {
+                    options.transparent = val
+                        .split('+')
+                        .map(|p| p.parse::<u16>().ok().filter(|&p| p != 0))
+                        .collect::<Option<Vec<u16>>>()
+                        .ok_or_else(|| {
+                            format!(
+                                "--egress: transparent: expected ports joined by +, got {val:?}"
+                            )
+                        })?;
+                    options.transparent.sort_unstable();
+                    options.transparent.dedup();
                 }
                 _ => options.ignored.push(pair.to_string()),
             }
@@ -222,7 +254,16 @@ pub fn run(args: &[String]) -> i32 {
         }
     };
     let mut link = start_link(&options, attach_fds);
-    let mut egress = proxy.map(|listener| Egress::new(listener, upstream(&options, link.as_ref())));
+    let mut egress = proxy.map(|listeners| {
+        let mut egress = Egress::new(listeners.proxy, upstream(&options, link.as_ref()));
+        if let Some(dns) = listeners.dns {
+            egress = egress.with_dns(dns);
+        }
+        for listener in listeners.transparent {
+            egress = egress.with_transparent(listener);
+        }
+        egress
+    });
 
     let mut shutdown_deadline: Option<Instant> = None;
     let mut fds: Vec<libc::pollfd> = Vec::new();
@@ -335,9 +376,17 @@ fn start_link(options: &Options, attach_fds: Option<(OwnedFd, OwnedFd)>) -> Opti
     }))
 }
 
-/// Binds the egress proxy's listener when the options ask for one and there is a link
-/// to carry its streams.
-fn bind_egress(options: &Options) -> Option<ProxyListener> {
+/// The egress sockets [`bind_egress`] bound.
+#[derive(Debug)]
+struct EgressListeners {
+    proxy: ProxyListener,
+    dns: Option<DnsListener>,
+    transparent: Vec<TransparentListener>,
+}
+
+/// Binds the egress proxy's listener, and the DNS stub's and the transparent
+/// listeners' sockets it is asked for, when there is a link to carry their streams.
+fn bind_egress(options: &Options) -> Option<EgressListeners> {
     let spec = options.egress.as_ref()?;
     if !spec.ignored.is_empty() {
         log(format_args!(
@@ -362,18 +411,70 @@ fn bind_egress(options: &Options) -> Option<ProxyListener> {
         )),
         Some(LinkMode::Unix | LinkMode::Off) => {}
     }
-    match ProxyListener::bind(port) {
+    let proxy = match ProxyListener::bind(port) {
         Ok(listener) => {
             let port = listener.port().unwrap_or(port);
             log(format_args!("egress proxy listening on 127.0.0.1:{port}"));
-            Some(listener)
+            listener
         }
         Err(err) => {
             log(format_args!(
                 "cannot listen on 127.0.0.1:{port} for the egress proxy: {err}"
             ));
+            return None;
+        }
+    };
+    let dns = match spec.dns.then(|| DnsListener::bind(dns::DNS_PORT)) {
+        None => None,
+        Some(Ok(listener)) => {
+            log(format_args!(
+                "egress DNS stub listening on 127.0.0.1:{} (UDP and TCP)",
+                listener.port().unwrap_or(dns::DNS_PORT)
+            ));
+            Some(listener)
+        }
+        Some(Err(err)) => {
+            log_bind_failure(
+                &format!("127.0.0.1:{} for the DNS stub", dns::DNS_PORT),
+                &err,
+            );
             None
         }
+    };
+    if !spec.transparent.is_empty() && dns.is_none() {
+        log(format_args!(
+            "egress: transparent listeners without the DNS stub close every connection"
+        ));
+    }
+    let mut transparent = Vec::new();
+    for &port in &spec.transparent {
+        match TransparentListener::bind(port) {
+            Ok(listener) => {
+                log(format_args!(
+                    "egress transparent listener on 0.0.0.0:{}",
+                    listener.port().unwrap_or(port)
+                ));
+                transparent.push(listener);
+            }
+            Err(err) => log_bind_failure(&format!("0.0.0.0:{port} for transparent egress"), &err),
+        }
+    }
+    Some(EgressListeners {
+        proxy,
+        dns,
+        transparent,
+    })
+}
+
+/// Logs that binding `what` failed, saying what is missing when it was a privilege.
+fn log_bind_failure(what: &str, err: &std::io::Error) {
+    if err.raw_os_error() == Some(libc::EACCES) {
+        log(format_args!(
+            "cannot listen on {what}: {err} (PID 1 lacks CAP_NET_BIND_SERVICE: the \
+             container needs the sysctl net.ipv4.ip_unprivileged_port_start=0)"
+        ));
+    } else {
+        log(format_args!("cannot listen on {what}: {err}"));
     }
 }
 
@@ -441,13 +542,34 @@ mod tests {
             o.egress,
             Some(EgressOptions {
                 proxy: Some(3128),
-                ignored: vec![]
+                ..EgressOptions::default()
             })
         );
         let o = parse(&["--egress", "proxy=0,transparent=80+443,dns=synthetic-all"]).unwrap();
         let egress = o.egress.unwrap();
         assert_eq!(egress.proxy, Some(0));
-        assert_eq!(egress.ignored, ["transparent=80+443", "dns=synthetic-all"]);
+        assert!(egress.dns);
+        assert_eq!(egress.transparent, [80, 443]);
+        assert!(egress.ignored.is_empty());
+        let o = parse(&[
+            "--egress",
+            "dns=synthetic,proxy=3128,socks=1080,dns=nxdomain-denied",
+        ]);
+        let egress = o.unwrap().egress.unwrap();
+        assert_eq!((egress.proxy, egress.dns), (Some(3128), true));
+        assert!(egress.transparent.is_empty());
+        assert_eq!(egress.ignored, ["socks=1080", "dns=nxdomain-denied"]);
+        assert_eq!(
+            parse(&["--egress", "proxy=1,transparent=443"])
+                .unwrap()
+                .egress
+                .unwrap()
+                .transparent,
+            [443]
+        );
+        assert!(parse(&["--egress", "proxy=1,transparent=80+"]).is_err());
+        assert!(parse(&["--egress", "proxy=1,transparent=0"]).is_err());
+        assert!(parse(&["--egress", "proxy=1,transparent=http"]).is_err());
         assert!(parse(&["--egress", "proxy=http"]).is_err());
         assert!(parse(&["--egress", "proxy=65536"]).is_err());
         assert!(parse(&["--egress", "proxy"]).is_err());

@@ -4,7 +4,7 @@
 //!
 //! | invocation | role |
 //! |---|---|
-//! | `beige-shim init [--agent-user UID:GID] [--link unix\|attach\|off] [--egress proxy=PORT]` | PID 1 of the container ([`init`]); with an agent user, also the link to the gateway ([`link`]) that runs operations as that user, and with `--egress` the explicit egress proxy on `127.0.0.1:PORT` that relays agent connections to the gateway ([`egress`]) |
+//! | `beige-shim init [--agent-user UID:GID] [--link unix\|attach\|off] [--egress proxy=PORT[,dns=synthetic][,transparent=PORT+PORT…]]` | PID 1 of the container ([`init`]); with an agent user, also the link to the gateway ([`link`]) that runs operations as that user, and with `--egress` the explicit egress proxy on `127.0.0.1:PORT` that relays agent connections to the gateway ([`egress`]), optionally the DNS stub on `127.0.0.1:53` that hands out synthetic addresses ([`dns`]) and transparent listeners on `0.0.0.0:PORT` for clients that dial them |
 //! | `beige-shim op read\|write\|patch\|exec\|kill [--drop UID:GID]` | one core-tool operation (or the kill of a running `exec`), JSON in and out ([`op`]); `--drop` first applies the agent's privilege drop ([`privdrop`]) |
 //! | `beige-shim tool <name> [args…]` | tool client for `<name>` ([`tool`]) |
 //! | `beige-shim --version` | prints the version |
@@ -14,6 +14,7 @@
 //! It must stay free of C dependencies and of anything that needs NSS (user or host
 //! name look-ups), so the statically linked build runs in any image.
 
+mod dns;
 mod egress;
 mod fsutil;
 mod init;
@@ -82,11 +83,15 @@ fn usage() -> String {
     format!(
         "beige-shim {} — the in-sandbox helper of beige\n\n\
          usage:\n  \
-         beige-shim init [--agent-user UID:GID] [--link unix|attach|off] [--egress proxy=PORT]\n                                \
+         beige-shim init [--agent-user UID:GID] [--link unix|attach|off]\n                  \
+         [--egress proxy=PORT[,dns=synthetic][,transparent=PORT+PORT…]]\n                                \
          run as PID 1 of the container; with an agent user, also hold the link\n                                \
          to the gateway and run operations for it as that user; --egress:\n                                \
          also relay HTTP proxy clients of 127.0.0.1:PORT (CONNECT and\n                                \
-         http:// requests) to the gateway over the link's socket\n  \
+         http:// requests) to the gateway over the link's socket; dns=synthetic:\n                                \
+         answer DNS on 127.0.0.1:53 with synthetic 127.77.x.y addresses;\n                                \
+         transparent=80+443: relay clients that dial those addresses on the\n                                \
+         given ports to the gateway for the names behind them\n  \
          beige-shim op <operation> [--drop UID:GID]\n                                \
          one operation ({}) — JSON request on stdin, JSON reply on stdout;\n                                \
          --drop: first drop to that user, no capabilities, the seccomp filter\n  \

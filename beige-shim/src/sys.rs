@@ -30,6 +30,7 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io;
+use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -510,20 +511,43 @@ pub fn connect_unix(path: &Path) -> io::Result<OwnedFd> {
     Ok(owned)
 }
 
-/// Backlog of [`listen_tcp_loopback`]: connections the kernel completes before PID 1
-/// accepts them.
+/// Backlog of [`listen_tcp`]: connections the kernel completes before PID 1 accepts
+/// them.
 const TCP_BACKLOG: libc::c_int = 128;
 
-/// A TCP listener on `127.0.0.1:port` (0: a port the kernel picks), made with plain
-/// `socket`, `bind` and `listen`: non-blocking, close-on-exec, and with neither
-/// `SO_REUSEADDR` nor `SO_REUSEPORT` (std's `TcpListener::bind` sets `SO_REUSEADDR`),
-/// so no other socket can share the port while it is open.
+/// A TCP listener on `127.0.0.1:port` (0: a port the kernel picks); see [`listen_tcp`].
 pub fn listen_tcp_loopback(port: u16) -> io::Result<OwnedFd> {
+    listen_tcp(Ipv4Addr::LOCALHOST, port)
+}
+
+/// A TCP listener on `ip:port` (0: a port the kernel picks), made with plain `socket`,
+/// `bind` and `listen`: non-blocking, close-on-exec, and with neither `SO_REUSEADDR`
+/// nor `SO_REUSEPORT` (std's `TcpListener::bind` sets `SO_REUSEADDR`), so no other
+/// socket can share the port while it is open.
+pub fn listen_tcp(ip: Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
+    let owned = bound_socket(libc::SOCK_STREAM, ip, port)?;
+    // SAFETY: listen(2) on a bound socket this function owns.
+    if unsafe { libc::listen(owned.as_raw_fd(), TCP_BACKLOG) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned)
+}
+
+/// A UDP socket bound to `ip:port` (0: a port the kernel picks): non-blocking,
+/// close-on-exec, with neither `SO_REUSEADDR` nor `SO_REUSEPORT` (UDP sockets share a
+/// port when both set `SO_REUSEADDR`).
+pub fn bind_udp(ip: Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
+    bound_socket(libc::SOCK_DGRAM, ip, port)
+}
+
+/// A non-blocking, close-on-exec IPv4 socket of `kind` bound to `ip:port`, no socket
+/// options set.
+fn bound_socket(kind: libc::c_int, ip: Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments.
     let fd = unsafe {
         libc::socket(
             libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            kind | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             0,
         )
     };
@@ -536,7 +560,7 @@ pub fn listen_tcp_loopback(port: u16) -> io::Result<OwnedFd> {
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     addr.sin_family = libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2);
     addr.sin_port = port.to_be();
-    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    addr.sin_addr.s_addr = u32::from(ip).to_be();
     let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>())
         .unwrap_or(libc::socklen_t::MAX);
     // SAFETY: `addr` is an initialised `sockaddr_in` of exactly `len` bytes.
@@ -548,10 +572,6 @@ pub fn listen_tcp_loopback(port: u16) -> io::Result<OwnedFd> {
         )
     };
     if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: listen(2) on a bound socket this function owns.
-    if unsafe { libc::listen(owned.as_raw_fd(), TCP_BACKLOG) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(owned)
