@@ -259,6 +259,28 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     assert!(ok.contains("rc=0"), "{ok}");
     assert_eq!(upstream.snis.lock().unwrap().as_slice(), [API]);
 
+    // 1b. The same without the proxy: the name resolves to a synthetic loopback
+    // address of PID 1's DNS stub, and the connection to it is carried transparently.
+    let names = exec(
+        &gw,
+        &format!("getent hosts {API}; getent ahostsv6 {API}; echo \"rc=$?\""),
+    )
+    .await;
+    assert!(
+        names.contains(&format!("127.77.0.1      {API}")) || names.contains("127.77."),
+        "{names}"
+    );
+    let transparent = exec(
+        &gw,
+        &format!("curl -sS --noproxy '*' --max-time 20 --cacert /workspace/ca.pem https://{API}/ ; echo \"rc=$?\""),
+    )
+    .await;
+    assert!(
+        transparent.contains("hello from the upstream"),
+        "{transparent}"
+    );
+    assert_eq!(upstream.snis.lock().unwrap().as_slice(), [API, API]);
+
     // 2. Refusals, each readable by a curl user.
     let refused = |host: &str, port: u16| {
         format!(
@@ -300,9 +322,26 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     assert!(!fronted.contains("Verify return code: 0"), "{fronted}");
     assert_eq!(
         upstream.snis.lock().unwrap().as_slice(),
-        [API],
+        [API, API],
         "the fronted hello must not reach the upstream"
     );
+
+    // 3b. The agent cannot take PID 1's listeners.
+    let binds = exec(
+        &gw,
+        r#"python3 -c '
+import socket, errno
+for kind, addr in [("tcp", ("127.0.0.1", 3128)), ("tcp", ("0.0.0.0", 443)), ("tcp", ("127.77.0.9", 80)), ("udp", ("127.0.0.1", 53))]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(addr); print(kind, addr, "bound")
+    except OSError as e:
+        print(kind, addr, errno.errorcode[e.errno])
+'"#,
+    )
+    .await;
+    assert_eq!(binds.matches("EADDRINUSE").count(), 4, "{binds}");
 
     // 4. No route out: a direct connect fails in the sandbox, with no packet sent.
     let direct = exec(
@@ -326,6 +365,17 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     let phases: Vec<&str> = api.iter().filter_map(|r| r["phase"].as_str()).collect();
     assert!(phases.starts_with(&["started", "finished"]), "{api:?}");
     let done = api[1];
+    let transparent: Vec<_> = api
+        .iter()
+        .filter(|r| r["egress"]["entry"] == "transparent" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(transparent.len(), 1, "{api:?}");
+    assert_eq!(
+        transparent[0]["decision"], "allowed",
+        "{:?}",
+        transparent[0]
+    );
+    assert_eq!(transparent[0]["egress"]["ip"], PUBLIC_IP);
     assert_eq!(done["decision"], "allowed", "{done}");
     assert_eq!(done["egress"]["ip"], PUBLIC_IP, "{done}");
     assert_eq!(done["egress"]["mode"], "tunnel", "{done}");
