@@ -70,7 +70,7 @@ struct Upstream {
     snis: Arc<Mutex<Vec<String>>>,
 }
 
-async fn tls_upstream() -> Upstream {
+async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca_params
@@ -104,6 +104,7 @@ async fn tls_upstream() -> Upstream {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let seen = seen.clone();
+            let repo = repo.clone();
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
@@ -119,12 +120,29 @@ async fn tls_upstream() -> Upstream {
                         Ok(n) => got.extend_from_slice(&buf[..n]),
                     }
                 }
-                let body = "hello from the upstream\n";
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                // `GET /repo.git/…` serves the bare repository's files (git's dumb
+                // HTTP protocol); anything else gets a fixed body.
+                let line = String::from_utf8_lossy(&got)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                let path = line.split(' ').nth(1).unwrap_or("/").to_string();
+                let (status, body) = match path.strip_prefix("/repo.git/") {
+                    Some(rel) if !rel.contains("..") => {
+                        match std::fs::read(repo.join(rel.split('?').next().unwrap_or(""))) {
+                            Ok(bytes) => ("200 OK", bytes),
+                            Err(_) => ("404 Not Found", b"not found\n".to_vec()),
+                        }
+                    }
+                    _ => ("200 OK", b"hello from the upstream\n".to_vec()),
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
-                let _ = tls.write_all(answer.as_bytes()).await;
+                let _ = tls.write_all(head.as_bytes()).await;
+                let _ = tls.write_all(&body).await;
                 let _ = tls.shutdown().await;
             });
         }
@@ -134,6 +152,41 @@ async fn tls_upstream() -> Upstream {
         ca_pem: ca.pem(),
         snis,
     }
+}
+
+/// A bare repository with one commit, made servable over dumb HTTP.
+fn bare_repo(dir: &std::path::Path) -> std::path::PathBuf {
+    let git = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(cwd)
+            .env("GIT_AUTHOR_NAME", "beige")
+            .env("GIT_AUTHOR_EMAIL", "beige@example.test")
+            .env("GIT_COMMITTER_NAME", "beige")
+            .env("GIT_COMMITTER_EMAIL", "beige@example.test")
+            .output()
+            .expect("git is installed on the test host");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    let work = dir.join("repo-work");
+    let bare = dir.join("repo.git");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("README"), "cloned through the gateway\n").unwrap();
+    git(&["add", "README"], &work);
+    git(&["commit", "-q", "-m", "first"], &work);
+    git(
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+        dir,
+    );
+    git(&["update-server-info"], &bare);
+    bare
 }
 
 async fn exec(gw: &LocalGateway, command: &str) -> String {
@@ -189,7 +242,8 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
         eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
         return;
     }
-    let upstream = tls_upstream().await;
+    let repo = bare_repo(t.dir.path());
+    let upstream = tls_upstream(repo).await;
     let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
     let resolver = TestResolver(HashMap::from([
         (API, Ok(vec![ip(PUBLIC_IP)])),
@@ -281,6 +335,24 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     );
     assert_eq!(upstream.snis.lock().unwrap().as_slice(), [API, API]);
 
+    // 1c. git clones over HTTPS through the proxy (dumb HTTP from the upstream).
+    let cloned = exec(
+        &gw,
+        &format!(
+            "cd /tmp && GIT_SSL_CAINFO=/workspace/ca.pem git clone -q https://{API}/repo.git r 2>&1; cat r/README; echo \"rc=$?\""
+        ),
+    )
+    .await;
+    assert!(cloned.contains("cloned through the gateway"), "{cloned}");
+    // And fails readably for a host no rule allows.
+    let refused_clone = exec(
+        &gw,
+        "cd /tmp && GIT_SSL_CAINFO=/workspace/ca.pem git clone -q https://code.example.test/repo.git s 2>&1; echo \"rc=$?\"",
+    )
+    .await;
+    assert!(refused_clone.contains("403"), "{refused_clone}");
+    assert!(!refused_clone.contains("rc=0"), "{refused_clone}");
+
     // 2. Refusals, each readable by a curl user.
     let refused = |host: &str, port: u16| {
         format!(
@@ -312,6 +384,7 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     }
 
     // 3. Domain fronting: a TLS client that names another server is cut off.
+    let handshakes = upstream.snis.lock().unwrap().len();
     let fronted = exec(
         &gw,
         &format!(
@@ -321,8 +394,8 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     .await;
     assert!(!fronted.contains("Verify return code: 0"), "{fronted}");
     assert_eq!(
-        upstream.snis.lock().unwrap().as_slice(),
-        [API, API],
+        upstream.snis.lock().unwrap().len(),
+        handshakes,
         "the fronted hello must not reach the upstream"
     );
 
