@@ -335,6 +335,16 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     );
     assert_eq!(upstream.snis.lock().unwrap().as_slice(), [API, API]);
 
+    // 1b'. Python's own HTTP client honours the proxy variables too.
+    let py = exec(
+        &gw,
+        &format!(
+            "python3 -c \"import ssl, urllib.request as u; print(u.urlopen('https://{API}/', context=ssl.create_default_context(cafile='/workspace/ca.pem'), timeout=20).read().decode())\" 2>&1"
+        ),
+    )
+    .await;
+    assert!(py.contains("hello from the upstream"), "{py}");
+
     // 1c. git clones over HTTPS through the proxy (dumb HTTP from the upstream).
     let cloned = exec(
         &gw,
