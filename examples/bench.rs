@@ -22,6 +22,9 @@ use beige_core::sandbox::{Sandbox as _, Transport};
 use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
+#[path = "bench_egress.rs"]
+mod bench_egress;
+
 struct Figure {
     name: &'static str,
     unit: &'static str,
@@ -569,6 +572,9 @@ async fn main() -> anyhow::Result<()> {
     if want("gateway_idle_rss") || want("exec_http_roundtrip") {
         figures.extend(daemon_figures(&image, &shim, "unix").await?);
         figures.extend(daemon_figures(&image, &shim, "off").await?);
+    }
+    if want("egress") {
+        figures.extend(bench_egress::figures().await?);
     }
     if want("sandbox_cold_start") {
         figures.push(sandbox_cold_start(&home, &image, &shim).await?);

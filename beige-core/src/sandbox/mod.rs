@@ -33,6 +33,8 @@ pub use beige_protocol::op;
 pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 pub use crate::tools::to_request;
+/// Which of PID 1's listeners took an [`EgressStream`] in.
+pub use beige_protocol::link::EgressEntry;
 pub use link::{LinkError, LinkHub, LinkStatus};
 pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
 pub use spec::{
