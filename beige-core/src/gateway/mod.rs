@@ -384,14 +384,19 @@ impl GatewayBuilder {
         }
 
         // Egress: each agent's rules, checked now; its proxy port goes into its spec.
+        // The policy version is the build's time in milliseconds: every reload's rules
+        // are a newer version than the ones open streams keep.
         #[cfg(feature = "egress")]
         let egress = {
+            let version = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_millis() as u64);
             let egress = egress::GatewayEgress::from_config(
                 &config,
                 &config_file,
                 self.egress_resolver.clone(),
                 self.egress_dialer.clone(),
-                1,
+                version,
             )?;
             for spec in &mut specs {
                 if let (Some(e), Some(a)) = (spec.egress.as_mut(), config.agents.get(&spec.agent)) {
