@@ -441,22 +441,9 @@ impl LinkHub {
         }
         let mut decoder = FrameDecoder::new();
         let mut buf = vec![0u8; READ_CHUNK];
-        let shim_hello = tokio::time::timeout(HELLO_TIMEOUT, async {
-            loop {
-                match decoder.next_frame() {
-                    Ok(Some(f)) => return Some(f.message),
-                    Ok(None) => {}
-                    Err(_) => return None,
-                }
-                match reader.read(&mut buf).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => decoder.push(&buf[..n]),
-                }
-            }
-        })
-        .await
-        .ok()
-        .flatten();
+        let shim_hello = first_frame(&mut decoder, &mut reader)
+            .await
+            .map(|f| f.message);
         if let Some(LinkMessage::ShimHello {
             role: Role::Egress,
             boot_id,
@@ -787,23 +774,7 @@ impl LinkHub {
                 .await;
             return;
         }
-        let mut buf = vec![0u8; READ_CHUNK];
-        let open = tokio::time::timeout(HELLO_TIMEOUT, async {
-            loop {
-                match decoder.next_frame() {
-                    Ok(Some(f)) => return Some(f),
-                    Ok(None) => {}
-                    Err(_) => return None,
-                }
-                match reader.read(&mut buf).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => decoder.push(&buf[..n]),
-                }
-            }
-        })
-        .await
-        .ok()
-        .flatten();
+        let open = first_frame(&mut decoder, &mut reader).await;
         let Some(Frame {
             message: LinkMessage::EgressOpen { entry, name, port },
             mut payload,
@@ -926,6 +897,31 @@ impl Drop for UnixListenerHandle {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// The next frame on a connection being opened, within [`HELLO_TIMEOUT`]; `None` when
+/// it ends, sends a bad frame or stays silent.
+async fn first_frame<R: AsyncRead + Unpin>(
+    decoder: &mut FrameDecoder,
+    reader: &mut R,
+) -> Option<Frame> {
+    let mut buf = vec![0u8; READ_CHUNK];
+    tokio::time::timeout(HELLO_TIMEOUT, async {
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(f)) => return Some(f),
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => decoder.push(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 #[cfg(test)]
