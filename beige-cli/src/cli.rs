@@ -82,6 +82,11 @@ pub enum Command {
     /// Check Docker, images, the shim, the config, the port and BEIGE_HOME; prints what is
     /// wrong and how to fix it
     Doctor(DoctorArgs),
+    /// Dry-run an agent's egress rules: would the gateway let its sandbox reach a URL?
+    Egress {
+        #[command(subcommand)]
+        command: Option<EgressCommand>,
+    },
     /// The offline demonstration: one agent in a real Docker sandbox, driven by a scripted
     /// model (no API key, no network, no daemon)
     #[command(
@@ -214,6 +219,31 @@ pub enum ConfigCommand {
     },
     /// Print the JSON Schema of config.json5
     Schema,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EgressCommand {
+    /// Would the gateway let AGENT's sandbox reach URL? The agent's rules decide, then each
+    /// address of the host is classified (a dry run: nothing is sent to the host)
+    #[command(
+        visible_alias = "check",
+        after_help = "URL forms:\n  https://host[:port][/path]  a CONNECT to host:port (default 443); only the connection is decided\n  http://host[:port][/path]   plain HTTP (default port 80); the request (GET, or --method) is decided too\n  host[:port]                 a CONNECT to host:port (default 443)\n\nNothing is sent to the host. Without --no-resolve the host's name is looked up with this\nmachine's resolver, which may differ from the gateway's.\n\nExit codes:\n  0  the gateway would allow it\n  1  the gateway would refuse it\n  2  wrong usage, a config that does not load, or no such agent\n\nExample:\n  beige egress test intern https://pypi.org/simple/requests/"
+    )]
+    Test(EgressTestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EgressTestArgs {
+    /// The agent whose rules decide
+    pub agent: String,
+    /// Where to: https://host[:port]/path, http://host[:port]/path or host:port
+    pub url: String,
+    /// The method of a plain http:// request
+    #[arg(short = 'X', long, value_name = "METHOD", default_value = "GET")]
+    pub method: String,
+    /// Decide with the rules only; do not look up the host's addresses
+    #[arg(long)]
+    pub no_resolve: bool,
 }
 
 #[derive(Debug, Args)]

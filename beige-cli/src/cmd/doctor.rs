@@ -159,6 +159,11 @@ pub async fn run(
         }
     };
 
+    // Each agent's egress posture.
+    if let Some(config) = &config {
+        egress(&mut r, config);
+    }
+
     // Descriptors and disk space.
     descriptors(&mut r, home);
     disk_space(&mut r, home, config.as_ref());
@@ -320,6 +325,51 @@ pub async fn run(
             format!("{} check(s) failed — see the fixes above.", r.failed),
         )
         .into())
+    }
+}
+
+/// Each agent's egress posture (sealed, through the gateway, or open over Docker's
+/// bridge), and a warning for every rule with `allowPrivate` or with methods or paths
+/// (which today hold only for plain `http://`).
+fn egress(r: &mut Report, config: &Config) {
+    for (name, agent) in &config.agents {
+        match super::egress::posture(config, name, agent) {
+            Ok(line) if agent.egress.is_some() => r.ok(line),
+            Ok(line) => r.note(line),
+            Err(line) => r.warn(line),
+        }
+    }
+    let shared = config
+        .egress
+        .as_ref()
+        .map(|e| e.rules.as_slice())
+        .unwrap_or_default();
+    let uses_shared = config.agents.values().any(|a| a.egress.is_some());
+    let mut sources: Vec<(String, &[beige_core::egress::config::RuleConfig])> = Vec::new();
+    if uses_shared {
+        sources.push(("egress.rules".to_string(), shared));
+    }
+    for (name, agent) in &config.agents {
+        if let Some(e) = &agent.egress {
+            sources.push((format!("agents.{name}.egress.rules"), e.rules.as_slice()));
+        }
+    }
+    for (at, rules) in sources {
+        for rule in rules {
+            let id = &rule.id;
+            let hosts = rule.hosts.join(", ");
+            if !rule.allow_private.is_empty() {
+                r.warn(format!(
+                    "egress rule '{id}' ({at}) has allowPrivate [{}]: {hosts} may resolve into your private network, and the sandbox reaches whatever answers there; keep the ranges as narrow as the host needs",
+                    rule.allow_private.join(", ")
+                ));
+            }
+            if rule.methods.is_some() || rule.paths.is_some() {
+                r.warn(format!(
+                    "egress rule '{id}' ({at}) has methods or paths: they apply only in inspect mode, which beige does not have yet, so today HTTPS to {hosts} is tunnelled whole and only plain http:// requests are checked"
+                ));
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod audit;
 pub mod config;
 mod demo;
 mod doctor;
+mod egress;
 pub mod gateway;
 pub mod plugins;
 mod run;
@@ -16,7 +17,7 @@ use anyhow::Result;
 use beige_core::home::BeigeHome;
 use clap::CommandFactory;
 
-use crate::cli::{AuditCommand, Cli, Command, ConfigCommand, GatewayCommand};
+use crate::cli::{AuditCommand, Cli, Command, ConfigCommand, EgressCommand, GatewayCommand};
 use crate::client::Target;
 use crate::Exit;
 
@@ -102,6 +103,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 }),
         }) => audit::tail(&home, follow, agent.as_deref(), lines, json),
         Some(Command::Doctor(args)) => block_on(doctor::run(&home, config, args.agent.as_deref())),
+        Some(Command::Egress { command: None }) => print_help(&["egress"]),
+        Some(Command::Egress {
+            command: Some(EgressCommand::Test(args)),
+        }) => block_on(egress::test(&home, config, args)),
         Some(Command::Demo) => block_on(demo::run()),
         Some(Command::Tui { agent }) => {
             let t = target();

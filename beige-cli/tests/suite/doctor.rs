@@ -395,3 +395,53 @@ fn doctor_reads_the_descriptor_limit_of_the_running_gateway() {
     );
     assert!(warning.contains("LimitNOFILE"), "{warning}");
 }
+
+#[test]
+fn doctor_reports_each_agents_egress_posture() {
+    let env = env_with_gateway_port(super::free_port());
+    std::fs::write(
+        env.home().join("config.json5"),
+        r#"{
+  llm: { providers: { anthropic: {} } },
+  egress: { rules: [{ id: "pypi", hosts: ["pypi.org", "files.pythonhosted.org"] }] },
+  agents: {
+    sealed: { model: { provider: "anthropic", model: "claude-sonnet-4-6" }, tools: [] },
+    net: {
+      model: { provider: "anthropic", model: "claude-sonnet-4-6" }, tools: [],
+      egress: { rules: [
+        { id: "nexus", hosts: ["nexus.corp.example"], allowPrivate: ["10.1.2.3/32"] },
+        { id: "gh", hosts: ["api.github.com"], methods: ["GET"] },
+        { id: "no-gist", hosts: ["gist.github.com"], action: "deny" },
+      ] },
+    },
+    open: {
+      model: { provider: "anthropic", model: "claude-sonnet-4-6" }, tools: [],
+      sandbox: { network: "bridge" },
+    },
+  },
+}"#,
+    )
+    .unwrap();
+    let (_, stdout, _) = doctor(&env, &[]);
+    assert_eq!(
+        line(&stdout, '•', "agent 'sealed': egress"),
+        "• agent 'sealed': egress: none (no egress: sealed; add agents.sealed.egress to allow hosts)"
+    );
+    assert_eq!(
+        line(&stdout, '✓', "agent 'net': egress"),
+        "✓ agent 'net': egress: through the gateway: 4 rules (hosts: pypi.org, files.pythonhosted.org, nexus.corp.example, api.github.com)"
+    );
+    let open = line(&stdout, '⚠', "agent 'open': egress");
+    assert!(
+        open.contains("open egress, not controlled by beige (no rules, no audit)"),
+        "{open}"
+    );
+    let private = line(&stdout, '⚠', "egress rule 'nexus'");
+    assert!(private.contains("agents.net.egress.rules"), "{private}");
+    assert!(private.contains("allowPrivate [10.1.2.3/32]"), "{private}");
+    let inspect = line(&stdout, '⚠', "egress rule 'gh'");
+    assert!(inspect.contains("inspect mode"), "{inspect}");
+    // Warnings, not failures.
+    assert!(!stdout.contains("✗ agent"), "{stdout}");
+    assert!(!stdout.contains("✗ egress"), "{stdout}");
+}

@@ -18,6 +18,8 @@ fn help_of_every_command() {
         ("help_audit", &["audit", "--help"]),
         ("help_audit_tail", &["audit", "tail", "--help"]),
         ("help_doctor", &["doctor", "--help"]),
+        ("help_egress", &["egress", "--help"]),
+        ("help_egress_test", &["egress", "test", "--help"]),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),
@@ -27,7 +29,7 @@ fn help_of_every_command() {
         assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
         insta::assert_snapshot!(*name, run.stdout, &args.join(" "));
     }
-    for group in ["gateway", "audit"] {
+    for group in ["gateway", "audit", "egress"] {
         let run = env.run(&[group]);
         assert_eq!(run.code, Some(0));
         assert_eq!(run.stdout, env.run(&[group, "--help"]).stdout);

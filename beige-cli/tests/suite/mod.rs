@@ -6,6 +6,7 @@ mod config;
 mod daemon;
 mod demo;
 mod doctor;
+mod egress;
 mod help;
 mod plugins;
 mod setup;
