@@ -366,7 +366,7 @@ fn egress(r: &mut Report, config: &Config) {
             }
             if rule.methods.is_some() || rule.paths.is_some() {
                 r.warn(format!(
-                    "egress rule '{id}' ({at}) has methods or paths: they apply only in inspect mode, which beige does not have yet, so today HTTPS to {hosts} is tunnelled whole and only plain http:// requests are checked"
+                    "egress rule '{id}' ({at}) has methods or paths: they need inspect mode, which beige does not have yet, so HTTPS to {hosts} that only this rule admits is refused, and plain http:// gets its first request checked and the connection closed after it"
                 ));
             }
         }

@@ -205,6 +205,20 @@ pub async fn test(home: &BeigeHome, config: Option<&Path>, args: EgressTestArgs)
         }
         Verdict::Allow(a) => a,
     };
+    if allowed.needs_inspect && probe.kind != Kind::Http {
+        println!(
+            "• rule '{}' limits methods or paths: a tunnel cannot see the requests inside it, so the gateway refuses the connection until inspect mode exists",
+            allowed.rule
+        );
+        print_refusal(
+            name,
+            target,
+            beige_core::egress::rules::DenyReason::PathNotAllowed,
+            Some(&allowed.rule),
+            &rules,
+        );
+        return Err(Exit::silent(REFUSED).into());
+    }
     let mode = if probe.kind == Kind::Http {
         "http"
     } else {
@@ -224,7 +238,7 @@ pub async fn test(home: &BeigeHome, config: Option<&Path>, args: EgressTestArgs)
             );
         } else {
             println!(
-                "⚠ rule(s) {} have methods or paths, which apply only in inspect mode (not built yet): today this connection is tunnelled whole, and they are checked only for plain http://",
+                "• rule(s) {} have methods or paths: they need inspect mode (not built yet); this connection is admitted by a rule without them",
                 quoted(&request_level)
             );
         }

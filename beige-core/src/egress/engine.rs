@@ -322,6 +322,17 @@ impl EgressEngine {
             }
         };
         p.record.rule = Some(allowed.rule.clone());
+        // A rule that limits methods or paths can only be kept by reading every request.
+        // A tunnel cannot (inspect mode does), so such a stream is refused rather than
+        // let through whole.
+        if allowed.needs_inspect && mode == Mode::Tunnel {
+            p.refuse(DenyReason::PathNotAllowed, Some(allowed.rule.clone()));
+            p.record.error = Some(
+                "the rule limits methods or paths, which needs inspect mode; a tunnel would carry any request"
+                    .into(),
+            );
+            return finish_refused(&mut p, &mut stream, audit).await;
+        }
 
         // Resolve, classify every address, pin one.
         let addrs = match &target.host {
@@ -415,18 +426,27 @@ impl EgressEngine {
                     rest
                 }
             }
-            Mode::Http => match &parsed {
-                Some(parsed) => {
-                    let Some(mut head) = http::origin_form_head(parsed) else {
-                        p.record.error = Some("not an absolute-form request".into());
-                        return finish(&mut p, started, audit).await;
-                    };
-                    head.extend_from_slice(&rest);
-                    head
+            Mode::Http => {
+                let mut bytes = match &parsed {
+                    Some(parsed) => {
+                        let Some(mut head) = http::origin_form_head(parsed) else {
+                            p.record.error = Some("not an absolute-form request".into());
+                            return finish(&mut p, started, audit).await;
+                        };
+                        head.extend_from_slice(&rest);
+                        head
+                    }
+                    // Transparent :80: the request is already in origin form.
+                    None => rest,
+                };
+                // Only the first request was checked against the rule's methods and
+                // paths: the upstream is told to close after answering it, so no
+                // later request on the connection is served unchecked.
+                if allowed.needs_inspect {
+                    bytes = close_after_first(&bytes);
                 }
-                // Transparent :80: the request is already in origin form.
-                None => rest,
-            },
+                bytes
+            }
         };
 
         // Audit before bytes.
@@ -462,6 +482,27 @@ impl EgressEngine {
         }
         finish(&mut p, started, audit).await;
     }
+}
+
+/// `bytes` (a request head and what follows) with the head's `Connection` headers
+/// replaced by `Connection: close`.
+fn close_after_first(bytes: &[u8]) -> Vec<u8> {
+    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return bytes.to_vec();
+    };
+    let mut out = Vec::with_capacity(bytes.len() + 19);
+    for (i, line) in bytes[..end].split(|b| *b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let is_connection = line.len() >= 11 && line[..11].eq_ignore_ascii_case(b"connection:");
+        if i > 0 && is_connection {
+            continue;
+        }
+        out.extend_from_slice(line);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(&bytes[end + 4..]);
+    out
 }
 
 /// The path of a request target without its query (rules never see the query).

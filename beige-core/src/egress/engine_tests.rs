@@ -374,3 +374,39 @@ async fn a_transparent_stream_is_decided_by_the_name_pid_1_mapped_and_gets_no_pr
     assert_eq!(records[0].reason, Some(DenyReason::PortNotAllowed));
     assert_eq!(records[0].entry, EgressEntry::Transparent);
 }
+
+#[tokio::test]
+async fn a_rule_that_limits_methods_or_paths_is_never_a_whole_tunnel() {
+    let s = setup().await;
+    let agent: AgentEgressConfig = serde_json::from_value(serde_json::json!({"rules": [
+        {"id": "read-only", "hosts": ["echo.example.test"], "ports": [7000],
+         "methods": ["GET"], "paths": ["/repos/**"]},
+    ]}))
+    .unwrap();
+    let rules = Arc::new(rule_set(None, "a", &agent, 1).unwrap());
+    let audit = Records::default();
+    let (stream, mut client) = client_stream(b"CONNECT echo.example.test:7000 HTTP/1.1\r\n\r\n");
+    s.engine.serve("a", rules.clone(), 8, stream, &audit).await;
+    let answer = read_to_end(&mut client).await;
+    assert!(answer.contains("reason=path_not_allowed"), "{answer}");
+    assert!(s.dialer.dialled.lock().unwrap().is_empty());
+
+    // Plain HTTP: the first request is checked, and the upstream is told to close
+    // after it, so a second request on the connection is never served unchecked.
+    let (stream, mut client) = client_stream(
+        b"GET http://echo.example.test:7000/repos/x HTTP/1.1\r\nConnection: keep-alive\r\n\r\nPOST /admin HTTP/1.1\r\n\r\n",
+    );
+    let (engine, snapshot) = (s.engine.clone(), rules.clone());
+    let task = tokio::spawn(async move {
+        let audit = Records::default();
+        engine.serve("a", snapshot, 8, stream, &audit).await;
+    });
+    let mut echoed = vec![0u8; 200];
+    let n = client.read(&mut echoed).await.unwrap();
+    let echoed = String::from_utf8_lossy(&echoed[..n]).to_string();
+    assert!(echoed.starts_with("GET /repos/x HTTP/1.1\r\n"), "{echoed}");
+    assert!(echoed.contains("Connection: close\r\n\r\n"), "{echoed}");
+    assert!(!echoed.contains("keep-alive"), "{echoed}");
+    drop(client);
+    task.await.unwrap();
+}
