@@ -9,6 +9,8 @@
 //! [`http`]; its TLS ClientHello, [`tls`]), and the engine that resolves, pins, dials,
 //! audits and splices.
 
+#[cfg(feature = "egress")]
+pub mod ca;
 pub mod classify;
 pub mod config;
 #[cfg(feature = "egress")]
