@@ -5,12 +5,17 @@
 //! the step that turns them into checked [`Rule`]s: [`rule_set`] merges the shared rules
 //! with the agent's own (an agent gets both; their order never matters) and refuses, with
 //! the path and the fix ([`RuleError`]), every rule the matcher could misread;
-//! [`settings`] merges and checks the scalar settings. The blocks are plain values here;
-//! wiring them into the main config is the config layer's job.
+//! [`settings`] merges and checks the scalar settings. Credentials (`egress.credentials`,
+//! [`CredentialConfig`]) are checked against the rules of the agents that are granted
+//! them and bound to the agent's [`RuleSet`] as [`Credential`]s; their [`Secret`]s never
+//! show in `Debug`. The blocks are plain values here; wiring them into the main config is
+//! the config layer's job.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::IpAddr;
 
+use indexmap::IndexMap;
 use ipnet::IpNet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -52,6 +57,130 @@ pub struct EgressConfig {
     /// 3128.
     #[serde(default = "default_proxy_port")]
     pub proxy_port: u16,
+    /// Credentials the gateway brokers, by name; an agent gets those its
+    /// `egress.credentials` grants.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub credentials: IndexMap<String, CredentialConfig>,
+    /// TLS settings of inspect mode.
+    #[serde(default, skip_serializing_if = "EgressTlsConfig::is_empty")]
+    pub tls: EgressTlsConfig,
+}
+
+/// `egress.tls`: how inspect mode talks TLS to upstreams.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressTlsConfig {
+    /// PEM files of extra CA certificates inspected upstreams may be signed by, besides
+    /// the public roots (`~/` is the user's home; a relative path is relative to the
+    /// config file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_roots: Vec<String>,
+}
+
+impl EgressTlsConfig {
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.extra_roots.is_empty()
+    }
+}
+
+/// A secret from config (after `${VAR}` interpolation): its `Debug` shows
+/// `Secret(<redacted>)`, never the value.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret with this value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value, for the one place that sends it upstream.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// One credential of `egress.credentials` (spec §2): a secret, the exact hosts it is
+/// for, and how it is delivered. Only `inject` exists for now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialConfig {
+    /// The secret, usually `"${TOKEN_VARIABLE}"`; redacted everywhere.
+    pub secret: Secret,
+    /// The exact hosts it is sent to (no wildcards, no addresses); a granted agent's
+    /// rules must allow each of them.
+    pub hosts: Vec<String>,
+    /// The header the gateway sets on requests to those hosts, replacing the client's.
+    pub inject: InjectConfig,
+}
+
+/// How an injected credential is written into a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InjectConfig {
+    /// The header, e.g. `Authorization`.
+    pub header: String,
+    /// The value with `{}` where the secret goes, e.g. `"Bearer {}"`; default `"{}"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+}
+
+/// A checked credential, bound to an agent's [`RuleSet`]: requests to one of its
+/// `hosts` get `header: <value>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// Its name in `egress.credentials`.
+    pub name: String,
+    /// The secret.
+    pub secret: Secret,
+    /// The exact, normalised names it is for.
+    pub hosts: Vec<String>,
+    /// The header it is set in, lower case.
+    pub header: String,
+    /// The value around the secret: what comes before and after `{}`.
+    format: (String, String),
+}
+
+impl Credential {
+    /// A credential set in `header` as `format` with its one `{}` replaced by the
+    /// secret; `None` when `format` has not exactly one `{}`.
+    pub fn new(
+        name: impl Into<String>,
+        secret: Secret,
+        hosts: Vec<String>,
+        header: &str,
+        format: &str,
+    ) -> Option<Self> {
+        if format.matches("{}").count() != 1 {
+            return None;
+        }
+        let (before, after) = format.split_once("{}")?;
+        Some(Self {
+            name: name.into(),
+            secret,
+            hosts,
+            header: header.to_ascii_lowercase(),
+            format: (before.to_string(), after.to_string()),
+        })
+    }
+
+    /// Whether it is for `host` (an exact name).
+    pub fn is_for(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| h == host)
+    }
+
+    /// The header value, secret included.
+    pub fn header_value(&self) -> String {
+        format!("{}{}{}", self.format.0, self.secret.expose(), self.format.1)
+    }
 }
 
 fn default_max_streams() -> usize {
@@ -74,6 +203,8 @@ impl Default for EgressConfig {
             max_streams: default_max_streams(),
             idle_seconds: default_idle_seconds(),
             proxy_port: default_proxy_port(),
+            credentials: IndexMap::new(),
+            tls: EgressTlsConfig::default(),
         }
     }
 }
@@ -95,6 +226,9 @@ pub struct AgentEgressConfig {
     /// Overrides `egress.idleSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_seconds: Option<u64>,
+    /// The names of the `egress.credentials` this agent may use (grants).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
 }
 
 /// One rule as config writes it (spec §2, the rule table).
@@ -230,7 +364,8 @@ pub fn settings(
 /// upper-case token, a path glob [`check_path_glob`] refuses; an `allowPrivate` entry
 /// that is not a CIDR, has bits after its prefix, overlaps loopback, link-local,
 /// unspecified or multicast space, sits on a rule with a wildcard host or on a deny
-/// rule; an empty, odd or duplicate rule id (shared rules included).
+/// rule; an empty, odd or duplicate rule id (shared rules included). Then the agent's
+/// credential grants, as [`credentials`] checks them, are bound to the set.
 pub fn rule_set(
     top: Option<&EgressConfig>,
     agent_name: &str,
@@ -267,11 +402,256 @@ pub fn rule_set(
             }
         }
     }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let set = RuleSet::new(rules, version);
+    let bound = credentials(top, agent_name, agent, &set)?;
+    Ok(set.with_credentials(bound))
+}
+
+/// Headers a credential may not be injected into: the gateway owns them.
+const RESERVED_HEADERS: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-authorization",
+];
+
+/// The credentials agent `agent_name` is granted, checked against its `rules`.
+///
+/// Refused, each with its path and fix: a grant of a credential `egress.credentials` does
+/// not define, or of the same one twice; a credential with an empty secret; no hosts, a
+/// wildcard, an address or a `host:port`, or a host the agent's rules do not allow on a
+/// port other than 80 (plain HTTP never gets credentials); a header that is not a token
+/// or is one the gateway owns (`Host`, `Content-Length`, …); a `format` without exactly
+/// one `{}`; two granted credentials for the same host.
+pub fn credentials(
+    top: Option<&EgressConfig>,
+    agent_name: &str,
+    agent: &AgentEgressConfig,
+    rules: &RuleSet,
+) -> Result<Vec<Credential>, Vec<RuleError>> {
+    let prefix = agent_prefix(agent_name);
+    let defined = top.map(|t| &t.credentials);
+    let mut errors = Vec::new();
+    let mut bound: Vec<Credential> = Vec::new();
+    let mut by_host: HashMap<String, String> = HashMap::new();
+    for (i, grant) in agent.credentials.iter().enumerate() {
+        let grant_path = format!("{prefix}.credentials[{i}]");
+        let Some(config) = defined.and_then(|d| d.get(grant)) else {
+            let known: Vec<&str> = defined
+                .map(|d| d.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            errors.push(RuleError::new(
+                grant_path,
+                format!(
+                    "no credential '{}' in egress.credentials ({}); define it there or remove                      the grant",
+                    grant.escape_debug(),
+                    if known.is_empty() {
+                        "it defines none".to_string()
+                    } else {
+                        format!("it defines {}", known.join(", "))
+                    }
+                ),
+            ));
+            continue;
+        };
+        if bound.iter().any(|c| &c.name == grant) {
+            errors.push(RuleError::new(
+                grant_path,
+                format!("'{}' is granted twice; remove one", grant.escape_debug()),
+            ));
+            continue;
+        }
+        let path = format!("egress.credentials.{grant}");
+        match check_credential(&path, agent_name, grant, config, rules) {
+            Ok(credential) => {
+                for host in &credential.hosts {
+                    if let Some(other) = by_host.get(host) {
+                        errors.push(RuleError::new(
+                            grant_path.clone(),
+                            format!(
+                                "'{grant}' and '{other}' are both for {host}, and a request can                                  carry only one; grant one of them"
+                            ),
+                        ));
+                    } else {
+                        by_host.insert(host.clone(), grant.clone());
+                    }
+                }
+                bound.push(credential);
+            }
+            Err(mut problems) => errors.append(&mut problems),
+        }
+    }
     if errors.is_empty() {
-        Ok(RuleSet::new(rules, version))
+        Ok(bound)
     } else {
         Err(errors)
     }
+}
+
+/// Checks one credential at `path` (`egress.credentials.<name>`) for `agent_name`.
+fn check_credential(
+    path: &str,
+    agent_name: &str,
+    name: &str,
+    config: &CredentialConfig,
+    rules: &RuleSet,
+) -> Result<Credential, Vec<RuleError>> {
+    let mut errors = Vec::new();
+    if config.secret.expose().is_empty() {
+        errors.push(RuleError::new(
+            format!("{path}.secret"),
+            "the secret is empty; write \"${TOKEN_VARIABLE}\" and set the variable",
+        ));
+    }
+    if config.hosts.is_empty() {
+        errors.push(RuleError::new(
+            format!("{path}.hosts"),
+            "a credential needs at least one host; write e.g. [\"api.example.com\"]",
+        ));
+    }
+    let mut hosts = Vec::new();
+    for (j, raw) in config.hosts.iter().enumerate() {
+        let at = format!("{path}.hosts[{j}]");
+        let shown = raw.escape_debug();
+        if let Some((host, "80")) = raw.rsplit_once(':') {
+            errors.push(RuleError::new(
+                at,
+                format!(
+                    "`{shown}`: plain HTTP never gets credentials; write the host alone                      (`{}`), reached over HTTPS",
+                    host.escape_debug()
+                ),
+            ));
+            continue;
+        }
+        let name = match HostPattern::parse(raw) {
+            Ok(HostPattern::Exact(name)) => name,
+            Ok(HostPattern::Suffix(_)) => {
+                errors.push(RuleError::new(
+                    at,
+                    format!(
+                        "`{shown}`: a credential goes only to exact hosts, never to a wildcard;                          list each host, e.g. `api.example.com`"
+                    ),
+                ));
+                continue;
+            }
+            Ok(HostPattern::Ip(_)) => {
+                errors.push(RuleError::new(
+                    at,
+                    format!(
+                        "`{shown}`: a credential goes only to named hosts, whose certificate                          names them; write the host's name"
+                    ),
+                ));
+                continue;
+            }
+            Err(e) => {
+                errors.push(RuleError::new(at, e.to_string()));
+                continue;
+            }
+        };
+        let host = super::target::Host::Name(name.clone());
+        let ports: Vec<u16> = rules
+            .rules()
+            .iter()
+            .filter(|r| r.action == Action::Allow && r.matches_host(&host))
+            .flat_map(|r| r.ports.iter().copied())
+            .collect();
+        let allowed: Vec<u16> = ports
+            .iter()
+            .copied()
+            .filter(|&port| {
+                port != 80
+                    && rules
+                        .decide(
+                            &super::target::Target {
+                                host: host.clone(),
+                                port,
+                            },
+                            None,
+                        )
+                        .is_allow()
+            })
+            .collect();
+        if allowed.is_empty() {
+            let why = if ports.iter().all(|&p| p == 80) && !ports.is_empty() {
+                "only on port 80, and plain HTTP never gets credentials"
+            } else {
+                "on no port"
+            };
+            errors.push(RuleError::new(
+                at,
+                format!(
+                    "agent '{}' is granted '{name}', but its rules allow {name} {why}; add a                      rule such as {{ id: \"{}\", hosts: [\"{name}\"] }} or remove the host",
+                    agent_name.escape_debug(),
+                    name.split('.').next().unwrap_or("api")
+                ),
+            ));
+        }
+        hosts.push(name);
+    }
+    let header = &config.inject.header;
+    let header_at = format!("{path}.inject.header");
+    if header.is_empty() || !header.bytes().all(is_token_byte) {
+        errors.push(RuleError::new(
+            header_at,
+            format!(
+                "`{}` is not a header name; write e.g. `Authorization` or `X-Api-Key`",
+                header.escape_debug()
+            ),
+        ));
+    } else if RESERVED_HEADERS
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(header))
+    {
+        errors.push(RuleError::new(
+            header_at,
+            format!(
+                "the gateway sets `{header}` itself; inject the credential into another                  header, e.g. `Authorization`"
+            ),
+        ));
+    }
+    let format = config.inject.format.as_deref().unwrap_or("{}");
+    if format.matches("{}").count() != 1 {
+        errors.push(RuleError::new(
+            format!("{path}.inject.format"),
+            format!(
+                "`{}` must have exactly one `{{}}` where the secret goes; write e.g.                  \"Bearer {{}}\"",
+                format.escape_debug()
+            ),
+        ));
+    } else if format.bytes().any(|b| b.is_ascii_control()) {
+        errors.push(RuleError::new(
+            format!("{path}.inject.format"),
+            "the format has a control character, which no header may carry; remove it",
+        ));
+    }
+    if config.secret.expose().bytes().any(|b| b.is_ascii_control()) {
+        errors.push(RuleError::new(
+            format!("{path}.secret"),
+            "the secret has a control character (a newline?), which no header may carry;              remove it",
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Credential::new(name, config.secret.clone(), hosts, header, format).ok_or_else(|| {
+        vec![RuleError::new(
+            format!("{path}.inject.format"),
+            "the format must have exactly one `{}`",
+        )]
+    })
+}
+
+/// Whether `b` may be in an HTTP header name (RFC 9110 `tchar`).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// Checks one rule at `path` (`…rules[i]`) and builds it.

@@ -363,3 +363,176 @@ fn schema_derives() {
     }
     assert_eq!(schema["additionalProperties"], json!(false));
 }
+
+/// The errors of agent `intern` (rules `rules`, grants `grants`) with `credentials`.
+fn credential_errors(
+    credentials: serde_json::Value,
+    rules: serde_json::Value,
+    grants: serde_json::Value,
+) -> Vec<(String, String)> {
+    let t = top(json!({ "credentials": credentials }));
+    let a = agent(json!({ "rules": rules, "credentials": grants }));
+    match rule_set(Some(&t), "intern", &a, 1) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.into_iter().map(|e| (e.path, e.message)).collect(),
+    }
+}
+
+fn github(hosts: serde_json::Value) -> serde_json::Value {
+    json!({ "github": {
+        "secret": "ghp_real", "hosts": hosts,
+        "inject": { "header": "Authorization", "format": "Bearer {}" }
+    }})
+}
+
+#[test]
+fn a_granted_credential_is_bound_and_forces_inspect() {
+    let t = top(json!({ "credentials": github(json!(["api.github.com"])) }));
+    let a = agent(json!({
+        "rules": [{ "id": "gh", "hosts": ["api.github.com"] }, { "id": "pypi", "hosts": ["pypi.org"] }],
+        "credentials": ["github"]
+    }));
+    let set = rule_set(Some(&t), "intern", &a, 1).unwrap();
+    let gh = parse_authority("api.github.com:443", 443).unwrap();
+    let c = set.credential_for(&gh.host).unwrap();
+    assert_eq!(c.name, "github");
+    assert_eq!(c.header, "authorization");
+    assert_eq!(c.header_value(), "Bearer ghp_real");
+    match set.decide(&gh, None) {
+        Verdict::Allow(a) => assert!(a.needs_inspect),
+        v => panic!("{v:?}"),
+    }
+    let pypi = parse_authority("pypi.org", 443).unwrap();
+    assert!(set.credential_for(&pypi.host).is_none());
+    match set.decide(&pypi, None) {
+        Verdict::Allow(a) => assert!(!a.needs_inspect),
+        v => panic!("{v:?}"),
+    }
+    // The secret is in no Debug output.
+    let shown = format!("{t:?} {a:?} {set:?}");
+    assert!(!shown.contains("ghp_real"), "{shown}");
+    assert!(shown.contains("Secret(<redacted>)"), "{shown}");
+    // Without the grant, nothing is bound.
+    let ungranted = agent(json!({ "rules": [{ "id": "gh", "hosts": ["api.github.com"] }] }));
+    let set = rule_set(Some(&t), "intern", &ungranted, 1).unwrap();
+    assert!(set.credential_for(&gh.host).is_none());
+}
+
+#[test]
+fn credential_validation_names_the_path_and_the_fix() {
+    let gh_rule = json!([{ "id": "gh", "hosts": ["api.github.com"] }]);
+    let grant = json!(["github"]);
+    let cases = [
+        (
+            github(json!(["api.github.com"])),
+            gh_rule.clone(),
+            json!(["gitlab"]),
+            "agents.intern.egress.credentials[0]",
+            "no credential 'gitlab'",
+        ),
+        (
+            github(json!(["api.github.com"])),
+            json!([{ "id": "pypi", "hosts": ["pypi.org"] }]),
+            grant.clone(),
+            "egress.credentials.github.hosts[0]",
+            "its rules allow api.github.com on no port",
+        ),
+        (
+            github(json!(["*.github.com"])),
+            json!([{ "id": "gh", "hosts": ["*.github.com"] }]),
+            grant.clone(),
+            "egress.credentials.github.hosts[0]",
+            "never to a wildcard",
+        ),
+        (
+            github(json!(["api.github.com:80"])),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.hosts[0]",
+            "plain HTTP never gets credentials",
+        ),
+        (
+            github(json!(["api.github.com"])),
+            json!([{ "id": "gh", "hosts": ["api.github.com"], "ports": [80] }]),
+            grant.clone(),
+            "egress.credentials.github.hosts[0]",
+            "only on port 80",
+        ),
+        (
+            github(json!(["ip:11.0.0.1"])),
+            json!([{ "id": "gh", "hosts": ["ip:11.0.0.1"] }]),
+            grant.clone(),
+            "egress.credentials.github.hosts[0]",
+            "only to named hosts",
+        ),
+        (
+            json!({ "github": { "secret": "", "hosts": ["api.github.com"],
+                    "inject": { "header": "Authorization" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.secret",
+            "the secret is empty",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "inject": { "header": "Authorization", "format": "Bearer" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.inject.format",
+            "exactly one `{}`",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "inject": { "header": "Authorization", "format": "{} {}" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.inject.format",
+            "exactly one `{}`",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "inject": { "header": "Host" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.inject.header",
+            "the gateway sets `Host` itself",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": [],
+                    "inject": { "header": "Authorization" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.hosts",
+            "at least one host",
+        ),
+    ];
+    for (credentials, rules, grants, path, message) in cases {
+        let errors = credential_errors(credentials.clone(), rules, grants);
+        assert!(
+            errors.iter().any(|(p, m)| p == path && m.contains(message)),
+            "{credentials}: {errors:?}"
+        );
+        for (_, m) in &errors {
+            assert!(!m.contains("ghp_real"), "{m}");
+        }
+    }
+    // Two credentials for one host.
+    let both = json!({
+        "a": { "secret": "x", "hosts": ["api.github.com"], "inject": { "header": "Authorization" } },
+        "b": { "secret": "y", "hosts": ["api.github.com"], "inject": { "header": "X-Token" } },
+    });
+    let errors = credential_errors(both, gh_rule.clone(), json!(["a", "b"]));
+    assert!(
+        errors
+            .iter()
+            .any(|(p, m)| p == "agents.intern.egress.credentials[1]" && m.contains("both for")),
+        "{errors:?}"
+    );
+    // Unknown fields are refused (placeholders do not exist yet).
+    assert!(
+        serde_json::from_value::<EgressConfig>(json!({ "credentials": { "c": {
+        "secret": "x", "hosts": ["a.example.com"], "inject": { "header": "A" }, "placeholder": {}
+    } } }))
+        .is_err()
+    );
+}

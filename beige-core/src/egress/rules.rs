@@ -38,6 +38,7 @@ use ipnet::IpNet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::config::Credential;
 use super::target::{normalize_host, Host, Target, TargetError};
 
 /// The fix every host-pattern error ends with (spec §2, validation).
@@ -510,18 +511,37 @@ fn deny(reason: DenyReason, rule: Option<&Rule>) -> Verdict {
     })
 }
 
-/// An agent's rules at one policy version: the snapshot a stream is pinned to.
+/// An agent's rules at one policy version: the snapshot a stream is pinned to. It also
+/// holds the credentials the agent is granted, since a host with a bound credential must
+/// be inspected.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuleSet {
     rules: Vec<Rule>,
     version: u64,
+    credentials: Vec<Credential>,
 }
 
 impl RuleSet {
     /// The set of `rules` at policy `version`. The rules are taken as checked (config
     /// validation or the approval path made them).
     pub fn new(rules: Vec<Rule>, version: u64) -> Self {
-        Self { rules, version }
+        Self {
+            rules,
+            version,
+            credentials: Vec::new(),
+        }
+    }
+
+    /// The same set with `credentials` bound to it (checked: at most one per host).
+    pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The credential bound to `host`, if any (only names have one).
+    pub fn credential_for(&self, host: &Host) -> Option<&Credential> {
+        let name = host.as_name()?;
+        self.credentials.iter().find(|c| c.is_for(name))
     }
 
     /// The policy version this snapshot is.
@@ -539,7 +559,8 @@ impl RuleSet {
     ///
     /// A connection is admitted in the name of the first allow rule for its host and port
     /// that has no methods or paths, else of the first one that has; a request in the
-    /// name of the first allow rule that accepts it.
+    /// name of the first allow rule that accepts it. A connection to a host with a bound
+    /// credential always `needs_inspect`.
     pub fn decide(&self, target: &Target, request: Option<Request<'_>>) -> Verdict {
         let host = &target.host;
         let no_rule = match host {
@@ -597,7 +618,9 @@ impl RuleSet {
             return Verdict::Allow(Allowed {
                 rule: rule.id.clone(),
                 allow_private,
-                needs_inspect: unconditional.is_none() || !request_denies.is_empty(),
+                needs_inspect: unconditional.is_none()
+                    || !request_denies.is_empty()
+                    || self.credential_for(host).is_some(),
             });
         };
         let mut miss: Option<(DenyReason, &Rule)> = None;
