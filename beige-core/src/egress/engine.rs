@@ -4,8 +4,11 @@
 //! public (the one classifier, [`classify::permitted`]), records `started` before a
 //! byte goes upstream, dials only the pinned, checked address with the [`Dialer`],
 //! checks that a TLS client names the host it asked for (SNI) and splices the bytes
-//! without reading them (tunnel mode). Every refusal is one `403` to the client and one
-//! record. The rules a stream was decided with are the snapshot it keeps to its end.
+//! without reading them (tunnel mode). A CONNECT whose host must be inspected (request
+//! rules, or a bound credential) is handed, after the same steps, to the engine's
+//! [`Inspector`] (inspect mode, [`super::inspect`]). Every refusal is one `403` to the
+//! client and one record. The rules a stream was decided with are the snapshot it keeps
+//! to its end.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::classify;
 use super::http::{self, ProxyRequest};
+use super::inspect::{Inspector, RequestRecord, Session};
 use super::rules::{DenyReason, Request, RuleSet, Verdict};
 use super::target::{normalize_host, parse_authority, Host, Target};
 use super::tls::{self, Hello};
@@ -39,6 +43,8 @@ pub enum Mode {
     Tunnel,
     /// Plain HTTP, its first request checked and forwarded in origin form.
     Http,
+    /// TLS terminated in the gateway, each request checked (and brokered).
+    Inspect,
 }
 
 impl Mode {
@@ -47,6 +53,7 @@ impl Mode {
         match self {
             Mode::Tunnel => "tunnel",
             Mode::Http => "http",
+            Mode::Inspect => "inspect",
         }
     }
 }
@@ -103,6 +110,13 @@ pub struct ConnectionRecord {
 pub trait EgressAudit: Send + Sync {
     /// Write one record.
     async fn record(&self, record: &ConnectionRecord) -> Result<(), String>;
+
+    /// Write the record of one inspected request (`tool: egress.request`), after its
+    /// response. By default it is not kept.
+    async fn record_request(&self, record: &RequestRecord) -> Result<(), String> {
+        let _ = record;
+        Ok(())
+    }
 }
 
 /// Decides and carries egress streams. One per gateway; cheap to share.
@@ -111,6 +125,7 @@ pub struct EgressEngine {
     resolver: Arc<dyn Resolver>,
     dialer: Arc<dyn Dialer>,
     open: Mutex<HashMap<String, usize>>,
+    inspector: Option<Arc<Inspector>>,
 }
 
 /// One agent's stream count, given back when the stream ends.
@@ -157,7 +172,15 @@ impl EgressEngine {
             resolver,
             dialer,
             open: Mutex::new(HashMap::new()),
+            inspector: None,
         }
+    }
+
+    /// The same engine inspecting, with `inspector`, the streams that must be. Without
+    /// one, such a stream is refused before its `200`.
+    pub fn with_inspector(mut self, inspector: Arc<Inspector>) -> Self {
+        self.inspector = Some(inspector);
+        self
     }
 
     /// Streams `agent` has open now.
@@ -322,10 +345,19 @@ impl EgressEngine {
             }
         };
         p.record.rule = Some(allowed.rule.clone());
+        // Inspect mode (explicit CONNECT streams, when the engine has an inspector): request
+        // rules or a bound credential need every request read.
+        let inspect = allowed.needs_inspect
+            && mode == Mode::Tunnel
+            && parsed.is_some()
+            && self.inspector.is_some();
+        if inspect {
+            p.record.mode = Some(Mode::Inspect);
+        }
         // A rule that limits methods or paths can only be kept by reading every request.
         // A tunnel cannot (inspect mode does), so such a stream is refused rather than
         // let through whole.
-        if allowed.needs_inspect && mode == Mode::Tunnel {
+        if allowed.needs_inspect && mode == Mode::Tunnel && !inspect {
             p.refuse(DenyReason::PathNotAllowed, Some(allowed.rule.clone()));
             p.record.error = Some(
                 "the rule limits methods or paths, which needs inspect mode; a tunnel would carry any request"
@@ -395,7 +427,7 @@ impl EgressEngine {
         let head_len = parsed.as_ref().map_or(0, |h| h.head_len);
         let rest = stream.head.split_off(head_len.min(stream.head.len()));
         let first: Vec<u8> = match mode {
-            Mode::Tunnel => {
+            Mode::Tunnel | Mode::Inspect => {
                 if parsed.is_some() && stream.writer.write_all(http::CONNECT_OK).await.is_err() {
                     p.record.error = Some("the client went away".into());
                     return finish(&mut p, started, audit).await;
@@ -456,6 +488,24 @@ impl EgressEngine {
             let _ = stream.writer.shutdown().await;
             p.refuse(DenyReason::AuditUnavailable, None);
             p.record.error = Some(e);
+            return finish(&mut p, started, audit).await;
+        }
+        if let (true, Some(inspector)) = (inspect, &self.inspector) {
+            let session = Session {
+                agent,
+                id: &p.record.id.clone(),
+                target: &target,
+                rules: rules.clone(),
+                audit,
+                dialer: self.dialer.clone(),
+                pinned: SocketAddr::new(pinned, target.port),
+            };
+            let outcome = inspector
+                .serve(session, stream.reader, stream.writer, first, upstream)
+                .await;
+            p.record.bytes_up = outcome.bytes_up;
+            p.record.bytes_down = outcome.bytes_down;
+            p.record.error = outcome.error;
             return finish(&mut p, started, audit).await;
         }
         if upstream.write_all(&first).await.is_err() {

@@ -334,6 +334,19 @@ const MAX_BODY_FIELD: usize = 300;
 /// `agent` and `explanation` go only into the body, with control and bidi-override
 /// characters replaced by `?` and each cut to 300 characters.
 pub fn refusal(reason: &str, explanation: &str, target: &str, agent: &str, id: &str) -> Vec<u8> {
+    let (header, body) = refusal_parts(reason, explanation, target, agent, id);
+    response("403 Forbidden", &header, &body)
+}
+
+/// The `X-Beige-Egress` value and the body of a [`refusal`], sanitised the same way, for
+/// a `403` written by an HTTP server (inspect mode answers on the open connection).
+pub fn refusal_parts(
+    reason: &str,
+    explanation: &str,
+    target: &str,
+    agent: &str,
+    id: &str,
+) -> (String, String) {
     let header = format!(
         "denied; reason={}; id={}",
         header_token(reason),
@@ -345,7 +358,7 @@ pub fn refusal(reason: &str, explanation: &str, target: &str, agent: &str, id: &
         body_text(agent),
         body_text(explanation)
     );
-    response("403 Forbidden", &header, &body)
+    (header, body)
 }
 
 /// The `400` for a request head the gateway cannot read ([`HeadError`]), so there is no
@@ -373,6 +386,13 @@ pub fn upstream_error(status: u16, reason: &str, target: &str, agent: &str) -> V
     } else {
         "502 Bad Gateway"
     };
+    let (header, body) = upstream_error_parts(reason, target, agent);
+    response(status_line, &header, &body)
+}
+
+/// The `X-Beige-Egress` value and the body of an [`upstream_error`], sanitised the same
+/// way, for a response written by an HTTP server.
+pub fn upstream_error_parts(reason: &str, target: &str, agent: &str) -> (String, String) {
     let reason = header_token(reason);
     let header = format!("upstream-error; reason={reason}");
     let body = format!(
@@ -380,7 +400,7 @@ pub fn upstream_error(status: u16, reason: &str, target: &str, agent: &str) -> V
         body_text(target),
         body_text(agent)
     );
-    response(status_line, &header, &body)
+    (header, body)
 }
 
 fn response(status_line: &str, egress_header: &str, body: &str) -> Vec<u8> {

@@ -2,8 +2,11 @@
 //! start-up (and again by a reload), the one [`EgressEngine`] with the resolver and
 //! dialer the builder was given (hickory and TCP by default), and the audit records of
 //! every connection in the gateway's audit log (`type: egress`, `tool:
-//! egress.connect`). An agent without an `egress` block has no rules: every stream its
-//! sandbox opens is refused.
+//! egress.connect`, and `egress.request` for each inspected request). When some agent's
+//! streams may need inspecting (request rules or granted credentials), the per-home CA
+//! (`<BEIGE_HOME>/keys/egress-ca.{key,pem}`) is loaded or made and the engine gets an
+//! [`Inspector`] trusting the public roots plus `egress.tls.extraRoots`. An agent without
+//! an `egress` block has no rules: every stream its sandbox opens is refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -15,9 +18,11 @@ use serde_json::{json, Map, Value};
 
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::{Config, ConfigError};
+use crate::egress::ca::EgressCa;
 use crate::egress::engine::{
     ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine, DEFAULT_MAX_STREAMS,
 };
+use crate::egress::inspect::{read_pem_certs, Inspector, RequestRecord};
 use crate::egress::rules::{DenyReason, RuleSet};
 use crate::egress::upstream::{Dialer, HickoryResolver, Resolver, TcpDialer};
 use crate::sandbox::EgressStream;
@@ -106,10 +111,12 @@ impl Refusals {
 
 impl GatewayEgress {
     /// The agents' rules from `config`; `None` when no agent has egress. The resolver
-    /// and dialer default to the host's DNS and TCP.
+    /// and dialer default to the host's DNS and TCP; the CA, when one is needed, lives in
+    /// `keys_dir`.
     pub(crate) fn from_config(
         config: &Config,
         file: &Path,
+        keys_dir: &Path,
         resolver: Option<Arc<dyn Resolver>>,
         dialer: Option<Arc<dyn Dialer>>,
         version: u64,
@@ -120,6 +127,7 @@ impl GatewayEgress {
             message,
         };
         let mut agents = HashMap::new();
+        let mut may_inspect = false;
         for (name, agent) in &config.agents {
             let Some(egress) = &agent.egress else {
                 continue;
@@ -137,6 +145,8 @@ impl GatewayEgress {
             let settings = crate::egress::config::settings(config.egress.as_ref(), name, egress)
                 .map_err(first)?;
             let max_streams = settings.max_streams;
+            may_inspect |= !egress.credentials.is_empty()
+                || rules.rules().iter().any(|r| r.is_request_level());
             agents.insert(
                 name.clone(),
                 AgentEgress {
@@ -155,8 +165,12 @@ impl GatewayEgress {
             ),
         };
         let dialer = dialer.unwrap_or_else(|| Arc::new(TcpDialer));
+        let mut engine = EgressEngine::new(resolver, dialer);
+        if may_inspect {
+            engine = engine.with_inspector(Arc::new(inspector(config, file, keys_dir)?));
+        }
         Ok(Some(Self {
-            engine: EgressEngine::new(resolver, dialer),
+            engine,
             agents,
             refusals: Refusals::default(),
         }))
@@ -191,6 +205,46 @@ impl GatewayEgress {
             .serve(agent, rules, max, stream, &recorder)
             .await;
     }
+}
+
+/// The inspector of `config`: the home's CA (made on first use) and the extra roots of
+/// `egress.tls.extraRoots` (`~/` is the user's home, relative paths are relative to the
+/// config file).
+fn inspector(config: &Config, file: &Path, keys_dir: &Path) -> Result<Inspector, ConfigError> {
+    let invalid = |path: String, message: String| ConfigError::Invalid {
+        file: file.to_path_buf(),
+        path,
+        message,
+    };
+    let ca = EgressCa::load_or_create(keys_dir).map_err(|e| {
+        invalid(
+            "egress".into(),
+            format!("the egress CA for inspect mode cannot be set up: {e}"),
+        )
+    })?;
+    let mut roots = Vec::new();
+    let listed = config
+        .egress
+        .as_ref()
+        .map(|e| e.tls.extra_roots.as_slice())
+        .unwrap_or_default();
+    for (i, raw) in listed.iter().enumerate() {
+        let path = if let Some(rest) = raw.strip_prefix("~/") {
+            crate::home::user_home().join(rest)
+        } else {
+            let p = Path::new(raw);
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                file.parent().unwrap_or(Path::new(".")).join(p)
+            }
+        };
+        let certs =
+            read_pem_certs(&path).map_err(|e| invalid(format!("egress.tls.extraRoots[{i}]"), e))?;
+        roots.extend(certs);
+    }
+    Inspector::new(Arc::new(ca), roots)
+        .map_err(|e| invalid("egress.tls.extraRoots".into(), e.to_string()))
 }
 
 /// A resolver never asked: with no rules, nothing gets as far as resolving.
@@ -231,6 +285,67 @@ impl EgressAudit for Recorder<'_> {
             .await
             .map_err(|e| e.to_string())
     }
+
+    async fn record_request(&self, record: &RequestRecord) -> Result<(), String> {
+        if let (Some(refusals), Some(reason)) = (self.refusals, record.reason) {
+            refusals.push(
+                &record.agent,
+                format!("{}:{}", record.host, record.port),
+                reason,
+            );
+        }
+        self.audit
+            .record(&request_audit_record(record))
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The audit record of an inspected request (`tool: egress.request`).
+pub(crate) fn request_audit_record(r: &RequestRecord) -> AuditRecord {
+    let mut egress = Map::new();
+    egress.insert("id".into(), json!(r.id));
+    egress.insert("seq".into(), json!(r.seq));
+    egress.insert("method".into(), json!(r.method));
+    egress.insert("path".into(), json!(r.path));
+    egress.insert("status".into(), json!(r.status));
+    egress.insert("ms".into(), json!(r.duration.as_millis() as u64));
+    egress.insert("substituted".into(), json!(r.substituted));
+    egress.insert("scrubbed".into(), json!(r.scrubbed));
+    egress.insert("host".into(), json!(r.host));
+    egress.insert("port".into(), json!(r.port));
+    egress.insert("mode".into(), json!("inspect"));
+    if let Some(rule) = &r.rule {
+        egress.insert("rule".into(), json!(rule));
+    }
+    if let Some(credential) = &r.credential {
+        egress.insert("credential".into(), json!(credential));
+    }
+    if let Some(reason) = r.reason {
+        egress.insert("reason".into(), json!(reason.as_str()));
+    }
+    let mut record = AuditRecord::security(
+        &r.agent,
+        "egress.request",
+        vec![format!("{} {}:{}{}", r.method, r.host, r.port, r.path)],
+        if r.reason.is_some() {
+            AuditDecision::Denied
+        } else {
+            AuditDecision::Allowed
+        },
+    );
+    record.ts = now_ts();
+    record.kind = AuditType::Egress;
+    record.target = None;
+    record.phase = Phase::Finished;
+    record.duration_ms = Some(r.duration.as_millis() as u64);
+    record.error = match (&r.error, r.reason) {
+        (Some(e), Some(reason)) => Some(format!("{}: {e}", reason.explain())),
+        (None, Some(reason)) => Some(reason.explain().to_string()),
+        (e, None) => e.clone(),
+    };
+    record.egress = Some(Value::Object(egress));
+    record
 }
 
 impl GatewayEgress {

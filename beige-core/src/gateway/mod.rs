@@ -10,7 +10,7 @@
 //! written does not run.
 
 #[cfg(feature = "egress")]
-mod egress;
+pub(crate) mod egress;
 mod error;
 mod prompt;
 mod sandbox_host;
@@ -394,6 +394,7 @@ impl GatewayBuilder {
             let egress = egress::GatewayEgress::from_config(
                 &config,
                 &config_file,
+                &crate::egress::ca::keys_dir(&home),
                 self.egress_resolver.clone(),
                 self.egress_dialer.clone(),
                 version,
