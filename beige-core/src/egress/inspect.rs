@@ -520,7 +520,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<InspectBody
         let mut headers = Scrubber::new(c.secret.expose());
         scrub_headers(&mut headers, &mut parts.headers);
         tracker.record.scrubbed += headers.count();
-        Scrubber::new(c.secret.expose())
+        Box::new(Scrubber::new(c.secret.expose()))
     });
     tracker.record.status = parts.status.as_u16();
     Response::from_parts(
@@ -658,7 +658,7 @@ enum Kind {
     Full(Option<Bytes>),
     Upstream {
         inner: Incoming,
-        scrubber: Option<Scrubber>,
+        scrubber: Option<Box<Scrubber>>,
         /// Trailers held back until the scrubber's last bytes went out.
         pending: Option<Frame<Bytes>>,
         done: bool,

@@ -7,7 +7,7 @@
 //! classifier of special-purpose addresses ([`classify`]), the config of rules and
 //! credentials ([`config`]), reading what the client sent (its proxy request head,
 //! [`http`]; its TLS ClientHello, [`tls`]), and the engine that resolves, pins, dials,
-//! audits and splices, or terminates TLS with the per-home CA ([`ca`]) to check each
+//! audits and splices, or terminates TLS with the per-home CA (`ca`) to check each
 //! request and broker credentials (`inspect`).
 
 #[cfg(feature = "egress")]
