@@ -23,6 +23,9 @@ use crate::docker_or_skip;
 
 const IMAGE: &str = "beige-test-debian:bookworm";
 const API: &str = "api.example.test";
+/// A host with a brokered credential: inspected.
+const INJECT: &str = "inject.example.test";
+const SECRET: &str = "ghp_dockerSecret0123456789abcdefXYZ";
 const PUBLIC_IP: &str = "11.0.0.1";
 
 #[derive(Debug)]
@@ -62,12 +65,14 @@ impl Dialer for TestDialer {
     }
 }
 
-/// A TLS server on `127.0.0.1:0` for `api.example.test`, answering every request with
-/// a fixed body; records the SNI of every handshake.
+/// A TLS server on `127.0.0.1:0` for `api.example.test` and `inject.example.test`,
+/// answering every request with a fixed body and the `Authorization` it got; records the
+/// SNI and the request head of every handshake.
 struct Upstream {
     addr: SocketAddr,
     ca_pem: String,
     snis: Arc<Mutex<Vec<String>>>,
+    heads: Arc<Mutex<Vec<String>>>,
 }
 
 async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
@@ -80,7 +85,7 @@ async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec![API.to_string()])
+    let leaf = rcgen::CertificateParams::new(vec![API.to_string(), INJECT.to_string()])
         .unwrap()
         .signed_by(&leaf_key, &issuer)
         .unwrap();
@@ -99,11 +104,14 @@ async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let snis = Arc::new(Mutex::new(Vec::new()));
+    let heads = Arc::new(Mutex::new(Vec::new()));
     let seen = snis.clone();
+    let seen_heads = heads.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let seen = seen.clone();
+            let seen_heads = seen_heads.clone();
             let repo = repo.clone();
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
@@ -120,8 +128,19 @@ async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
                         Ok(n) => got.extend_from_slice(&buf[..n]),
                     }
                 }
+                let request = String::from_utf8_lossy(&got).into_owned();
+                seen_heads.lock().unwrap().push(request.clone());
+                let auth = request
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .starts_with("authorization:")
+                            .then(|| l["authorization:".len()..].trim().to_string())
+                    })
+                    .unwrap_or_default();
                 // `GET /repo.git/…` serves the bare repository's files (git's dumb
-                // HTTP protocol); anything else gets a fixed body.
+                // HTTP protocol); anything else gets a fixed body (and the Authorization
+                // it came with, if any).
                 let line = String::from_utf8_lossy(&got)
                     .lines()
                     .next()
@@ -135,6 +154,10 @@ async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
                             Err(_) => ("404 Not Found", b"not found\n".to_vec()),
                         }
                     }
+                    _ if !auth.is_empty() => (
+                        "200 OK",
+                        format!("hello from the upstream\nauthorization: {auth}\n").into_bytes(),
+                    ),
                     _ => ("200 OK", b"hello from the upstream\n".to_vec()),
                 };
                 let head = format!(
@@ -151,6 +174,7 @@ async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
         addr,
         ca_pem: ca.pem(),
         snis,
+        heads,
     }
 }
 
@@ -222,6 +246,16 @@ fn egress_records(t: &TestHome) -> Vec<Value> {
 }
 
 /// The one record (or the pair) for `host:port`.
+fn request_records(t: &TestHome) -> Vec<Value> {
+    std::fs::read_to_string(t.home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<AuditRecord>(l).ok())
+        .filter(|r| r.tool == "egress.request")
+        .map(|r| serde_json::to_value(&r).unwrap())
+        .collect()
+}
+
 fn records_for<'a>(records: &'a [Value], host: &str, port: u16) -> Vec<&'a Value> {
     records
         .iter()
@@ -247,6 +281,7 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
     let resolver = TestResolver(HashMap::from([
         (API, Ok(vec![ip(PUBLIC_IP)])),
+        (INJECT, Ok(vec![ip(PUBLIC_IP)])),
         ("internal.example.test", Ok(vec![ip("10.0.0.1")])),
         ("metadata.example.test", Ok(vec![ip("169.254.169.254")])),
         (
@@ -270,15 +305,29 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
                 "sandbox": {"image": IMAGE, "memoryLimit": "256m"},
                 "egress": {"rules": [
                     {"id": "api", "hosts": [API]},
+                    {"id": "inject", "hosts": [INJECT]},
                     {"id": "trap", "hosts": [
                         "internal.example.test", "metadata.example.test",
                         "mixed.example.test", "mapped.example.test",
                         "loop.example.test", "broken.example.test"
                     ]},
                     {"id": "no-gist", "hosts": ["gist.example.test"], "action": "deny"},
-                ]},
+                ], "credentials": ["tok"]},
             }),
         )],
+    );
+    // The credential, and the upstream's CA as an extra root of inspect mode.
+    let roots = t.home.root().join("upstream-ca.pem");
+    std::fs::write(&roots, &upstream.ca_pem).unwrap();
+    config.egress = Some(
+        serde_json::from_value(json!({
+            "credentials": {"tok": {
+                "secret": SECRET, "hosts": [INJECT],
+                "inject": {"header": "Authorization", "format": "Bearer {}"},
+            }},
+            "tls": {"extraRoots": [roots.to_string_lossy()]},
+        }))
+        .unwrap(),
     );
     config.gateway.keep_sandboxes = false;
     let gw = GatewayBuilder::new(config, t.home.clone())
@@ -434,6 +483,40 @@ for kind, addr in [("tcp", ("127.0.0.1", 3128)), ("tcp", ("0.0.0.0", 443)), ("tc
     .await;
     assert!(direct.contains("rc=7"), "{direct}");
 
+    // 5. Inspect: the gateway injects the credential and masks it in the answer; the
+    // client trusts the home's egress CA.
+    let ca = std::fs::read_to_string(t.home.root().join("keys/egress-ca.pem")).unwrap();
+    std::fs::write(ws.join("beige-ca.pem"), ca).unwrap();
+    let injected = exec(
+        &gw,
+        &format!(
+            "curl -sS --max-time 20 --cacert /workspace/beige-ca.pem -H 'Authorization: Bearer sk-fake' https://{INJECT}/v1/x https://{INJECT}/v1/y ; echo \"rc=$?\""
+        ),
+    )
+    .await;
+    assert!(injected.contains("rc=0"), "{injected}");
+    assert!(!injected.contains(SECRET), "{injected}");
+    assert_eq!(
+        injected
+            .matches(&format!(
+                "authorization: Bearer {}",
+                "*".repeat(SECRET.len())
+            ))
+            .count(),
+        2,
+        "{injected}"
+    );
+    let heads = upstream.heads.lock().unwrap().clone();
+    let inject_heads: Vec<&String> = heads.iter().filter(|h| h.contains(INJECT)).collect();
+    assert_eq!(inject_heads.len(), 2, "{heads:?}");
+    for h in &inject_heads {
+        assert!(
+            h.contains(&format!("authorization: Bearer {SECRET}")),
+            "{h}"
+        );
+        assert!(!h.contains("sk-fake"), "{h}");
+    }
+
     // The dialer was only ever asked for the one allowed, public address.
     assert!(
         dialer.unexpected.lock().unwrap().is_empty(),
@@ -483,5 +566,22 @@ for kind, addr in [("tcp", ("127.0.0.1", 3128)), ("tcp", ("0.0.0.0", 443)), ("tc
         .filter(|r| r["egress"]["reason"] == "sni_mismatch")
         .collect();
     assert_eq!(fronted.len(), 1, "{api:?}");
+
+    // Inspect: the connection record says so; one request record per request.
+    let inject = records_for(&records, INJECT, 443);
+    assert!(!inject.is_empty(), "{records:?}");
+    for r in &inject {
+        assert_eq!(r["egress"]["mode"], "inspect", "{r}");
+    }
+    let requests = request_records(&t);
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    for (r, path) in requests.iter().zip(["/v1/x", "/v1/y"]) {
+        assert_eq!(r["egress"]["path"], path, "{r}");
+        assert_eq!(r["egress"]["status"], 200, "{r}");
+        assert_eq!(r["egress"]["substituted"], true, "{r}");
+        assert_eq!(r["egress"]["scrubbed"], 1, "{r}");
+    }
+    let audit = std::fs::read_to_string(t.home.audit_log_path()).unwrap();
+    assert!(!audit.contains(SECRET), "the secret is in the audit log");
     gw.shutdown().await.unwrap();
 }
