@@ -366,7 +366,7 @@ fn egress(r: &mut Report, config: &Config) {
             }
             if rule.methods.is_some() || rule.paths.is_some() {
                 r.warn(format!(
-                    "egress rule '{id}' ({at}) has methods or paths: they need inspect mode, which beige does not have yet, so HTTPS to {hosts} that only this rule admits is refused, and plain http:// gets its first request checked and the connection closed after it"
+                    "egress rule '{id}' ({at}) has methods or paths: HTTPS to {hosts} is inspected (TLS answered with the home's egress CA, which clients in the sandbox must be told to trust), and plain http:// gets its first request checked and the connection closed after it"
                 ));
             }
         }

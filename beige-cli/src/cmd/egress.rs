@@ -205,43 +205,18 @@ pub async fn test(home: &BeigeHome, config: Option<&Path>, args: EgressTestArgs)
         }
         Verdict::Allow(a) => a,
     };
-    if allowed.needs_inspect && probe.kind != Kind::Http {
-        println!(
-            "• rule '{}' limits methods or paths: a tunnel cannot see the requests inside it, so the gateway refuses the connection until inspect mode exists",
-            allowed.rule
-        );
-        print_refusal(
-            name,
-            target,
-            beige_core::egress::rules::DenyReason::PathNotAllowed,
-            Some(&allowed.rule),
-            &rules,
-        );
-        return Err(Exit::silent(REFUSED).into());
-    }
-    let mode = if probe.kind == Kind::Http {
-        "http"
-    } else {
-        "tunnel"
+    let mode = match (probe.kind == Kind::Http, allowed.needs_inspect) {
+        (true, _) => "http",
+        (false, true) => "inspect",
+        (false, false) => "tunnel",
     };
     println!("✓ allowed by rule '{}' (mode {mode})", allowed.rule);
-    if probe.kind != Kind::Http {
-        let request_level: Vec<&str> = rules
-            .rules()
-            .iter()
-            .filter(|r| r.matches_host(&target.host) && r.is_request_level())
-            .map(|r| r.id.as_str())
-            .collect();
-        if request_level.is_empty() {
-            println!(
-                "• only the connection was decided: methods and paths apply only in inspect mode, which beige does not have yet"
-            );
-        } else {
-            println!(
-                "• rule(s) {} have methods or paths: they need inspect mode (not built yet); this connection is admitted by a rule without them",
-                quoted(&request_level)
-            );
-        }
+    if mode == "inspect" {
+        println!(
+            "• the connection is inspected: the gateway answers its TLS with a certificate from the home's egress CA (<BEIGE_HOME>/keys/egress-ca.pem; the client must trust it) and checks each request's method and path, injecting a granted credential"
+        );
+    } else if probe.kind != Kind::Http {
+        println!("• only the connection was decided: its bytes are tunnelled, not read");
     }
 
     if args.no_resolve {
@@ -393,13 +368,6 @@ fn print_refusal(
         reason.explain()
     );
     println!("→ refused");
-}
-
-fn quoted(ids: &[&str]) -> String {
-    ids.iter()
-        .map(|id| format!("'{id}'"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn nets<T: std::fmt::Display>(nets: &[T]) -> String {

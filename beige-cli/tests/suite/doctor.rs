@@ -440,7 +440,8 @@ fn doctor_reports_each_agents_egress_posture() {
     assert!(private.contains("agents.net.egress.rules"), "{private}");
     assert!(private.contains("allowPrivate [10.1.2.3/32]"), "{private}");
     let inspect = line(&stdout, '⚠', "egress rule 'gh'");
-    assert!(inspect.contains("inspect mode"), "{inspect}");
+    assert!(inspect.contains("is inspected"), "{inspect}");
+    assert!(inspect.contains("egress CA"), "{inspect}");
     // Warnings, not failures.
     assert!(!stdout.contains("✗ agent"), "{stdout}");
     assert!(!stdout.contains("✗ egress"), "{stdout}");
