@@ -204,7 +204,8 @@ pub fn update(app: &mut App, msg: Msg) -> Vec<Effect> {
         }
         Msg::Tick => {
             app.tick += 1;
-            if app.tick % PROBE_EVERY_TICKS == 0 && app.is_connected() && !app.is_running() {
+            if app.tick.is_multiple_of(PROBE_EVERY_TICKS) && app.is_connected() && !app.is_running()
+            {
                 vec![Effect::Probe]
             } else {
                 Vec::new()
