@@ -236,6 +236,8 @@ pub enum EgressCommand {
 pub struct EgressTestArgs {
     /// The agent whose rules decide
     pub agent: String,
+    // The brackets are the help text's, not doc links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Where to: https://host[:port]/path, http://host[:port]/path or host:port
     pub url: String,
     /// The method of a plain http:// request

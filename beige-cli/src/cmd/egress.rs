@@ -1,7 +1,7 @@
 //! `beige egress test AGENT URL` (alias `check`): a dry run of an agent's egress rules.
 //!
 //! Loads the config as the gateway would, builds the agent's rule set with the gateway's
-//! own code ([`egress::config::rule_set`]), decides the URL with the one matcher
+//! own code ([`beige_core::egress::config::rule_set`]), decides the URL with the one matcher
 //! ([`RuleSet::decide`]), then, unless `--no-resolve`, resolves the host with the host's
 //! resolver and classifies every address with the one classifier
 //! ([`classify::permitted`]). Nothing is ever sent to the host. Exit codes: 0 allowed,
