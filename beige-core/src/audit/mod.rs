@@ -781,6 +781,16 @@ pub fn secrets_of(config: &crate::config::Config) -> Vec<String> {
             walk(c, false, &mut out);
         }
     }
+    // Egress credentials never reach a sandbox; should one be written anywhere else,
+    // the audit log still does not keep it.
+    if let Some(egress) = &config.egress {
+        out.extend(
+            egress
+                .credentials
+                .values()
+                .map(|c| c.secret.expose().to_string()),
+        );
+    }
     out.retain(|s| s.len() >= MIN_SECRET_LEN);
     out
 }
@@ -788,6 +798,20 @@ pub fn secrets_of(config: &crate::config::Config) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn egress_credential_secrets_are_redacted_like_every_other_secret() {
+        let config: crate::config::Config = serde_json::from_value(serde_json::json!({
+            "llm": {"providers": {"anthropic": {}}},
+            "agents": {"a": {"model": {"provider": "anthropic", "model": "m"}, "tools": []}},
+            "egress": {"credentials": {"gh": {
+                "secret": "ghp_egress_secret_value_123", "hosts": ["api.github.com"],
+                "inject": {"header": "Authorization", "format": "Bearer {}"}
+            }}}
+        }))
+        .unwrap();
+        assert!(secrets_of(&config).contains(&"ghp_egress_secret_value_123".to_string()));
+    }
 
     fn record(args: Vec<String>) -> AuditRecord {
         AuditRecord {
