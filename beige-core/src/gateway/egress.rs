@@ -270,34 +270,37 @@ struct Recorder<'a> {
     refusals: Option<&'a Refusals>,
 }
 
+impl Recorder<'_> {
+    /// Keep a refusal for the footer, then write the record.
+    async fn write(
+        &self,
+        agent: &str,
+        target: (&str, u16),
+        reason: Option<DenyReason>,
+        record: AuditRecord,
+    ) -> Result<(), String> {
+        if let (Some(refusals), Some(reason)) = (self.refusals, reason) {
+            refusals.push(agent, format!("{}:{}", target.0, target.1), reason);
+        }
+        self.audit.record(&record).await.map_err(|e| e.to_string())
+    }
+}
+
 #[async_trait]
 impl EgressAudit for Recorder<'_> {
-    async fn record(&self, record: &ConnectionRecord) -> Result<(), String> {
-        if let (Some(refusals), Some(reason)) = (self.refusals, record.reason) {
-            refusals.push(
-                &record.agent,
-                format!("{}:{}", record.host, record.port),
-                reason,
-            );
-        }
-        self.audit
-            .record(&audit_record(record))
+    async fn record(&self, r: &ConnectionRecord) -> Result<(), String> {
+        self.write(&r.agent, (&r.host, r.port), r.reason, audit_record(r))
             .await
-            .map_err(|e| e.to_string())
     }
 
-    async fn record_request(&self, record: &RequestRecord) -> Result<(), String> {
-        if let (Some(refusals), Some(reason)) = (self.refusals, record.reason) {
-            refusals.push(
-                &record.agent,
-                format!("{}:{}", record.host, record.port),
-                reason,
-            );
-        }
-        self.audit
-            .record(&request_audit_record(record))
-            .await
-            .map_err(|e| e.to_string())
+    async fn record_request(&self, r: &RequestRecord) -> Result<(), String> {
+        self.write(
+            &r.agent,
+            (&r.host, r.port),
+            r.reason,
+            request_audit_record(r),
+        )
+        .await
     }
 }
 
