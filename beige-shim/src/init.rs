@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 
 use beige_protocol::link::CTL_SOCKET_PATH;
 
+use crate::ca;
 use crate::dns::{self, DnsListener};
 use crate::egress::{self, Egress, ProxyListener, TransparentListener, Upstream};
 use crate::link::{self, log, CarrierSpec, Link, LinkConfig};
@@ -101,6 +102,8 @@ struct EgressOptions {
     dns: bool,
     /// `transparent=PORT+PORT…`: the transparent listeners' ports on 0.0.0.0.
     transparent: Vec<u16>,
+    /// `ca=<base64url DER>`: the gateway's egress CA, installed in [`ca::CA_DIR`].
+    ca: Option<Vec<u8>>,
     /// Pairs of other keys (or values), not supported by this shim.
     ignored: Vec<String>,
 }
@@ -132,6 +135,11 @@ impl EgressOptions {
                         })?;
                     options.transparent.sort_unstable();
                     options.transparent.dedup();
+                }
+                "ca" => {
+                    options.ca = Some(ca::decode_flag(val).ok_or_else(|| {
+                        "--egress: ca: expected a certificate in unpadded base64url".to_string()
+                    })?);
                 }
                 _ => options.ignored.push(pair.to_string()),
             }
@@ -239,6 +247,23 @@ pub fn run(args: &[String]) -> i32 {
     // Before the link is dialled and before any child runs, so that nothing else holds
     // the port (the listener is close-on-exec, and op children close it at once).
     let proxy = bind_egress(&options);
+    // Before any agent process could touch the image's bundle or the directory.
+    if let (Some(_), Some(der)) = (&proxy, options.egress.as_ref().and_then(|e| e.ca.as_ref())) {
+        match ca::install_in(std::path::Path::new(ca::CA_DIR), der) {
+            Ok(Some(source)) => log(format_args!(
+                "egress CA installed in {} (bundle: {source} + the beige CA)",
+                ca::CA_DIR
+            )),
+            Ok(None) => log(format_args!(
+                "egress CA installed in {} (no image bundle found: the bundle is the beige CA alone)",
+                ca::CA_DIR
+            )),
+            Err(err) => log(format_args!(
+                "cannot install the egress CA in {}: {err}; clients will not trust inspected hosts",
+                ca::CA_DIR
+            )),
+        }
+    }
     let pid1 = sys::is_pid1();
     // Signals from inside the container are only filtered where the sender pid means
     // something: as PID 1 of the container's namespace.

@@ -14,6 +14,7 @@
 //! It must stay free of C dependencies and of anything that needs NSS (user or host
 //! name look-ups), so the statically linked build runs in any image.
 
+mod ca;
 mod dns;
 mod egress;
 mod fsutil;

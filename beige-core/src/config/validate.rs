@@ -737,16 +737,20 @@ fn check_egress(
              default); egress over `attach` is not supported yet",
         ));
     }
-    if let Some(k) = agent
-        .sandbox
-        .extra_env
-        .keys()
-        .find(|k| EGRESS_ENV.contains(&k.as_str()))
-    {
+    if let Some(k) = agent.sandbox.extra_env.keys().find(|k| {
+        EGRESS_ENV.contains(&k.as_str())
+            || crate::sandbox::spec::EGRESS_CA_ENV
+                .iter()
+                .any(|(ca, _)| ca == k)
+    }) {
         return Err(invalid(
             file,
             sandbox.key("extraEnv").key(k),
-            format!("the gateway sets {k} in a sandbox with egress; remove it from extraEnv"),
+            format!(
+                "the gateway sets {k} in a sandbox with egress (the proxy, and the CA \
+                 bundle that holds the image's roots and the beige CA); remove it from \
+                 extraEnv"
+            ),
         ));
     }
     let first = |errors: Vec<crate::egress::config::RuleError>| {
@@ -757,7 +761,24 @@ fn check_egress(
             message: e.map(|e| e.message).unwrap_or_default(),
         }
     };
-    crate::egress::config::rule_set(config.egress.as_ref(), name, egress, 0).map_err(first)?;
+    let rules =
+        crate::egress::config::rule_set(config.egress.as_ref(), name, egress, 0).map_err(first)?;
+    // A placeholder's variable is set per exec; extraEnv would hide or fight it.
+    for credential in rules.credentials() {
+        if let crate::egress::config::Delivery::Placeholder { env, .. } = &credential.delivery {
+            if agent.sandbox.extra_env.contains_key(env) {
+                return Err(invalid(
+                    file,
+                    sandbox.key("extraEnv").key(env),
+                    format!(
+                        "the gateway sets {env} in every exec (the placeholder of credential \
+                         '{}'); remove it from extraEnv",
+                        credential.name
+                    ),
+                ));
+            }
+        }
+    }
     crate::egress::config::settings(config.egress.as_ref(), name, egress).map_err(first)?;
     Ok(())
 }

@@ -170,7 +170,7 @@ fn write_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<PathBuf, CaError> 
 /// Creates `path` with `bytes` (mode 0600) unless it exists: `Ok(false)` when another
 /// writer was first. Atomic: the file appears whole or not at all, and an existing one is
 /// never replaced (a hard link, unlike a rename, does not overwrite).
-fn create_exclusive(path: &Path, bytes: &[u8]) -> Result<bool, CaError> {
+pub(super) fn create_exclusive(path: &Path, bytes: &[u8]) -> Result<bool, CaError> {
     let temp = write_temp(path, bytes, 0o600)?;
     let linked = std::fs::hard_link(&temp, path);
     let _ = std::fs::remove_file(&temp);

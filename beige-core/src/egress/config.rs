@@ -109,7 +109,8 @@ impl fmt::Debug for Secret {
 }
 
 /// One credential of `egress.credentials` (spec §2): a secret, the exact hosts it is
-/// for, and how it is delivered. Only `inject` exists for now.
+/// for, and how it is delivered: `inject` (the gateway sets a header) or `placeholder`
+/// (the sandbox gets a stand-in the gateway swaps for the secret).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CredentialConfig {
@@ -119,7 +120,23 @@ pub struct CredentialConfig {
     /// rules must allow each of them.
     pub hosts: Vec<String>,
     /// The header the gateway sets on requests to those hosts, replacing the client's.
-    pub inject: InjectConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inject: Option<InjectConfig>,
+    /// A placeholder in an environment variable of every exec, swapped for the secret
+    /// in headers, Basic credentials and the query of requests to those hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<PlaceholderConfig>,
+    /// Whether a request to those hosts must use the credential (default true): with a
+    /// placeholder, one without it gets `credential_required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require: Option<bool>,
+    /// What a placeholder sent to another host does: `block` (default) refuses the
+    /// request; `block_and_kill` also kills the exec it was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violation: Option<Violation>,
+    /// Whether the secret is masked in responses (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<bool>,
 }
 
 /// How an injected credential is written into a request.
@@ -133,8 +150,50 @@ pub struct InjectConfig {
     pub format: Option<String>,
 }
 
-/// A checked credential, bound to an agent's [`RuleSet`]: requests to one of its
-/// `hosts` get `header: <value>`.
+/// Where a placeholder is handed to the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlaceholderConfig {
+    /// The environment variable every exec gets it in, e.g. `OPENAI_API_KEY`.
+    pub env: String,
+    /// Put in front, for SDKs that check a key's shape, e.g. `"sk-"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+/// What a placeholder sent to a host it is not for does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Violation {
+    /// Refuse the request (`placeholder_misuse`). The default.
+    #[default]
+    Block,
+    /// Refuse it and kill the exec the placeholder was made for.
+    BlockAndKill,
+}
+
+/// How a checked [`Credential`] reaches the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The gateway sets `header` to `before <secret> after`.
+    Inject {
+        /// The header, lower case.
+        header: String,
+        /// What comes before the secret.
+        before: String,
+        /// What comes after it.
+        after: String,
+    },
+    /// Every exec gets a placeholder in `env`, with `prefix` in front.
+    Placeholder {
+        /// The environment variable.
+        env: String,
+        /// The prefix.
+        prefix: String,
+    },
+}
+
+/// A checked credential, bound to an agent's [`RuleSet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credential {
     /// Its name in `egress.credentials`.
@@ -143,10 +202,14 @@ pub struct Credential {
     pub secret: Secret,
     /// The exact, normalised names it is for.
     pub hosts: Vec<String>,
-    /// The header it is set in, lower case.
-    pub header: String,
-    /// The value around the secret: what comes before and after `{}`.
-    format: (String, String),
+    /// How it is delivered.
+    pub delivery: Delivery,
+    /// Whether a request to its hosts must use it.
+    pub require: bool,
+    /// What a misused placeholder does.
+    pub violation: Violation,
+    /// Whether the secret is masked in responses.
+    pub scrub: bool,
 }
 
 impl Credential {
@@ -163,13 +226,52 @@ impl Credential {
             return None;
         }
         let (before, after) = format.split_once("{}")?;
-        Some(Self {
+        Some(Self::with_delivery(
+            name,
+            secret,
+            hosts,
+            Delivery::Inject {
+                header: header.to_ascii_lowercase(),
+                before: before.to_string(),
+                after: after.to_string(),
+            },
+        ))
+    }
+
+    /// A placeholder credential handed out in `env` with `prefix` in front.
+    pub fn placeholder(
+        name: impl Into<String>,
+        secret: Secret,
+        hosts: Vec<String>,
+        env: &str,
+        prefix: &str,
+    ) -> Self {
+        Self::with_delivery(
+            name,
+            secret,
+            hosts,
+            Delivery::Placeholder {
+                env: env.to_string(),
+                prefix: prefix.to_string(),
+            },
+        )
+    }
+
+    fn with_delivery(
+        name: impl Into<String>,
+        secret: Secret,
+        hosts: Vec<String>,
+        delivery: Delivery,
+    ) -> Self {
+        Self {
             name: name.into(),
             secret,
             hosts,
-            header: header.to_ascii_lowercase(),
-            format: (before.to_string(), after.to_string()),
-        })
+            delivery,
+            require: true,
+            violation: Violation::Block,
+            scrub: true,
+        }
     }
 
     /// Whether it is for `host` (an exact name).
@@ -177,9 +279,16 @@ impl Credential {
         self.hosts.iter().any(|h| h == host)
     }
 
-    /// The header value, secret included.
-    pub fn header_value(&self) -> String {
-        format!("{}{}{}", self.format.0, self.secret.expose(), self.format.1)
+    /// The header and its value, secret included, for an injected credential.
+    pub fn header_value(&self) -> Option<(&str, String)> {
+        match &self.delivery {
+            Delivery::Inject {
+                header,
+                before,
+                after,
+            } => Some((header, format!("{before}{}{after}", self.secret.expose()))),
+            Delivery::Placeholder { .. } => None,
+        }
     }
 }
 
@@ -451,7 +560,8 @@ pub fn credentials(
             errors.push(RuleError::new(
                 grant_path,
                 format!(
-                    "no credential '{}' in egress.credentials ({}); define it there or remove                      the grant",
+                    "no credential '{}' in egress.credentials ({}); define it there or remove \
+                     the grant",
                     grant.escape_debug(),
                     if known.is_empty() {
                         "it defines none".to_string()
@@ -477,7 +587,8 @@ pub fn credentials(
                         errors.push(RuleError::new(
                             grant_path.clone(),
                             format!(
-                                "'{grant}' and '{other}' are both for {host}, and a request can                                  carry only one; grant one of them"
+                                "'{grant}' and '{other}' are both for {host}, and a request can \
+                                 carry only one; grant one of them"
                             ),
                         ));
                     } else {
@@ -525,7 +636,8 @@ fn check_credential(
             errors.push(RuleError::new(
                 at,
                 format!(
-                    "`{shown}`: plain HTTP never gets credentials; write the host alone                      (`{}`), reached over HTTPS",
+                    "`{shown}`: plain HTTP never gets credentials; write the host alone \
+                     (`{}`), reached over HTTPS",
                     host.escape_debug()
                 ),
             ));
@@ -537,7 +649,8 @@ fn check_credential(
                 errors.push(RuleError::new(
                     at,
                     format!(
-                        "`{shown}`: a credential goes only to exact hosts, never to a wildcard;                          list each host, e.g. `api.example.com`"
+                        "`{shown}`: a credential goes only to exact hosts, never to a wildcard; \
+                         list each host, e.g. `api.example.com`"
                     ),
                 ));
                 continue;
@@ -546,7 +659,8 @@ fn check_credential(
                 errors.push(RuleError::new(
                     at,
                     format!(
-                        "`{shown}`: a credential goes only to named hosts, whose certificate                          names them; write the host's name"
+                        "`{shown}`: a credential goes only to named hosts, whose certificate \
+                         names them; write the host's name"
                     ),
                 ));
                 continue;
@@ -588,7 +702,8 @@ fn check_credential(
             errors.push(RuleError::new(
                 at,
                 format!(
-                    "agent '{}' is granted '{name}', but its rules allow {name} {why}; add a                      rule such as {{ id: \"{}\", hosts: [\"{name}\"] }} or remove the host",
+                    "agent '{}' is granted '{name}', but its rules allow {name} {why}; add a \
+                     rule such as {{ id: \"{}\", hosts: [\"{name}\"] }} or remove the host",
                     agent_name.escape_debug(),
                     name.split('.').next().unwrap_or("api")
                 ),
@@ -596,7 +711,52 @@ fn check_credential(
         }
         hosts.push(name);
     }
-    let header = &config.inject.header;
+    let delivery = match (&config.inject, &config.placeholder) {
+        (Some(inject), None) => check_inject(path, inject, &mut errors),
+        (None, Some(placeholder)) => check_placeholder(path, placeholder, &mut errors),
+        (Some(_), Some(_)) => {
+            errors.push(RuleError::new(
+                path.to_string(),
+                "a credential has one delivery; keep `inject` (the gateway sets a header) or \
+                 `placeholder` (the sandbox gets a stand-in), not both",
+            ));
+            None
+        }
+        (None, None) => {
+            errors.push(RuleError::new(
+                path.to_string(),
+                "the credential says not how it is delivered; add `inject: { header: \
+                 \"Authorization\", format: \"Bearer {}\" }` or `placeholder: { env: \
+                 \"API_KEY\" }`",
+            ));
+            None
+        }
+    };
+    if config.secret.expose().bytes().any(|b| b.is_ascii_control()) {
+        errors.push(RuleError::new(
+            format!("{path}.secret"),
+            "the secret has a control character (a newline?), which no header may carry; \
+             remove it",
+        ));
+    }
+    let Some(delivery) = delivery.filter(|_| errors.is_empty()) else {
+        return Err(errors);
+    };
+    let mut credential = Credential::with_delivery(name, config.secret.clone(), hosts, delivery);
+    credential.require = config.require.unwrap_or(true);
+    credential.violation = config.violation.unwrap_or_default();
+    credential.scrub = config.scrub.unwrap_or(true);
+    Ok(credential)
+}
+
+/// Checks an `inject` block: a header the gateway does not own, a format with one `{}`.
+fn check_inject(
+    path: &str,
+    inject: &InjectConfig,
+    errors: &mut Vec<RuleError>,
+) -> Option<Delivery> {
+    let before = errors.len();
+    let header = &inject.header;
     let header_at = format!("{path}.inject.header");
     if header.is_empty() || !header.bytes().all(is_token_byte) {
         errors.push(RuleError::new(
@@ -613,16 +773,18 @@ fn check_credential(
         errors.push(RuleError::new(
             header_at,
             format!(
-                "the gateway sets `{header}` itself; inject the credential into another                  header, e.g. `Authorization`"
+                "the gateway sets `{header}` itself; inject the credential into another \
+                 header, e.g. `Authorization`"
             ),
         ));
     }
-    let format = config.inject.format.as_deref().unwrap_or("{}");
+    let format = inject.format.as_deref().unwrap_or("{}");
     if format.matches("{}").count() != 1 {
         errors.push(RuleError::new(
             format!("{path}.inject.format"),
             format!(
-                "`{}` must have exactly one `{{}}` where the secret goes; write e.g.                  \"Bearer {{}}\"",
+                "`{}` must have exactly one `{{}}` where the secret goes; write e.g. \
+                 \"Bearer {{}}\"",
                 format.escape_debug()
             ),
         ));
@@ -632,20 +794,76 @@ fn check_credential(
             "the format has a control character, which no header may carry; remove it",
         ));
     }
-    if config.secret.expose().bytes().any(|b| b.is_ascii_control()) {
+    if errors.len() > before {
+        return None;
+    }
+    let (b, a) = format.split_once("{}")?;
+    Some(Delivery::Inject {
+        header: header.to_ascii_lowercase(),
+        before: b.to_string(),
+        after: a.to_string(),
+    })
+}
+
+/// Whether `name` is one the gateway owns in a sandbox with egress (proxy, CA and beige
+/// variables, and the basics every process needs).
+pub fn is_reserved_env(name: &str) -> bool {
+    const OWNED: [&str; 5] = ["PATH", "HOME", "USER", "SHELL", "NO_PROXY"];
+    let upper = name.to_ascii_uppercase();
+    OWNED.contains(&upper.as_str())
+        || upper.starts_with("BEIGE_")
+        || upper.ends_with("_PROXY")
+        || crate::sandbox::spec::EGRESS_CA_ENV
+            .iter()
+            .any(|(k, _)| *k == upper)
+}
+
+/// Checks a `placeholder` block: a plain environment variable name the gateway does not
+/// own, and a short printable prefix.
+fn check_placeholder(
+    path: &str,
+    placeholder: &PlaceholderConfig,
+    errors: &mut Vec<RuleError>,
+) -> Option<Delivery> {
+    let before = errors.len();
+    let env = &placeholder.env;
+    let valid = env
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
         errors.push(RuleError::new(
-            format!("{path}.secret"),
-            "the secret has a control character (a newline?), which no header may carry;              remove it",
+            format!("{path}.placeholder.env"),
+            format!(
+                "`{}` is not an environment variable name; write e.g. `OPENAI_API_KEY`",
+                env.escape_debug()
+            ),
+        ));
+    } else if is_reserved_env(env) {
+        errors.push(RuleError::new(
+            format!("{path}.placeholder.env"),
+            format!(
+                "the gateway sets `{env}` itself; hand the placeholder out in another variable"
+            ),
         ));
     }
-    if !errors.is_empty() {
-        return Err(errors);
+    let prefix = placeholder.prefix.clone().unwrap_or_default();
+    if prefix.len() > 32
+        || !prefix.bytes().all(|b| b.is_ascii_graphic())
+        || prefix.contains("bgph_")
+    {
+        errors.push(RuleError::new(
+            format!("{path}.placeholder.prefix"),
+            format!(
+                "`{}` must be at most 32 printable characters without spaces; write e.g. \"sk-\"",
+                prefix.escape_debug()
+            ),
+        ));
     }
-    Credential::new(name, config.secret.clone(), hosts, header, format).ok_or_else(|| {
-        vec![RuleError::new(
-            format!("{path}.inject.format"),
-            "the format must have exactly one `{}`",
-        )]
+    (errors.len() == before).then(|| Delivery::Placeholder {
+        env: env.clone(),
+        prefix,
     })
 }
 

@@ -396,8 +396,10 @@ fn a_granted_credential_is_bound_and_forces_inspect() {
     let gh = parse_authority("api.github.com:443", 443).unwrap();
     let c = set.credential_for(&gh.host).unwrap();
     assert_eq!(c.name, "github");
-    assert_eq!(c.header, "authorization");
-    assert_eq!(c.header_value(), "Bearer ghp_real");
+    let (header, value) = c.header_value().unwrap();
+    assert_eq!(header, "authorization");
+    assert_eq!(value, "Bearer ghp_real");
+    assert!(c.require && c.scrub);
     match set.decide(&gh, None) {
         Verdict::Allow(a) => assert!(a.needs_inspect),
         v => panic!("{v:?}"),
@@ -505,6 +507,53 @@ fn credential_validation_names_the_path_and_the_fix() {
             "egress.credentials.github.hosts",
             "at least one host",
         ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "inject": { "header": "Authorization" }, "placeholder": { "env": "GH" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github",
+            "not both",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"] } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github",
+            "says not how it is delivered",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "placeholder": { "env": "1BAD-NAME" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.placeholder.env",
+            "not an environment variable name",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "placeholder": { "env": "HTTPS_PROXY" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.placeholder.env",
+            "the gateway sets `HTTPS_PROXY` itself",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "placeholder": { "env": "SSL_CERT_FILE" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.placeholder.env",
+            "the gateway sets",
+        ),
+        (
+            json!({ "github": { "secret": "x", "hosts": ["api.github.com"],
+                    "placeholder": { "env": "GH_TOKEN", "prefix": "has space" } } }),
+            gh_rule.clone(),
+            grant.clone(),
+            "egress.credentials.github.placeholder.prefix",
+            "printable characters without spaces",
+        ),
     ];
     for (credentials, rules, grants, path, message) in cases {
         let errors = credential_errors(credentials.clone(), rules, grants);
@@ -528,11 +577,41 @@ fn credential_validation_names_the_path_and_the_fix() {
             .any(|(p, m)| p == "agents.intern.egress.credentials[1]" && m.contains("both for")),
         "{errors:?}"
     );
-    // Unknown fields are refused (placeholders do not exist yet).
+    // Unknown fields are refused.
     assert!(
         serde_json::from_value::<EgressConfig>(json!({ "credentials": { "c": {
-        "secret": "x", "hosts": ["a.example.com"], "inject": { "header": "A" }, "placeholder": {}
+        "secret": "x", "hosts": ["a.example.com"], "inject": { "header": "A" }, "token": {}
     } } }))
         .is_err()
     );
+}
+
+#[test]
+fn a_placeholder_credential_is_bound_with_its_settings() {
+    let t = top(json!({ "credentials": { "openai": {
+        "secret": "sk-real", "hosts": ["api.openai.com"],
+        "placeholder": { "env": "OPENAI_API_KEY", "prefix": "sk-" },
+        "require": false, "violation": "block_and_kill", "scrub": false,
+    } } }));
+    let a = agent(json!({
+        "rules": [{ "id": "oa", "hosts": ["api.openai.com"] }],
+        "credentials": ["openai"]
+    }));
+    let set = rule_set(Some(&t), "intern", &a, 1).unwrap();
+    let host = parse_authority("api.openai.com", 443).unwrap().host;
+    let c = set.credential_for(&host).unwrap();
+    assert_eq!(
+        c.delivery,
+        crate::egress::config::Delivery::Placeholder {
+            env: "OPENAI_API_KEY".into(),
+            prefix: "sk-".into()
+        }
+    );
+    assert!(c.header_value().is_none());
+    assert!(!c.require && !c.scrub);
+    assert_eq!(c.violation, crate::egress::config::Violation::BlockAndKill);
+    match set.decide(&parse_authority("api.openai.com", 443).unwrap(), None) {
+        Verdict::Allow(a) => assert!(a.needs_inspect),
+        v => panic!("{v:?}"),
+    }
 }

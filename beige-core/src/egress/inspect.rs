@@ -43,10 +43,12 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
+use super::broker::{Broker, Misuse, RequestBody};
 use super::ca::EgressCa;
-use super::config::Credential;
+use super::config::{Credential, Delivery};
 use super::engine::EgressAudit;
 use super::http;
+use super::placeholder::PlaceholderKey;
 use super::rules::{DenyReason, Request as RuleRequest, RuleSet, Verdict};
 use super::target::{parse_authority, Host, Target};
 use super::upstream::{BoxUpstream, Dialer};
@@ -121,6 +123,10 @@ pub struct RequestRecord {
     pub reason: Option<DenyReason>,
     /// What went wrong upstream or on the way, in words.
     pub error: Option<String>,
+    /// The exec whose placeholder was swapped in, when one was.
+    pub exec: Option<String>,
+    /// A placeholder headed for a host its credential is not bound to.
+    pub misuse: Option<Misuse>,
 }
 
 /// Terminates inspected streams: the CA for the client side, the trust for the upstream
@@ -128,6 +134,7 @@ pub struct RequestRecord {
 pub struct Inspector {
     ca: Arc<EgressCa>,
     client_tls: Arc<rustls::ClientConfig>,
+    placeholders: Option<Arc<PlaceholderKey>>,
 }
 
 impl std::fmt::Debug for Inspector {
@@ -179,7 +186,15 @@ impl Inspector {
         Ok(Self {
             ca,
             client_tls: Arc::new(client),
+            placeholders: None,
         })
+    }
+
+    /// The same inspector brokering placeholders made with `key`: swapped on their
+    /// credentials' routes, refused everywhere else.
+    pub fn with_placeholders(mut self, key: Arc<PlaceholderKey>) -> Self {
+        self.placeholders = Some(key);
+        self
     }
 
     /// The CA the leaves are signed by.
@@ -260,6 +275,13 @@ impl Inspector {
             id: session.id.to_string(),
             target: session.target.clone(),
             credential: session.rules.credential_for(&session.target.host).cloned(),
+            placeholders: self.placeholders.clone().filter(|_| {
+                session
+                    .rules
+                    .credentials()
+                    .iter()
+                    .any(|c| matches!(c.delivery, Delivery::Placeholder { .. }))
+            }),
             rules: session.rules,
             seq: AtomicU64::new(0),
             pool: tokio::sync::Mutex::new(Pool {
@@ -340,6 +362,9 @@ struct Shared {
     target: Target,
     rules: Arc<RuleSet>,
     credential: Option<Credential>,
+    /// The key, when the agent has placeholder credentials (then every request is
+    /// scanned).
+    placeholders: Option<Arc<PlaceholderKey>>,
     seq: AtomicU64,
     pool: tokio::sync::Mutex<Pool>,
     client_tls: Arc<rustls::ClientConfig>,
@@ -352,7 +377,7 @@ struct Shared {
 /// HTTP/1.1 client on it.
 struct Pool {
     fresh: Option<BoxUpstream>,
-    sender: Option<hyper::client::conn::http1::SendRequest<Incoming>>,
+    sender: Option<hyper::client::conn::http1::SendRequest<RequestBody>>,
 }
 
 impl Shared {
@@ -360,7 +385,7 @@ impl Shared {
     async fn connect(
         &self,
         fresh: Option<BoxUpstream>,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, (&'static str, String)> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>, (&'static str, String)> {
         let tcp = match fresh {
             Some(tcp) => tcp,
             None => self.dialer.dial(self.pinned).await.map_err(|e| {
@@ -395,7 +420,7 @@ impl Shared {
     /// Sends `req` upstream, on the open connection or a new one to the pinned address.
     async fn send(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, (&'static str, String)> {
         let mut pool = self.pool.lock().await;
         for _ in 0..2 {
@@ -455,6 +480,8 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<InspectBody
             credential: None,
             reason: None,
             error: None,
+            exec: None,
+            misuse: None,
         },
         started: Instant::now(),
         records: shared.records.clone(),
@@ -480,30 +507,91 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<InspectBody
 
     let (mut parts, body) = req.into_parts();
     parts.version = hyper::Version::HTTP_11;
+    let host = shared.target.host.to_string();
+    // With placeholders about, the request is scanned before anything is forwarded: a
+    // valid one headed for a host its credential is not bound to is refused here.
+    let body = match &shared.placeholders {
+        Some(key) => {
+            let (body, prefix) = match RequestBody::buffered(body).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tracker.record.error = Some(format!("the request body broke: {e}"));
+                    return refuse(shared, tracker, DenyReason::BadRequest, None);
+                }
+            };
+            let broker = Broker {
+                key,
+                agent: &shared.agent,
+                credentials: shared.rules.credentials(),
+            };
+            let line = format!("{} {}", parts.method, parts.uri);
+            if let Some(misuse) = broker.misuse(&host, line.as_bytes(), &parts.headers, &prefix) {
+                tracker.record.credential = Some(misuse.credential.clone());
+                tracker.record.misuse = Some(misuse);
+                return refuse(shared, tracker, DenyReason::PlaceholderMisuse, None);
+            }
+            body
+        }
+        None => RequestBody::streaming(body),
+    };
     if let Some(pq) = parts.uri.path_and_query().cloned() {
         parts.uri = hyper::Uri::from(pq);
     }
     drop_hop_headers(&mut parts.headers);
     if let Some(credential) = &shared.credential {
         tracker.record.credential = Some(credential.name.clone());
-        match (
-            HeaderName::from_bytes(credential.header.as_bytes()),
-            HeaderValue::from_str(&credential.header_value()),
-        ) {
-            (Ok(name), Ok(mut value)) => {
-                value.set_sensitive(true);
-                parts.headers.remove(&name);
-                parts.headers.insert(name, value);
-                parts.headers.insert(
-                    header::ACCEPT_ENCODING,
-                    HeaderValue::from_static("identity"),
-                );
-                tracker.record.substituted = true;
+        match (&credential.delivery, &shared.placeholders) {
+            (Delivery::Inject { .. }, _) => {
+                let Some((header, value)) = credential.header_value() else {
+                    return upstream_error(shared, tracker, "credential_invalid");
+                };
+                match (
+                    HeaderName::from_bytes(header.as_bytes()),
+                    HeaderValue::from_str(&value),
+                ) {
+                    (Ok(name), Ok(mut value)) => {
+                        value.set_sensitive(true);
+                        parts.headers.remove(&name);
+                        parts.headers.insert(name, value);
+                        tracker.record.substituted = true;
+                    }
+                    _ => {
+                        tracker.record.error = Some("the credential is not a valid header".into());
+                        return upstream_error(shared, tracker, "credential_invalid");
+                    }
+                }
             }
-            _ => {
-                tracker.record.error = Some("the credential is not a valid header".into());
+            (Delivery::Placeholder { .. }, Some(key)) => {
+                let broker = Broker {
+                    key,
+                    agent: &shared.agent,
+                    credentials: shared.rules.credentials(),
+                };
+                match broker.substitute(credential, &mut parts.headers, &mut parts.uri) {
+                    Ok(exec) => {
+                        tracker.record.substituted = exec.is_some();
+                        tracker.record.exec = exec;
+                    }
+                    Err(reason) => {
+                        tracker.record.error =
+                            Some("the request with the secret is not valid HTTP".into());
+                        return upstream_error(shared, tracker, reason);
+                    }
+                }
+                if !tracker.record.substituted && credential.require {
+                    return refuse(shared, tracker, DenyReason::CredentialRequired, None);
+                }
+            }
+            (Delivery::Placeholder { .. }, None) => {
+                tracker.record.error = Some("no placeholder key".into());
                 return upstream_error(shared, tracker, "credential_invalid");
             }
+        }
+        if credential.scrub {
+            parts.headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
         }
     }
 
@@ -516,7 +604,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<InspectBody
     };
     let (mut parts, body) = response.into_parts();
     drop_hop_headers(&mut parts.headers);
-    let scrubber = shared.credential.as_ref().map(|c| {
+    let scrubber = shared.credential.as_ref().filter(|c| c.scrub).map(|c| {
         let mut headers = Scrubber::new(c.secret.expose());
         scrub_headers(&mut headers, &mut parts.headers);
         tracker.record.scrubbed += headers.count();

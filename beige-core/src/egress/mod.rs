@@ -11,6 +11,8 @@
 //! request and broker credentials (`inspect`).
 
 #[cfg(feature = "egress")]
+pub mod broker;
+#[cfg(feature = "egress")]
 pub mod ca;
 pub mod classify;
 pub mod config;
@@ -19,7 +21,10 @@ pub mod engine;
 pub mod http;
 #[cfg(feature = "egress")]
 pub mod inspect;
+#[cfg(feature = "egress")]
+pub mod placeholder;
 pub mod rules;
+pub mod scan;
 pub mod target;
 pub mod tls;
 #[cfg(feature = "egress")]

@@ -538,6 +538,11 @@ impl RuleSet {
         self
     }
 
+    /// Every credential the agent is granted.
+    pub fn credentials(&self) -> &[Credential] {
+        &self.credentials
+    }
+
     /// The credential bound to `host`, if any (only names have one).
     pub fn credential_for(&self, host: &Host) -> Option<&Credential> {
         let name = host.as_name()?;

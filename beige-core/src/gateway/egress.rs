@@ -18,21 +18,26 @@ use serde_json::{json, Map, Value};
 
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::{Config, ConfigError};
+use crate::egress::broker::Misuse;
 use crate::egress::ca::EgressCa;
+use crate::egress::config::Delivery;
 use crate::egress::engine::{
     ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine, DEFAULT_MAX_STREAMS,
 };
 use crate::egress::inspect::{read_pem_certs, Inspector, RequestRecord};
+use crate::egress::placeholder::PlaceholderKey;
 use crate::egress::rules::{DenyReason, RuleSet};
 use crate::egress::upstream::{Dialer, HickoryResolver, Resolver, TcpDialer};
-use crate::sandbox::EgressStream;
+use crate::sandbox::{EgressStream, Sandbox};
 use crate::tools::{ContentBlock, ToolOutput};
 
-/// One agent's egress: its rules (the snapshot new streams get) and its stream limit.
+/// One agent's egress: its rules (the snapshot new streams get), its stream limit, and
+/// the placeholders each of its execs gets (`(variable, credential, prefix)`).
 #[derive(Debug)]
 struct AgentEgress {
     rules: Arc<RuleSet>,
     max_streams: usize,
+    placeholders: Vec<(String, String, String)>,
 }
 
 /// Egress for every agent of one engine.
@@ -40,6 +45,10 @@ struct AgentEgress {
 pub(crate) struct GatewayEgress {
     engine: EgressEngine,
     agents: HashMap<String, AgentEgress>,
+    /// The home's egress CA, installed in every sandbox with egress.
+    ca: Arc<EgressCa>,
+    /// The home's placeholder key, when some agent has a placeholder credential.
+    placeholder_key: Option<Arc<PlaceholderKey>>,
     /// Recent refusals per agent, for the footer of the exec they happened during.
     refusals: Refusals,
 }
@@ -147,17 +156,48 @@ impl GatewayEgress {
             let max_streams = settings.max_streams;
             may_inspect |= !egress.credentials.is_empty()
                 || rules.rules().iter().any(|r| r.is_request_level());
+            let placeholders = rules
+                .credentials()
+                .iter()
+                .filter_map(|c| match &c.delivery {
+                    Delivery::Placeholder { env, prefix } => {
+                        Some((env.clone(), c.name.clone(), prefix.clone()))
+                    }
+                    Delivery::Inject { .. } => None,
+                })
+                .collect();
             agents.insert(
                 name.clone(),
                 AgentEgress {
                     rules: Arc::new(rules),
                     max_streams,
+                    placeholders,
                 },
             );
         }
         if agents.is_empty() {
             return Ok(None);
         }
+        // The CA is installed whenever egress is on, so that a rule that starts
+        // inspecting never needs the sandbox made again.
+        let ca = Arc::new(EgressCa::load_or_create(keys_dir).map_err(|e| {
+            invalid(
+                "egress".into(),
+                format!("the egress CA cannot be set up: {e}"),
+            )
+        })?);
+        let placeholder_key = if agents.values().any(|a| !a.placeholders.is_empty()) {
+            Some(Arc::new(PlaceholderKey::load_or_create(keys_dir).map_err(
+                |e| {
+                    invalid(
+                        "egress.credentials".into(),
+                        format!("the placeholder key cannot be set up: {e}"),
+                    )
+                },
+            )?))
+        } else {
+            None
+        };
         let resolver = match resolver {
             Some(r) => r,
             None => Arc::new(
@@ -167,11 +207,17 @@ impl GatewayEgress {
         let dialer = dialer.unwrap_or_else(|| Arc::new(TcpDialer));
         let mut engine = EgressEngine::new(resolver, dialer);
         if may_inspect {
-            engine = engine.with_inspector(Arc::new(inspector(config, file, keys_dir)?));
+            let mut inspector = inspector(config, file, ca.clone())?;
+            if let Some(key) = &placeholder_key {
+                inspector = inspector.with_placeholders(key.clone());
+            }
+            engine = engine.with_inspector(Arc::new(inspector));
         }
         Ok(Some(Self {
             engine,
             agents,
+            ca,
+            placeholder_key,
             refusals: Refusals::default(),
         }))
     }
@@ -184,6 +230,7 @@ impl GatewayEgress {
         let recorder = Recorder {
             audit,
             refusals: None,
+            sandbox: None,
         };
         engine
             .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &recorder)
@@ -191,10 +238,17 @@ impl GatewayEgress {
     }
 
     /// Serve one stream of `agent`'s sandbox to its end.
-    pub(crate) async fn serve(&self, agent: &str, stream: EgressStream, audit: &dyn AuditSink) {
+    pub(crate) async fn serve(
+        &self,
+        agent: &str,
+        stream: EgressStream,
+        audit: &dyn AuditSink,
+        sandbox: &dyn Sandbox,
+    ) {
         let recorder = Recorder {
             audit,
             refusals: Some(&self.refusals),
+            sandbox: Some(sandbox),
         };
         let (rules, max) = match self.agents.get(agent) {
             Some(a) => (a.rules.clone(), a.max_streams),
@@ -207,21 +261,15 @@ impl GatewayEgress {
     }
 }
 
-/// The inspector of `config`: the home's CA (made on first use) and the extra roots of
+/// The inspector of `config`: the home's CA and the extra roots of
 /// `egress.tls.extraRoots` (`~/` is the user's home, relative paths are relative to the
 /// config file).
-fn inspector(config: &Config, file: &Path, keys_dir: &Path) -> Result<Inspector, ConfigError> {
+fn inspector(config: &Config, file: &Path, ca: Arc<EgressCa>) -> Result<Inspector, ConfigError> {
     let invalid = |path: String, message: String| ConfigError::Invalid {
         file: file.to_path_buf(),
         path,
         message,
     };
-    let ca = EgressCa::load_or_create(keys_dir).map_err(|e| {
-        invalid(
-            "egress".into(),
-            format!("the egress CA for inspect mode cannot be set up: {e}"),
-        )
-    })?;
     let mut roots = Vec::new();
     let listed = config
         .egress
@@ -243,8 +291,7 @@ fn inspector(config: &Config, file: &Path, keys_dir: &Path) -> Result<Inspector,
             read_pem_certs(&path).map_err(|e| invalid(format!("egress.tls.extraRoots[{i}]"), e))?;
         roots.extend(certs);
     }
-    Inspector::new(Arc::new(ca), roots)
-        .map_err(|e| invalid("egress.tls.extraRoots".into(), e.to_string()))
+    Inspector::new(ca, roots).map_err(|e| invalid("egress.tls.extraRoots".into(), e.to_string()))
 }
 
 /// A resolver never asked: with no rules, nothing gets as far as resolving.
@@ -268,6 +315,8 @@ impl Resolver for NoResolver {
 struct Recorder<'a> {
     audit: &'a dyn AuditSink,
     refusals: Option<&'a Refusals>,
+    /// Where a misused placeholder's exec is killed (`violation: block_and_kill`).
+    sandbox: Option<&'a dyn Sandbox>,
 }
 
 impl Recorder<'_> {
@@ -294,6 +343,29 @@ impl EgressAudit for Recorder<'_> {
     }
 
     async fn record_request(&self, r: &RequestRecord) -> Result<(), String> {
+        if let Some(misuse) = &r.misuse {
+            let killed = match (misuse.kill, self.sandbox) {
+                (true, Some(sandbox)) => {
+                    let kill =
+                        beige_protocol::op::OpRequest::Kill(beige_protocol::op::KillRequest {
+                            exec_id: misuse.exec.clone(),
+                        });
+                    match sandbox.run_op(&r.agent, &kill).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(agent = r.agent, exec = misuse.exec, error = %e, "egress: cannot kill the exec of a misused placeholder");
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            };
+            let record = misuse_audit_record(r, misuse, killed);
+            self.audit
+                .record(&record)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         self.write(
             &r.agent,
             (&r.host, r.port),
@@ -302,6 +374,35 @@ impl EgressAudit for Recorder<'_> {
         )
         .await
     }
+}
+
+/// The security record of a misused placeholder (`tool:
+/// security.egress_placeholder_misuse`): the credential, the host, how the placeholder
+/// was written, the exec it was made for and whether it was killed; never the token.
+fn misuse_audit_record(r: &RequestRecord, misuse: &Misuse, killed: bool) -> AuditRecord {
+    let mut record = AuditRecord::security(
+        &r.agent,
+        "security.egress_placeholder_misuse",
+        vec![format!("{}:{}", r.host, r.port)],
+        AuditDecision::Denied,
+    );
+    record.ts = now_ts();
+    record.target = None;
+    record.error = Some(format!(
+        "a placeholder of credential '{}' (made for exec {}) was sent to {}, which it is not \
+         for",
+        misuse.credential, misuse.exec, r.host
+    ));
+    record.egress = Some(json!({
+        "id": r.id,
+        "credential": misuse.credential,
+        "host": r.host,
+        "port": r.port,
+        "encoding": misuse.encoding.as_str(),
+        "exec": misuse.exec,
+        "killed": killed,
+    }));
+    record
 }
 
 /// The audit record of an inspected request (`tool: egress.request`).
@@ -326,6 +427,9 @@ pub(crate) fn request_audit_record(r: &RequestRecord) -> AuditRecord {
     }
     if let Some(reason) = r.reason {
         egress.insert("reason".into(), json!(reason.as_str()));
+    }
+    if let Some(exec) = &r.exec {
+        egress.insert("exec".into(), json!(exec));
     }
     let mut record = AuditRecord::security(
         &r.agent,
@@ -357,6 +461,25 @@ impl GatewayEgress {
     /// agent at once see each other's).
     pub(crate) fn footer(&self, agent: &str, since: Instant) -> Option<String> {
         self.refusals.footer(agent, since)
+    }
+
+    /// The CA every sandbox with egress trusts (DER).
+    pub(crate) fn ca_der(&self) -> Vec<u8> {
+        self.ca.cert_der().as_ref().to_vec()
+    }
+
+    /// The placeholders exec `exec_id` of `agent` gets, as environment variables: one
+    /// per placeholder credential it is granted, made for this exec.
+    pub(crate) fn exec_env(&self, agent: &str, exec_id: &str) -> Vec<(String, String)> {
+        let (Some(key), Some(a)) = (&self.placeholder_key, self.agents.get(agent)) else {
+            return Vec::new();
+        };
+        a.placeholders
+            .iter()
+            .filter_map(|(env, credential, prefix)| {
+                Some((env.clone(), key.mint(agent, credential, exec_id, prefix)?))
+            })
+            .collect()
     }
 }
 

@@ -409,6 +409,7 @@ impl GatewayBuilder {
                         ) {
                             e.proxy_port = s.proxy_port;
                         }
+                        e.ca_der = egress.as_ref().map(|g| g.ca_der());
                     }
                 }
             }
@@ -960,6 +961,13 @@ impl Inner {
         let run = async {
             #[cfg(feature = "egress")]
             let since = Instant::now();
+            #[cfg(feature = "egress")]
+            let exec_env = |id: &str| match &self.egress {
+                Some(egress) => egress.exec_env(agent, id),
+                None => Vec::new(),
+            };
+            #[cfg(not(feature = "egress"))]
+            let exec_env = |_: &str| Vec::new();
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -968,6 +976,7 @@ impl Inner {
                 &ctx,
                 cancel,
                 output,
+                &exec_env,
             )
             .await
             .map_err(|e| e.to_string())?;

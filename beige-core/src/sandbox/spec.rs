@@ -193,13 +193,36 @@ pub struct EgressSpec {
     /// PID 1 also answers DNS with synthetic addresses and takes connections to them
     /// on ports 80 and 443 (for clients that ignore the proxy variables).
     pub transparent: bool,
+    /// The gateway's public egress CA (DER), which PID 1 installs in [`EGRESS_CA_DIR`]
+    /// with a bundle that merges it into the image's roots, for inspect mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_der: Option<Vec<u8>>,
 }
+
+/// Where PID 1 writes the egress CA (`beige-ca.pem`) and the merged bundle
+/// (`bundle.pem`): a root-owned tmpfs.
+pub const EGRESS_CA_DIR: &str = "/beige/ca";
+
+/// The variables that point TLS clients at the egress CA, and the file each names in
+/// [`EGRESS_CA_DIR`]: most take the merged bundle, Node and Deno the CA alone (they add
+/// it to their own roots).
+pub const EGRESS_CA_ENV: [(&str, &str); 8] = [
+    ("CURL_CA_BUNDLE", "bundle.pem"),
+    ("SSL_CERT_FILE", "bundle.pem"),
+    ("GIT_SSL_CAINFO", "bundle.pem"),
+    ("REQUESTS_CA_BUNDLE", "bundle.pem"),
+    ("PIP_CERT", "bundle.pem"),
+    ("CARGO_HTTP_CAINFO", "bundle.pem"),
+    ("NODE_EXTRA_CA_CERTS", "beige-ca.pem"),
+    ("DENO_CERT", "beige-ca.pem"),
+];
 
 impl Default for EgressSpec {
     fn default() -> Self {
         Self {
             proxy_port: beige_protocol::link::EGRESS_PROXY_PORT,
             transparent: true,
+            ca_der: None,
         }
     }
 }
@@ -207,16 +230,23 @@ impl Default for EgressSpec {
 impl EgressSpec {
     /// The value of the shim's `--egress` flag.
     pub fn shim_flag(&self) -> String {
-        if self.transparent {
+        use base64::Engine as _;
+        let mut flag = if self.transparent {
             format!("proxy={},dns=synthetic,transparent=80+443", self.proxy_port)
         } else {
             format!("proxy={}", self.proxy_port)
+        };
+        if let Some(der) = &self.ca_der {
+            flag.push_str(",ca=");
+            flag.push_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(der));
         }
+        flag
     }
 
     /// The environment of every process in the sandbox: the proxy variables (both
     /// cases, as clients read one or the other), what is never proxied, and Node's
-    /// switch to honour them.
+    /// switch to honour them; with the CA, the variables that make clients trust it
+    /// ([`EGRESS_CA_ENV`]).
     pub fn env(&self) -> Vec<(String, String)> {
         let proxy = format!("http://127.0.0.1:{}", self.proxy_port);
         let mut env = Vec::new();
@@ -229,6 +259,11 @@ impl EgressSpec {
         env.push(("NO_PROXY".into(), no_proxy.clone()));
         env.push(("no_proxy".into(), no_proxy));
         env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+        if self.ca_der.is_some() {
+            for (k, file) in EGRESS_CA_ENV {
+                env.push((k.to_string(), format!("{EGRESS_CA_DIR}/{file}")));
+            }
+        }
         env
     }
 }
@@ -548,6 +583,58 @@ mod tests {
             .iter()
             .any(|s| s.starts_with("no-new-privileges")));
         insta::assert_json_snapshot!("default_spec", spec);
+    }
+
+    #[test]
+    #[cfg(feature = "docker")]
+    fn egress_installs_the_ca_only_when_the_gateway_gives_one() {
+        let home = BeigeHome::new("/home/u/.beige");
+        let cfg = agent_config(serde_json::json!({
+            "model": {"provider": "anthropic", "model": "m"},
+            "tools": [],
+            "egress": {"rules": [{"id": "gh", "hosts": ["api.github.com"]}]}
+        }));
+        let input = input(&home, &cfg, SandboxUser::DEFAULT);
+        let mut spec = SandboxSpec::for_agent(&input).unwrap();
+        let body = BodyInput {
+            shim: std::path::Path::new("/opt/beige/beige-shim"),
+            launchers: home.launchers_dir("assistant"),
+            run_dir: home.run_dir("assistant"),
+            link: cfg.sandbox.link,
+        };
+        let without = ContainerSpec::from_spec(&spec, &body);
+        assert!(!without.tmpfs.contains_key(EGRESS_CA_DIR));
+        assert!(!without.env.iter().any(|e| e.starts_with("SSL_CERT_FILE=")));
+        assert!(without.entrypoint.iter().all(|a| !a.contains("ca=")));
+
+        spec.egress.as_mut().unwrap().ca_der = Some(vec![0x30, 0x82, 0x01, 0xff]);
+        let with = ContainerSpec::from_spec(&spec, &body);
+        let flag = with
+            .entrypoint
+            .iter()
+            .skip_while(|a| *a != "--egress")
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            flag,
+            "proxy=3128,dns=synthetic,transparent=80+443,ca=MIIB_w"
+        );
+        assert_eq!(
+            with.tmpfs.get(EGRESS_CA_DIR).map(String::as_str),
+            Some("rw,nosuid,nodev,noexec,size=8m,mode=0755")
+        );
+        for (k, file) in EGRESS_CA_ENV {
+            let want = format!("{k}={EGRESS_CA_DIR}/{file}");
+            assert!(with.env.contains(&want), "{want}: {:?}", with.env);
+        }
+        assert!(with
+            .env
+            .contains(&"NODE_EXTRA_CA_CERTS=/beige/ca/beige-ca.pem".to_string()));
+        assert_ne!(
+            with.hash(),
+            without.hash(),
+            "a new CA makes a new container"
+        );
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub(crate) use beige_client::tools::{
 ///
 /// When `cancel` fires while an `exec` runs, its processes are killed in the sandbox
 /// (SIGTERM, then SIGKILL) and the result says so. With `output`, an `exec`'s output is
-/// also sent there while it runs, where the transport can.
+/// also sent there while it runs, where the transport can. Every `exec` gets an id,
+/// and `exec_env(id)` is added to its environment (the egress placeholders made for it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_core_tool(
     sandbox: &dyn Sandbox,
     agent: &str,
@@ -83,11 +85,13 @@ pub(crate) async fn run_core_tool(
     ctx: &ToolContext,
     cancel: Option<&tokio_util::sync::CancellationToken>,
     output: Option<crate::sandbox::OutputSink>,
+    exec_env: &(dyn Fn(&str) -> Vec<(String, String)> + Send + Sync),
 ) -> Result<ToolOutput, SandboxError> {
     let mut request = to_request(agent, limits, call, ctx);
-    let exec_id = match (&mut request, cancel) {
-        (OpRequest::Exec(e), Some(_)) => {
+    let exec_id = match &mut request {
+        OpRequest::Exec(e) => {
             let id = format!("x{:016x}", rand::random::<u64>());
+            e.env.extend(exec_env(&id));
             e.exec_id = Some(id.clone());
             Some(id)
         }

@@ -261,4 +261,3 @@ pub(crate) fn records_for<'a>(records: &'a [Value], host: &str, port: u16) -> Ve
         .filter(|r| r["egress"]["host"] == host && r["egress"]["port"] == port)
         .collect()
 }
-

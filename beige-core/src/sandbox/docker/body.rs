@@ -195,6 +195,13 @@ impl ContainerSpec {
         if spec.read_only_root {
             tmpfs.insert("/tmp".to_string(), "rw,nosuid,nodev,size=256m".to_string());
         }
+        if egress.is_some_and(|e| e.ca_der.is_some()) {
+            // Root's (PID 1 writes the CA there at boot); agents only read it.
+            tmpfs.insert(
+                crate::sandbox::spec::EGRESS_CA_DIR.to_string(),
+                "rw,nosuid,nodev,noexec,size=8m,mode=0755".to_string(),
+            );
+        }
 
         let installation = spec.installation().unwrap_or_default();
         let short = installation
