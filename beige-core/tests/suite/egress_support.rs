@@ -75,6 +75,11 @@ pub(crate) struct Upstream {
 }
 
 pub(crate) async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
+    tls_upstream_named(repo, &[API, INJECT]).await
+}
+
+/// [`tls_upstream`] with a certificate for `names`.
+pub(crate) async fn tls_upstream_named(repo: std::path::PathBuf, names: &[&str]) -> Upstream {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca_params
@@ -84,10 +89,11 @@ pub(crate) async fn tls_upstream(repo: std::path::PathBuf) -> Upstream {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec![API.to_string(), INJECT.to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &issuer)
-        .unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
