@@ -3,9 +3,11 @@
 //! download both ways. Everything is on loopback: the upstream is a TLS server on
 //! `127.0.0.1:0` with a certificate from a CA made here, the engine's resolver maps the
 //! bench name to a public-looking address and its dialer connects that to the upstream.
-//! The client side of the tunnel is an in-process pipe where PID 1's proxy and the link
-//! would be, so the figure is the engine's own cost (decide, resolve, classify, SNI
-//! check, audit, splice), not the container's.
+//! The client side of the tunnel is a Unix socket pair, the carrier the link uses, where
+//! PID 1's proxy would be, so the figure is the engine's own cost (decide, resolve,
+//! classify, SNI check, audit, splice), not the container's. The inspect figure is the
+//! same GET through a rule with `methods`, so the engine terminates TLS with its CA,
+//! decides the request and talks TLS to the upstream itself.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -55,8 +57,12 @@ impl EgressAudit for Counting {
     }
 }
 
-/// A TLS upstream: `GET /big` gets [`BIG`] bytes, anything else two.
-async fn upstream() -> anyhow::Result<(SocketAddr, rustls::RootCertStore)> {
+/// A TLS upstream: `GET /big` gets [`BIG`] bytes, anything else two. Also its CA.
+async fn upstream() -> anyhow::Result<(
+    SocketAddr,
+    rustls::RootCertStore,
+    rustls::pki_types::CertificateDer<'static>,
+)> {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let ca_key = rcgen::KeyPair::generate()?;
@@ -116,7 +122,7 @@ async fn upstream() -> anyhow::Result<(SocketAddr, rustls::RootCertStore)> {
     });
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der().clone())?;
-    Ok((addr, roots))
+    Ok((addr, roots, ca.der().clone()))
 }
 
 /// One GET over `io` (already connected to the upstream or to the tunnel); the body's
@@ -150,9 +156,9 @@ where
 async fn tunnel(
     engine: &Arc<EgressEngine>,
     rules: &Arc<beige_core::egress::rules::RuleSet>,
-) -> anyhow::Result<tokio::io::DuplexStream> {
-    let (mut client, gateway) = tokio::io::duplex(256 * 1024);
-    let (r, w) = tokio::io::split(gateway);
+) -> anyhow::Result<tokio::net::UnixStream> {
+    let (mut client, gateway) = tokio::net::UnixStream::pair()?;
+    let (r, w) = gateway.into_split();
     let stream = EgressStream::new(
         beige_core::sandbox::EgressEntry::Explicit,
         Some(NAME.into()),
@@ -170,16 +176,33 @@ async fn tunnel(
     Ok(client)
 }
 
-/// `egress_direct_https_get`, `egress_tunnel_https_get` (ms per new-connection GET)
+/// `egress_direct_https_get`, `egress_tunnel_https_get`, `egress_inspect_https_get`
+/// (ms per new-connection GET)
 /// and `egress_direct_download`, `egress_tunnel_download` (MiB/s of 100 MiB).
 pub async fn figures() -> anyhow::Result<Vec<Figure>> {
-    let (addr, roots) = upstream().await?;
+    let (addr, mut roots, upstream_ca) = upstream().await?;
+    // Inspect mode: the engine's CA (in a scratch keys directory), trusted by the client
+    // too; the upstream's CA is an extra root of the engine's own client.
+    let keys = tempfile::tempdir()?;
+    let ca = Arc::new(beige_core::egress::ca::EgressCa::load_or_create(keys.path())?);
+    roots.add(ca.cert_der().clone())?;
+    let inspector = beige_core::egress::inspect::Inspector::new(ca, vec![upstream_ca])?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let client = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let inspecting = Arc::new(
+        EgressEngine::new(Arc::new(OneName), Arc::new(ToUpstream(addr)))
+            .with_inspector(Arc::new(inspector)),
+    );
+    let inspect_agent: AgentEgressConfig = serde_json::from_value(serde_json::json!({
+        "rules": [{"id": "bench", "hosts": [NAME], "methods": ["GET"]}]
+    }))?;
+    let inspect_rules = Arc::new(
+        rule_set(None, "bench", &inspect_agent, 1).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+    );
     let engine = Arc::new(EgressEngine::new(
         Arc::new(OneName),
         Arc::new(ToUpstream(addr)),
@@ -189,7 +212,7 @@ pub async fn figures() -> anyhow::Result<Vec<Figure>> {
     }))?;
     let rules = Arc::new(rule_set(None, "bench", &agent, 1).map_err(|e| anyhow::anyhow!("{e:?}"))?);
 
-    let (mut direct, mut tunnelled) = (Vec::new(), Vec::new());
+    let (mut direct, mut tunnelled, mut inspected) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..1050 {
         let t = Instant::now();
         let tcp = tokio::net::TcpStream::connect(addr).await?;
@@ -200,9 +223,14 @@ pub async fn figures() -> anyhow::Result<Vec<Figure>> {
         let pipe = tunnel(&engine, &rules).await?;
         anyhow::ensure!(get(&connector, pipe, "/small").await? > 0);
         let e = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        let pipe = tunnel(&inspecting, &inspect_rules).await?;
+        anyhow::ensure!(get(&connector, pipe, "/small").await? > 0);
+        let n = t.elapsed().as_secs_f64() * 1000.0;
         if i >= 50 {
             direct.push(d);
             tunnelled.push(e);
+            inspected.push(n);
         }
     }
     let (mut direct_tp, mut tunnel_tp) = (Vec::new(), Vec::new());
@@ -229,6 +257,11 @@ pub async fn figures() -> anyhow::Result<Vec<Figure>> {
             name: "egress_tunnel_https_get",
             unit: "ms",
             samples: tunnelled,
+        },
+        Figure {
+            name: "egress_inspect_https_get",
+            unit: "ms",
+            samples: inspected,
         },
         Figure {
             name: "egress_direct_download",
