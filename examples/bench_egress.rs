@@ -184,7 +184,9 @@ pub async fn figures() -> anyhow::Result<Vec<Figure>> {
     // Inspect mode: the engine's CA (in a scratch keys directory), trusted by the client
     // too; the upstream's CA is an extra root of the engine's own client.
     let keys = tempfile::tempdir()?;
-    let ca = Arc::new(beige_core::egress::ca::EgressCa::load_or_create(keys.path())?);
+    let ca = Arc::new(beige_core::egress::ca::EgressCa::load_or_create(
+        keys.path(),
+    )?);
     roots.add(ca.cert_der().clone())?;
     let inspector = beige_core::egress::inspect::Inspector::new(ca, vec![upstream_ca])?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -200,9 +202,8 @@ pub async fn figures() -> anyhow::Result<Vec<Figure>> {
     let inspect_agent: AgentEgressConfig = serde_json::from_value(serde_json::json!({
         "rules": [{"id": "bench", "hosts": [NAME], "methods": ["GET"]}]
     }))?;
-    let inspect_rules = Arc::new(
-        rule_set(None, "bench", &inspect_agent, 1).map_err(|e| anyhow::anyhow!("{e:?}"))?,
-    );
+    let inspect_rules =
+        Arc::new(rule_set(None, "bench", &inspect_agent, 1).map_err(|e| anyhow::anyhow!("{e:?}"))?);
     let engine = Arc::new(EgressEngine::new(
         Arc::new(OneName),
         Arc::new(ToUpstream(addr)),

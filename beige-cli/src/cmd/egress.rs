@@ -213,8 +213,24 @@ pub async fn test(home: &BeigeHome, config: Option<&Path>, args: EgressTestArgs)
     println!("✓ allowed by rule '{}' (mode {mode})", allowed.rule);
     if mode == "inspect" {
         println!(
-            "• the connection is inspected: the gateway answers its TLS with a certificate from the home's egress CA (<BEIGE_HOME>/keys/egress-ca.pem; the client must trust it) and checks each request's method and path, injecting a granted credential"
+            "• the connection is inspected: the gateway answers its TLS with a certificate from the home's egress CA (installed in the sandbox at /beige/ca) and checks each request's method and path"
         );
+        if let Some(c) = rules.credential_for(&target.host) {
+            let how = match &c.delivery {
+                beige_core::egress::config::Delivery::Inject { header, .. } => {
+                    format!("sets header `{header}`")
+                }
+                beige_core::egress::config::Delivery::Placeholder { env, .. } => format!(
+                    "swaps the placeholder in ${env} for the secret{}",
+                    if c.require {
+                        "; a request without it is refused (credential_required)"
+                    } else {
+                        ""
+                    }
+                ),
+            };
+            println!("• credential '{}': the gateway {how}", c.name);
+        }
     } else if probe.kind != Kind::Http {
         println!("• only the connection was decided: its bytes are tunnelled, not read");
     }
