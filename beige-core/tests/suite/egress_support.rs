@@ -267,3 +267,224 @@ pub(crate) fn records_for<'a>(records: &'a [Value], host: &str, port: u16) -> Ve
         .filter(|r| r["egress"]["host"] == host && r["egress"]["port"] == port)
         .collect()
 }
+
+/// An `exec` as `agent`, with `timeout` seconds; the text of its result.
+pub(crate) async fn exec_as(gw: &LocalGateway, agent: &str, command: &str, timeout: u64) -> String {
+    let out = gw
+        .call_tool(
+            agent,
+            CoreToolCall::Exec(ExecParams {
+                command: command.into(),
+                timeout: Some(timeout),
+            }),
+            ToolContext::default(),
+        )
+        .await
+        .unwrap();
+    out.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A TLS upstream on `127.0.0.1:0` for `api.example.test` whose answers the test
+/// controls, and that counts what it serves:
+///
+/// - `GET /hold…`: the head is read, then the answer (`held\n`) waits until
+///   [`HeldUpstream::release`]; [`HeldUpstream::holding`] counts those waiting now;
+/// - `GET /big/<bytes>…`: `Content-Length: <bytes>`, half of the body at once, the rest
+///   after [`HeldUpstream::release`] (never, if it is not released); the bytes written
+///   are counted in [`HeldUpstream::sent`];
+/// - anything else: `hello from the upstream\n` at once.
+pub(crate) struct HeldUpstream {
+    pub(crate) addr: SocketAddr,
+    pub(crate) ca_pem: String,
+    /// Connections waiting in `/hold` now.
+    pub(crate) holding: Arc<std::sync::atomic::AtomicUsize>,
+    /// TLS connections open now (handshake done, answer not yet finished).
+    pub(crate) open: Arc<std::sync::atomic::AtomicUsize>,
+    /// Body bytes `/big` has written, all connections together.
+    pub(crate) sent: Arc<std::sync::atomic::AtomicU64>,
+    /// Request heads served, in order.
+    pub(crate) heads: Arc<Mutex<Vec<String>>>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl HeldUpstream {
+    /// Let every held answer (and every `/big` second half) go, now and later.
+    pub(crate) fn release(&self) {
+        self.release.send_replace(true);
+    }
+}
+
+/// A test CA and a leaf for `names` signed by it: (acceptor, the CA's PEM).
+pub(crate) fn test_tls_acceptor(names: &[&str]) -> (tokio_rustls::TlsAcceptor, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "beige egress test CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
+}
+
+pub(crate) async fn held_upstream() -> HeldUpstream {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (acceptor, ca_pem) = test_tls_acceptor(&[API]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let up = HeldUpstream {
+        addr,
+        ca_pem,
+        holding: Arc::default(),
+        open: Arc::default(),
+        sent: Arc::default(),
+        heads: Arc::default(),
+        release,
+    };
+    let (holding, open, sent, heads) = (
+        up.holding.clone(),
+        up.open.clone(),
+        up.sent.clone(),
+        up.heads.clone(),
+    );
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let (holding, open, sent, heads) =
+                (holding.clone(), open.clone(), sent.clone(), heads.clone());
+            let mut released = released.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                open.fetch_add(1, SeqCst);
+                /// Decrements a counter when dropped (the connection ends, however).
+                struct Dec(Arc<std::sync::atomic::AtomicUsize>);
+                impl Drop for Dec {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+                let _open = Dec(open);
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).into_owned();
+                heads.lock().unwrap().push(head.clone());
+                let path = head
+                    .lines()
+                    .next()
+                    .and_then(|l| l.split(' ').nth(1))
+                    .unwrap_or("/")
+                    .to_string();
+                if path.starts_with("/hold") {
+                    holding.fetch_add(1, SeqCst);
+                    let _holding = Dec(holding);
+                    if !released_or_gone(&mut released, &mut tls).await {
+                        return;
+                    }
+                    let body = b"held\n";
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(head.as_bytes()).await;
+                    let _ = tls.write_all(body).await;
+                } else if let Some(n) = path.strip_prefix("/big/") {
+                    let total: usize = n.split('?').next().unwrap_or("0").parse().unwrap_or(0);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {total}\r\nConnection: close\r\n\r\n"
+                    );
+                    if tls.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunk = vec![b'x'; 64 * 1024];
+                    let mut written = 0usize;
+                    while written < total {
+                        if written >= total / 2 && !released_or_gone(&mut released, &mut tls).await
+                        {
+                            return;
+                        }
+                        let n = chunk.len().min(total - written);
+                        if tls.write_all(&chunk[..n]).await.is_err() {
+                            return;
+                        }
+                        written += n;
+                        sent.fetch_add(n as u64, SeqCst);
+                    }
+                } else {
+                    let body = b"hello from the upstream\n";
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(head.as_bytes()).await;
+                    let _ = tls.write_all(body).await;
+                }
+                let _ = tls.flush().await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    up
+}
+
+/// Wait until `released` says go (`true`) or the client's side of `tls` ends (`false`):
+/// a held answer notices its client is gone without writing.
+async fn released_or_gone<S: tokio::io::AsyncRead + Unpin>(
+    released: &mut tokio::sync::watch::Receiver<bool>,
+    tls: &mut S,
+) -> bool {
+    let mut scratch = [0u8; 1024];
+    loop {
+        tokio::select! {
+            r = released.wait_for(|r| *r) => return r.is_ok(),
+            n = tls.read(&mut scratch) => if matches!(n, Ok(0) | Err(_)) {
+                return false;
+            },
+        }
+    }
+}
+
+/// Poll `what` every 50 ms until it is true, for at most `limit`; whether it became true.
+pub(crate) async fn wait_until(limit: std::time::Duration, mut what: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if what() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -2,6 +2,7 @@ mod agent;
 mod core_tools;
 mod egress;
 mod egress_broker;
+mod egress_robust;
 mod egress_support;
 mod gateway_traits;
 mod hooks;
