@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
 
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::{Config, ConfigError};
@@ -49,6 +50,8 @@ pub(crate) struct GatewayEgress {
     ca: Arc<EgressCa>,
     /// The home's placeholder key, when some agent has a placeholder credential.
     placeholder_key: Option<Arc<PlaceholderKey>>,
+    /// Cancelled by the gateway's final stop: every open stream ends.
+    end: CancellationToken,
     /// Recent refusals per agent, for the footer of the exec they happened during.
     refusals: Refusals,
 }
@@ -129,6 +132,7 @@ impl GatewayEgress {
         resolver: Option<Arc<dyn Resolver>>,
         dialer: Option<Arc<dyn Dialer>>,
         version: u64,
+        end: CancellationToken,
     ) -> Result<Option<Self>, ConfigError> {
         let invalid = |path: String, message: String| ConfigError::Invalid {
             file: file.to_path_buf(),
@@ -218,6 +222,7 @@ impl GatewayEgress {
             agents,
             ca,
             placeholder_key,
+            end,
             refusals: Refusals::default(),
         }))
     }
@@ -255,9 +260,14 @@ impl GatewayEgress {
             // No egress block: no rule allows anything.
             None => (Arc::new(RuleSet::new(Vec::new(), 0)), DEFAULT_MAX_STREAMS),
         };
-        self.engine
-            .serve(agent, rules, max, stream, &recorder)
-            .await;
+        // A reload keeps this stream on its snapshot; the final stop ends it (its
+        // sockets close, so both sides see the end).
+        tokio::select! {
+            () = self.engine.serve(agent, rules, max, stream, &recorder) => {}
+            () = self.end.cancelled() => {
+                tracing::info!(agent, "egress: the gateway stopped; an open stream ends");
+            }
+        }
     }
 }
 

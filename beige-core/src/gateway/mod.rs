@@ -90,6 +90,11 @@ pub struct GatewayBuilder {
     /// How egress upstreams are dialled (default: TCP).
     #[cfg(feature = "egress")]
     egress_dialer: Option<Arc<dyn crate::egress::upstream::Dialer>>,
+    /// Ends every open egress stream of every engine built from this builder (a reload
+    /// clones it, so streams the previous engine still carries end too): cancelled by
+    /// the gateway's final stop, never by a reload.
+    #[cfg(feature = "egress")]
+    egress_end: CancellationToken,
 }
 
 impl GatewayBuilder {
@@ -118,6 +123,8 @@ impl GatewayBuilder {
             egress_resolver: None,
             #[cfg(feature = "egress")]
             egress_dialer: None,
+            #[cfg(feature = "egress")]
+            egress_end: CancellationToken::new(),
         }
     }
 
@@ -398,6 +405,7 @@ impl GatewayBuilder {
                 self.egress_resolver.clone(),
                 self.egress_dialer.clone(),
                 version,
+                self.egress_end.clone(),
             )?;
             for spec in &mut specs {
                 if let (Some(e), Some(a)) = (spec.egress.as_mut(), config.agents.get(&spec.agent)) {

@@ -491,12 +491,22 @@ impl LocalGateway {
     /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
     /// and remove the sandboxes unless `gateway.keepSandboxes` is set.
     pub async fn shutdown(&self) -> Result<(), GatewayError> {
-        self.engine().await.shutdown().await
+        let engine = self.engine().await;
+        self.end_egress().await;
+        engine.shutdown().await
     }
 
     /// Stop, removing the sandboxes unless `keep_sandboxes`.
     pub async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
-        self.engine().await.stop(keep_sandboxes).await
+        let engine = self.engine().await;
+        self.end_egress().await;
+        engine.stop(keep_sandboxes).await
+    }
+
+    /// Ends every open egress stream, of this engine and of those a reload replaced.
+    async fn end_egress(&self) {
+        #[cfg(feature = "egress")]
+        self.shared.template.lock().await.egress_end.cancel();
     }
 
     /// Prompts running now.

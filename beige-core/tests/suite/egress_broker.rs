@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use base64::Engine as _;
 use beige_core::audit::AuditRecord;
-use beige_core::GatewayBuilder;
+use beige_core::{Admin, GatewayBuilder};
 use serde_json::{json, Value};
 
 use super::egress_support::*;
@@ -306,5 +307,18 @@ async fn placeholders_are_swapped_on_their_host_and_refused_everywhere_else() {
     let audit = std::fs::read_to_string(t.home.audit_log_path()).unwrap();
     assert!(!audit.contains(LLM_SECRET) && !audit.contains(GH_SECRET));
     assert!(dialer.unexpected.lock().unwrap().is_empty());
+
+    // Neither secret is in any byte of the container (inspect output, every process's
+    // environment, its files) or of the home (audit log, logs, keys, run files).
+    let container = gw.sandbox_status("net").await.unwrap().container;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let (llm_b64, gh_b64) = (b64(LLM_SECRET), b64(GH_SECRET));
+    super::egress_robust::assert_secret_absent(
+        docker.client(),
+        &container,
+        &[t.home.root()],
+        &[LLM_SECRET, GH_SECRET, &llm_b64, &gh_b64],
+    )
+    .await;
     gw.shutdown().await.unwrap();
 }

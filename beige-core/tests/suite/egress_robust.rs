@@ -379,15 +379,10 @@ async fn a_gateway_restart_mid_download_ends_the_stream_and_new_streams_work() {
 }
 
 /// The same restart, but in process: `LocalGateway::shutdown` (keeping the sandboxes)
-/// on a gateway whose runtime lives on, as an embedder's does. Its egress streams
-/// should end with it; today they are carried on (and audited) by the stopped gateway
-/// until a side closes them: the stream tasks `LinkHub::listen_unix` spawns hold the
-/// engine's `Inner` (`GatewaySandboxHost::egress` upgrades its `Weak` for the stream's
-/// life), and `Engine::stop(true)` only ends the control links (`sandbox.detach()`).
-/// A reload must keep them (it stops the old engine the same way), so the fix needs
-/// a final stop that a reload does not do.
+/// on a gateway whose runtime lives on, as an embedder's does. Its egress streams end
+/// with it: the final stop cancels them (a reload, which stops the old engine the same
+/// way otherwise, does not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product bug: an in-process shutdown leaves open egress streams running"]
 async fn an_in_process_shutdown_ends_the_gateways_egress_streams() {
     let env = docker_or_skip!();
     let t = TestHome::new();
