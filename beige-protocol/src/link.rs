@@ -114,6 +114,24 @@ impl EgressEntry {
 
 /// The port of PID 1's explicit proxy on the container's loopback.
 pub const EGRESS_PROXY_PORT: u16 = 3128;
+
+/// Where PID 1 writes the egress CA (`beige-ca.pem`) and the merged bundle
+/// (`bundle.pem`): a root-owned tmpfs.
+pub const EGRESS_CA_DIR: &str = "/beige/ca";
+
+/// The variables that point TLS clients at the egress CA, and the file each names in
+/// [`EGRESS_CA_DIR`]: most take the merged bundle, Node and Deno the CA alone (they add
+/// it to their own roots).
+pub const EGRESS_CA_ENV: [(&str, &str); 8] = [
+    ("CURL_CA_BUNDLE", "bundle.pem"),
+    ("SSL_CERT_FILE", "bundle.pem"),
+    ("GIT_SSL_CAINFO", "bundle.pem"),
+    ("REQUESTS_CA_BUNDLE", "bundle.pem"),
+    ("PIP_CERT", "bundle.pem"),
+    ("CARGO_HTTP_CAINFO", "bundle.pem"),
+    ("NODE_EXTRA_CA_CERTS", "beige-ca.pem"),
+    ("DENO_CERT", "beige-ca.pem"),
+];
 /// Largest request head PID 1 reads before it gives up on a client (and the gateway
 /// before it refuses one with `400`).
 pub const MAX_EGRESS_HEAD: usize = 16 * 1024;

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use crate::fsutil::atomic_write;
 
 /// Where the CA and the bundle go (a tmpfs the container spec mounts).
-pub const CA_DIR: &str = "/beige/ca";
+pub const CA_DIR: &str = beige_protocol::link::EGRESS_CA_DIR;
 
 /// The image bundles looked for, in order.
 const IMAGE_BUNDLES: [&str; 3] = [

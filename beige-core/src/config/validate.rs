@@ -739,7 +739,7 @@ fn check_egress(
     }
     if let Some(k) = agent.sandbox.extra_env.keys().find(|k| {
         EGRESS_ENV.contains(&k.as_str())
-            || crate::sandbox::spec::EGRESS_CA_ENV
+            || beige_protocol::link::EGRESS_CA_ENV
                 .iter()
                 .any(|(ca, _)| ca == k)
     }) {

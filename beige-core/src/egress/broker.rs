@@ -5,8 +5,8 @@
 //!
 //! The swap happens in header values, in the decoded credentials of `Authorization:
 //! Basic`, and in the query, never in bodies. The misuse scan looks at the request line,
-//! every header and the first [`BODY_SCAN_LIMIT`] bytes of the body ([`RequestBody`]
-//! holds them back until they are scanned), with every decoding [`super::scan`] knows.
+//! every header and the first [`BODY_SCAN_LIMIT`] bytes of the body (held back
+//! until they are scanned), with every decoding [`super::scan`] knows.
 //! Only placeholders that verify under the home's key for this agent count: anything
 //! else that looks like one is left alone.
 

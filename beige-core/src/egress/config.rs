@@ -813,7 +813,7 @@ pub fn is_reserved_env(name: &str) -> bool {
     OWNED.contains(&upper.as_str())
         || upper.starts_with("BEIGE_")
         || upper.ends_with("_PROXY")
-        || crate::sandbox::spec::EGRESS_CA_ENV
+        || beige_protocol::link::EGRESS_CA_ENV
             .iter()
             .any(|(k, _)| *k == upper)
 }

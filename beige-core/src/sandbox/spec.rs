@@ -199,23 +199,7 @@ pub struct EgressSpec {
     pub ca_der: Option<Vec<u8>>,
 }
 
-/// Where PID 1 writes the egress CA (`beige-ca.pem`) and the merged bundle
-/// (`bundle.pem`): a root-owned tmpfs.
-pub const EGRESS_CA_DIR: &str = "/beige/ca";
-
-/// The variables that point TLS clients at the egress CA, and the file each names in
-/// [`EGRESS_CA_DIR`]: most take the merged bundle, Node and Deno the CA alone (they add
-/// it to their own roots).
-pub const EGRESS_CA_ENV: [(&str, &str); 8] = [
-    ("CURL_CA_BUNDLE", "bundle.pem"),
-    ("SSL_CERT_FILE", "bundle.pem"),
-    ("GIT_SSL_CAINFO", "bundle.pem"),
-    ("REQUESTS_CA_BUNDLE", "bundle.pem"),
-    ("PIP_CERT", "bundle.pem"),
-    ("CARGO_HTTP_CAINFO", "bundle.pem"),
-    ("NODE_EXTRA_CA_CERTS", "beige-ca.pem"),
-    ("DENO_CERT", "beige-ca.pem"),
-];
+pub use beige_protocol::link::{EGRESS_CA_DIR, EGRESS_CA_ENV};
 
 impl Default for EgressSpec {
     fn default() -> Self {
