@@ -4,6 +4,7 @@ mod egress;
 mod egress_broker;
 mod egress_robust;
 mod egress_support;
+mod fuzz_corpus;
 mod gateway_traits;
 mod hooks;
 mod hostile_disk;
