@@ -31,7 +31,11 @@ fn authority_seeds_parse_and_round_trip() {
     for (name, bytes) in corpus("authority") {
         let text = String::from_utf8(bytes).unwrap();
         let target = parse_authority(&text, 443).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(parse_authority(&target.to_string(), 443), Ok(target), "{name}");
+        assert_eq!(
+            parse_authority(&target.to_string(), 443),
+            Ok(target),
+            "{name}"
+        );
     }
 }
 
