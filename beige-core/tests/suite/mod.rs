@@ -2,6 +2,7 @@ mod agent;
 mod core_tools;
 mod egress;
 mod egress_broker;
+mod egress_clients;
 mod egress_robust;
 mod egress_support;
 mod fuzz_corpus;
