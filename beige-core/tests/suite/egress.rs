@@ -324,7 +324,15 @@ for kind, addr in [("tcp", ("127.0.0.1", 3128)), ("tcp", ("0.0.0.0", 443)), ("tc
     for r in &inject {
         assert_eq!(r["egress"]["mode"], "inspect", "{r}");
     }
-    let requests = request_records(&t);
+    // A request's record is written when its response ends, maybe after curl returned.
+    let mut requests = request_records(&t);
+    for _ in 0..100 {
+        if requests.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        requests = request_records(&t);
+    }
     assert_eq!(requests.len(), 2, "{requests:?}");
     for (r, path) in requests.iter().zip(["/v1/x", "/v1/y"]) {
         assert_eq!(r["egress"]["path"], path, "{r}");
