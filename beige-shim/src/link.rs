@@ -623,12 +623,38 @@ struct Warm {
 impl Warm {
     /// A warm child that died (or wrote something before being asked) has its reply
     /// pipe readable: it cannot take an op.
+    ///
+    /// A child the agent just killed (`kill -9 -1`) may not have exited yet: its pipe is
+    /// still quiet, but the kernel already holds its SIGKILL. So its `/proc` status is
+    /// read too, and a pending SIGKILL or an exited state counts as dead.
     fn is_alive(&self) -> bool {
-        matches!(
+        let quiet = matches!(
             sys::wait_readable(self.reply.as_fd(), Duration::ZERO),
             Ok(false)
-        )
+        );
+        quiet
+            && std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+                .map_or(true, |status| !status_says_dying(&status))
     }
+}
+
+/// Whether a `/proc/<pid>/status` text shows a process that has exited (`State: Z` or
+/// `X`) or has a SIGKILL pending (bit 8 of `SigPnd` or `ShdPnd`).
+fn status_says_dying(status: &str) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    status.lines().any(|line| {
+        let Some((key, value)) = line.split_once(':') else {
+            return false;
+        };
+        let value = value.trim();
+        match key {
+            "State" => value.starts_with('Z') || value.starts_with('X'),
+            "SigPnd" | "ShdPnd" => {
+                u64::from_str_radix(value, 16).is_ok_and(|mask| mask & SIGKILL_BIT != 0)
+            }
+            _ => false,
+        }
+    })
 }
 
 /// The body of a warm child: read `<op name>\n<request JSON>` from stdin, perform it.

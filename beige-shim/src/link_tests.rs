@@ -285,3 +285,37 @@ fn boot_ids_are_random_hex() {
     assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
     assert_ne!(a, b);
 }
+
+#[test]
+fn a_pending_sigkill_or_an_exited_state_is_dying() {
+    let status = |state: &str, sigpnd: &str, shdpnd: &str| {
+        format!("Name:\tbeige-shim\nState:\t{state}\nSigPnd:\t{sigpnd}\nShdPnd:\t{shdpnd}\n")
+    };
+    assert!(!status_says_dying(&status(
+        "S (sleeping)",
+        "0000000000000000",
+        "0000000000000000"
+    )));
+    assert!(status_says_dying(&status(
+        "S (sleeping)",
+        "0000000000000000",
+        "0000000000000100"
+    )));
+    assert!(status_says_dying(&status(
+        "R (running)",
+        "0000000000000100",
+        "0000000000000000"
+    )));
+    assert!(status_says_dying(&status(
+        "Z (zombie)",
+        "0000000000000000",
+        "0000000000000000"
+    )));
+    // SIGTERM (bit 14) pending is not SIGKILL.
+    assert!(!status_says_dying(&status(
+        "S (sleeping)",
+        "0000000000004000",
+        "0000000000000000"
+    )));
+    assert!(!status_says_dying(""));
+}
