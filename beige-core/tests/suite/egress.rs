@@ -19,12 +19,7 @@ async fn curl_reaches_an_allowed_host_through_the_gateway_and_nothing_else() {
     let env = docker_or_skip!();
     let t = TestHome::new();
     let docker = t.docker().await;
-    if docker.client().inspect_image(IMAGE).await.is_err() {
-        assert!(
-            !super::support::required(),
-            "{IMAGE} missing in CI: scripts/setup-docker --debian-base builds it"
-        );
-        eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
+    if !debian_image(&t).await {
         return;
     }
     let repo = bare_repo(t.dir.path());

@@ -42,12 +42,7 @@ async fn placeholders_are_swapped_on_their_host_and_refused_everywhere_else() {
     let env = docker_or_skip!();
     let t = TestHome::new();
     let docker = t.docker().await;
-    if docker.client().inspect_image(IMAGE).await.is_err() {
-        assert!(
-            !super::support::required(),
-            "{IMAGE} missing in CI: scripts/setup-docker --debian-base builds it"
-        );
-        eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
+    if !debian_image(&t).await {
         return;
     }
     let upstream = tls_upstream_named(t.dir.path().to_path_buf(), &[LLM, OTHER, GH]).await;

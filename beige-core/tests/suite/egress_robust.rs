@@ -29,19 +29,6 @@ use super::egress_support::*;
 use super::support::{DockerEnv, TestHome};
 use crate::docker_or_skip;
 
-/// Whether the Debian test image is there (a missing one fails in CI, else skips).
-async fn debian_image(t: &TestHome) -> bool {
-    if t.docker().await.client().inspect_image(IMAGE).await.is_ok() {
-        return true;
-    }
-    assert!(
-        !super::support::required(),
-        "{IMAGE} missing in CI: scripts/setup-docker --debian-base builds it"
-    );
-    eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
-    false
-}
-
 fn resolver() -> TestResolver {
     let ip: IpAddr = PUBLIC_IP.parse().unwrap();
     TestResolver(HashMap::from([(API, Ok(vec![ip])), (INJECT, Ok(vec![ip]))]))

@@ -488,3 +488,16 @@ pub(crate) async fn wait_until(limit: std::time::Duration, mut what: impl FnMut(
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Whether the Debian test image is there (a missing one fails in CI, else skips).
+pub(crate) async fn debian_image(t: &TestHome) -> bool {
+    if t.docker().await.client().inspect_image(IMAGE).await.is_ok() {
+        return true;
+    }
+    assert!(
+        !super::support::required(),
+        "{IMAGE} missing in CI: scripts/setup-docker --debian-base builds it"
+    );
+    eprintln!("SKIPPED (not in CI): {IMAGE} missing; run scripts/setup-docker --debian-base");
+    false
+}
