@@ -131,6 +131,15 @@ pub enum GatewayError {
         /// The root cause.
         message: String,
     },
+    /// An approval decision that was not taken: `status` 403 (the approver may not),
+    /// 404 (no such request), 409 (already decided, or about another call), 400.
+    #[error("{message}")]
+    Approval {
+        /// The HTTP status that fits.
+        status: u16,
+        /// What was wrong, and what to do.
+        message: String,
+    },
     /// This gateway does not offer the operation (an [`Admin`](crate::Admin) method it
     /// leaves at its default); HTTP 501.
     #[error("this gateway does not support {what}")]

@@ -112,6 +112,17 @@ pub enum AgentEvent {
         /// Tokens of the whole prompt.
         usage: Usage,
     },
+    /// A call of this prompt (the model's, or a script's in its exec) waits for a
+    /// human's approval; answer it with `POST /api/approvals/{id}/decision`.
+    ApprovalRequest {
+        /// The request.
+        approval: crate::approvals::Approval,
+    },
+    /// A request of this prompt was decided, expired or used.
+    ApprovalDecided {
+        /// The request as it is now.
+        approval: crate::approvals::Approval,
+    },
     /// The prompt failed; `hint` says what the user can do.
     Error {
         /// What went wrong.

@@ -17,10 +17,12 @@ use async_trait::async_trait;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::approvals::{Approval, ApprovalDecision};
 use crate::error::GatewayError;
 use crate::events::AgentEvent;
 use crate::hooks::HookName;
 use crate::llm::{Message, ModelInfo, ThinkingLevel};
+use crate::principal::Principal;
 use crate::prompt::PromptRequest;
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
@@ -214,7 +216,37 @@ pub trait Admin: Send + Sync {
     async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
         Ok(None)
     }
+
+    /// Approval requests the gateway keeps (pending ones and recently settled ones),
+    /// newest first; only `agent`'s when given.
+    async fn approvals(&self, _agent: Option<&str>) -> Result<Vec<Approval>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "approvals" })
+    }
+
+    /// Every approval step from now on: requests, decisions, unattended denials.
+    async fn approval_events(&self) -> Result<ApprovalEventStream, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "approval_events",
+        })
+    }
+
+    /// Decide approval request `id` as `approver` (an in-process channel passes the
+    /// principal it saw; over HTTP the gateway takes the caller's token instead).
+    async fn decide_approval(
+        &self,
+        _id: &str,
+        _decision: ApprovalDecision,
+        _approver: Principal,
+    ) -> Result<Approval, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "decide_approval",
+        })
+    }
 }
+
+/// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
+pub type ApprovalEventStream =
+    futures_util::stream::BoxStream<'static, crate::approvals::ApprovalEvent>;
 
 /// Everything a gateway offers: [`Gateway`], [`Sessions`] and [`Admin`]. Implemented for
 /// every type that implements the three. (To pass an `Arc<dyn GatewayFull>` where an
@@ -310,6 +342,20 @@ macro_rules! forward_gateway {
             }
             async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
                 (**self).disk_status().await
+            }
+            async fn approvals(&self, agent: Option<&str>) -> Result<Vec<Approval>, GatewayError> {
+                (**self).approvals(agent).await
+            }
+            async fn approval_events(&self) -> Result<ApprovalEventStream, GatewayError> {
+                (**self).approval_events().await
+            }
+            async fn decide_approval(
+                &self,
+                id: &str,
+                decision: ApprovalDecision,
+                approver: Principal,
+            ) -> Result<Approval, GatewayError> {
+                (**self).decide_approval(id, decision, approver).await
             }
         }
     )*};

@@ -15,6 +15,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`approvals`] | [`Approval`](approvals::Approval), [`ApprovalDecision`](approvals::ApprovalDecision), [`ApprovalEvent`](approvals::ApprovalEvent), button codes |
 //! | [`gateway`] | the traits, their `Arc`/`Box` forwarding, [`AgentEventStream`], [`AgentInfo`], [`AllowedModel`] |
 //! | [`prompt`] | [`PromptRequest`] |
 //! | [`events`] | [`AgentEvent`], [`OutputStream`], [`hint_for`] |
@@ -55,6 +56,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod approvals;
 pub mod error;
 pub mod events;
 pub mod gateway;
@@ -74,7 +76,8 @@ pub mod tools;
 pub use error::{BoxError, GatewayError};
 pub use events::{hint_for, AgentEvent, OutputStream};
 pub use gateway::{
-    Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayFull, Sessions,
+    Admin, AgentEventStream, AgentInfo, AllowedModel, ApprovalEventStream, Gateway, GatewayFull,
+    Sessions,
 };
 pub use home::{BeigeHome, HomeError, InstallationId};
 pub use hooks::HookName;

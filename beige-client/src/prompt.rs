@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::approvals::ApprovalMode;
 use crate::principal::Principal;
 
 /// One message to an agent.
@@ -27,6 +28,11 @@ pub struct PromptRequest {
     /// When the session is busy: wait for it (default) or fail at once.
     #[serde(default = "yes")]
     pub wait: bool,
+    /// Whether the sender answers approvals on the event stream (`"stream"`); without
+    /// it the run is unattended and a call that needs approval is denied at once. The
+    /// HTTP API honours it only for SSE prompts.
+    #[serde(default, skip_serializing_if = "is_none_mode")]
+    pub approvals: ApprovalMode,
     /// Who sent the message, set by the channel from its connection (never read from a
     /// payload; the model's tool calls inherit it). Default `Unverified`.
     #[serde(skip)]
@@ -35,6 +41,10 @@ pub struct PromptRequest {
 
 fn yes() -> bool {
     true
+}
+
+fn is_none_mode(m: &ApprovalMode) -> bool {
+    *m == ApprovalMode::None
 }
 
 impl PromptRequest {
@@ -53,8 +63,15 @@ impl PromptRequest {
             chat_id: None,
             thread_id: None,
             wait: true,
+            approvals: ApprovalMode::None,
             principal: Principal::Unverified,
         }
+    }
+
+    /// The sender answers approvals on the event stream.
+    pub fn attended(mut self) -> Self {
+        self.approvals = ApprovalMode::Stream;
+        self
     }
 
     /// The channel: explicit, else the key's first segment.

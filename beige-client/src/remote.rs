@@ -610,6 +610,9 @@ impl Gateway for RemoteGateway {
         if let Some(t) = &request.thread_id {
             body["threadId"] = json!(t);
         }
+        if request.approvals == crate::approvals::ApprovalMode::Stream {
+            body["approvals"] = json!("stream");
+        }
         let response = self
             .request(Method::POST, &["api", "agents", &request.agent, "prompt"])
             .header(reqwest::header::ACCEPT, "text/event-stream")
@@ -768,6 +771,61 @@ impl Sessions for RemoteGateway {
 
 #[async_trait]
 impl Admin for RemoteGateway {
+    async fn approvals(
+        &self,
+        agent: Option<&str>,
+    ) -> Result<Vec<crate::approvals::Approval>, GatewayError> {
+        let v = self
+            .call(
+                Method::GET,
+                &["api", "approvals"],
+                None,
+                Some(QUICK_TIMEOUT),
+                ErrCtx::default(),
+            )
+            .await?;
+        let list: Vec<crate::approvals::Approval> = field(v, "approvals")?;
+        Ok(list
+            .into_iter()
+            .filter(|a| agent.is_none_or(|x| a.agent == x))
+            .collect())
+    }
+
+    /// The gateway takes the approver from this client's token; `_approver` is not sent.
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: crate::approvals::ApprovalDecision,
+        _approver: crate::principal::Principal,
+    ) -> Result<crate::approvals::Approval, GatewayError> {
+        let mut decision = decision;
+        if decision.call_digest.is_none() {
+            // Bind the decision to the call this client can see now.
+            let current = self.approvals(None).await?;
+            decision.call_digest = current
+                .into_iter()
+                .find(|a| a.id == id)
+                .map(|a| a.call_digest);
+        }
+        let body = serde_json::to_value(&decision).map_err(|e| GatewayError::Remote {
+            status: 0,
+            message: e.to_string(),
+        })?;
+        let v = self
+            .call(
+                Method::POST,
+                &["api", "approvals", id, "decision"],
+                Some(body),
+                Some(QUICK_TIMEOUT),
+                ErrCtx::default(),
+            )
+            .await?;
+        serde_json::from_value(v).map_err(|e| GatewayError::Remote {
+            status: 200,
+            message: format!("unexpected approval reply: {e}"),
+        })
+    }
+
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         let v = self
             .call(

@@ -248,6 +248,9 @@ pub struct ToolContext {
     /// Who the call comes from, for policy: the prompt's principal for a model's calls,
     /// set by the channel for its own (default `Unverified`).
     pub principal: Principal,
+    /// Whether a person answers approvals for this call (the prompt was sent with
+    /// `approvals: stream`); when not, a call that needs approval is denied at once.
+    pub attended: bool,
 }
 
 /// How an operation reached the sandbox: a name a backend chooses (`link-unix`,

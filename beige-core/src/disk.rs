@@ -682,6 +682,7 @@ impl DiskGuard {
             args_sha256: None,
             args_truncated: None,
             egress: None,
+            approval: None,
             decision,
             target: Some(Target::Gateway),
             duration_ms: None,

@@ -72,6 +72,7 @@
 //! | [`config`] | loading, interpolating and validating `config.json5` |
 //! | [`home`] | the layout of `BEIGE_HOME` |
 //! | [`sandbox`] | the portable `SandboxSpec`, the `Sandbox` and `SandboxHost` traits, the operation a core tool call becomes, and the Docker backend (feature `docker`) |
+//! | [`approvals`] | approval requests bound to the exact call: the broker, who may decide, expiry, live grants, the `approvals` config |
 //! | [`policy`] | whether a tool call may run (allow, deny or ask, with its reason), which tools an agent sees, who is calling (`Principal`), approvers |
 //! | [`audit`] | the audit log (`audit.jsonl`), bounded per agent |
 //! | [`hooks`] | the nine hooks and how they chain |
@@ -120,6 +121,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+pub mod approvals;
 pub mod audit;
 pub mod channel;
 pub mod config;

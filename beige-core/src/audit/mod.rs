@@ -46,6 +46,8 @@ pub enum AuditType {
     /// An outbound connection from a sandbox (`egress.connect`), with its `egress`
     /// object.
     Egress,
+    /// A step of an approval request, with its `approval` object.
+    Approval,
 }
 
 impl From<ToolKind> for AuditType {
@@ -143,6 +145,44 @@ pub struct AuditRecord {
     /// refused; fields that do not apply are left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<serde_json::Value>,
+    /// On `type: approval` records: the request and the step (`phase` requested,
+    /// decided, refused, expired, consumed, unattended), with the approver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalAudit>,
+}
+
+/// The `approval` object of a `type: approval` record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAudit {
+    /// The request's id (empty for an unattended denial, which makes no request).
+    pub id: String,
+    /// `requested`, `decided`, `refused` (a decision that was not taken), `expired`,
+    /// `consumed` or `unattended`.
+    pub phase: String,
+    /// SHA-256 of the canonical call.
+    pub call_digest: String,
+    /// The rule that asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// `once`, `session`, `duration` or `always`, on approvals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Who decided (or tried to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<String>,
+    /// The channel the decision came through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// The approver's words, or why a decision was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The exec that made the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<String>,
+    /// The call's working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
 }
 
 /// Bytes of arguments a denied record keeps, all arguments together.
@@ -188,6 +228,7 @@ impl AuditRecord {
             args_sha256: None,
             args_truncated: None,
             egress: None,
+            approval: None,
         }
     }
 
@@ -713,6 +754,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Tool => "TOOL",
         AuditType::Security => "SECURITY",
         AuditType::Egress => "EGRESS",
+        AuditType::Approval => "APPROVAL",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -834,6 +876,7 @@ mod tests {
             args_sha256: None,
             args_truncated: None,
             egress: None,
+            approval: None,
         }
     }
 

@@ -20,16 +20,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post, MethodRouter};
 use axum::{Json, Router};
+use beige_client::approvals::{ApprovalDecision, ApprovalMode};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 
 use super::{Channel, ChannelContext, ChannelError};
 use crate::api::{
@@ -383,6 +385,10 @@ impl From<GatewayError> for ApiError {
             e @ GatewayError::Unreachable { .. } => {
                 ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())
             }
+            GatewayError::Approval { status, message } => ApiError::new(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::CONFLICT),
+                message,
+            ),
             // An administration call this gateway leaves at its default.
             e @ GatewayError::Unsupported { .. } => {
                 ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
@@ -457,6 +463,12 @@ const TABLE: &[(&str, &str, Handler)] = &[
         hook_route(HookName::SessionDisposed)
     }),
     ("POST", "/api/gateway/restart", || post(restart)),
+    ("GET", "/api/approvals", || get(list_approvals)),
+    ("GET", "/api/approvals/events", || get(approval_events)),
+    ("GET", "/api/approvals/{id}", || get(get_approval)),
+    ("POST", "/api/approvals/{id}/decision", || {
+        post(decide_approval)
+    }),
 ];
 
 /// Every route the API serves, as `(method, path)` with `{param}` placeholders.
@@ -884,6 +896,72 @@ fn sse_event(e: &AgentEvent) -> Event {
     Event::default().event(kind).data(value.to_string())
 }
 
+async fn list_approvals(
+    State(s): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let list = s
+        .gateway
+        .approvals(q.get("agent").map(String::as_str))
+        .await?;
+    Ok(Json(json!({ "approvals": list })).into_response())
+}
+
+async fn get_approval(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    let list = s.gateway.approvals(None).await?;
+    match list.into_iter().find(|a| a.id == id) {
+        Some(a) => Ok(Json(a).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no approval request '{id}'"),
+        )),
+    }
+}
+
+async fn decide_approval(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let decision: ApprovalDecision = serde_json::from_value(Value::Object(map)).map_err(|e| {
+        ApiError::bad_request(format!(
+            "Invalid decision: {e}; send {{\"decision\": \"approve\"|\"deny\", \"scope\": \"once\"|\"session\"|\"duration\"|\"always\", \"callDigest\": \"…\"}}"
+        ))
+    })?;
+    if decision.call_digest.is_none() {
+        return Err(ApiError::bad_request(
+            "Missing callDigest: quote the request's callDigest (GET /api/approvals/{id}) so the decision is bound to the call you saw",
+        ));
+    }
+    // Past the token check: the caller holds the API token.
+    let approval = s
+        .gateway
+        .decide_approval(&id, decision, Principal::ApiToken)
+        .await?;
+    Ok(Json(approval).into_response())
+}
+
+async fn approval_events(State(s): State<Shared>) -> ApiResult {
+    let stream = s.gateway.approval_events().await?;
+    let events = stream.map(|e| {
+        let value = serde_json::to_value(&e).unwrap_or_default();
+        let kind = value
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string();
+        Ok::<Event, Infallible>(Event::default().event(kind).data(value.to_string()))
+    });
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
+        .into_response();
+    r.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(r)
+}
+
 async fn prompt(
     State(s): State<Shared>,
     Path(name): Path<String>,
@@ -903,6 +981,24 @@ async fn prompt(
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("Invalid wait: expected a boolean")),
+    };
+    // Only an SSE client can see an approval request and answer it: a plain JSON
+    // prompt is unattended whatever it says.
+    request.approvals = match map.get("approvals") {
+        None | Some(Value::Null) => ApprovalMode::None,
+        Some(Value::String(m)) if m == "none" => ApprovalMode::None,
+        Some(Value::String(m)) if m == "stream" => {
+            if wants_sse(&headers) {
+                ApprovalMode::Stream
+            } else {
+                ApprovalMode::None
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "Invalid approvals: expected \"stream\" (answer approval_request events through POST /api/approvals/{id}/decision) or \"none\"",
+            ))
+        }
     };
     let mut stream = s.gateway.prompt(request).await?;
 

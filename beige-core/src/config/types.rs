@@ -41,6 +41,9 @@ pub struct Config {
     /// enables nothing by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::config::EgressConfig>,
+    /// How approvals wait and whom they notify (new in beige).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::approvals::ApprovalsConfig>,
 }
 
 // `llm`: the LLM providers.

@@ -549,6 +549,15 @@ pub(crate) fn validate(
             ));
         }
     }
+    if let Some(approvals) = &config.approvals {
+        if let Some((key, message)) = approvals.problems().into_iter().next() {
+            return Err(ConfigError::Invalid {
+                file: file.to_path_buf(),
+                path: key,
+                message,
+            });
+        }
+    }
     if config.agents.is_empty() {
         return Err(ConfigError::NoAgents {
             file: file.to_path_buf(),

@@ -95,6 +95,9 @@ pub struct GatewayBuilder {
     /// the gateway's final stop, never by a reload.
     #[cfg(feature = "egress")]
     egress_end: CancellationToken,
+    /// The approvals broker, made by the first build and kept by every reload so
+    /// pending requests survive it.
+    approvals: Arc<std::sync::Mutex<Option<Arc<crate::approvals::Approvals>>>>,
 }
 
 impl GatewayBuilder {
@@ -125,6 +128,7 @@ impl GatewayBuilder {
             egress_dialer: None,
             #[cfg(feature = "egress")]
             egress_end: CancellationToken::new(),
+            approvals: Arc::default(),
         }
     }
 
@@ -459,8 +463,25 @@ impl GatewayBuilder {
             self.disk_probe.unwrap_or_else(crate::disk::Probe::statvfs),
             audit.clone(),
         ));
+        let approvals = {
+            let settings = config.approvals.clone().unwrap_or_default();
+            let mut slot = self.approvals.lock().unwrap_or_else(|e| e.into_inner());
+            match &*slot {
+                Some(a) => {
+                    a.set_config(settings);
+                    a.clone()
+                }
+                None => {
+                    let a = Arc::new(crate::approvals::Approvals::new(settings, audit.clone()));
+                    *slot = Some(a.clone());
+                    a
+                }
+            }
+        };
         let inner = Arc::new(Inner {
             disk,
+            approvals,
+            attended: std::sync::Mutex::new(HashMap::new()),
             config,
             home,
             sandbox,
@@ -570,8 +591,14 @@ struct Inner {
     registry: PluginRegistry,
     skills: SkillSet,
     policy: Arc<dyn Policy>,
-    /// Settles the policy's `Ask` decisions; without one they are refused.
+    /// Settles the policy's `Ask` decisions in place of the built-in broker, when an
+    /// embedder sets one.
     approver: Option<Arc<dyn Approver>>,
+    /// The built-in approvals broker: asks wait here for a human on a channel.
+    approvals: Arc<crate::approvals::Approvals>,
+    /// Sessions with an attended prompt running now (how many), whose scripts' asks
+    /// can reach a human.
+    attended: std::sync::Mutex<HashMap<String, usize>>,
     audit: Arc<dyn AuditSink>,
     /// Known sessions: the agent each belongs to and where its messages come from, as
     /// the gateway itself saw it (never from a socket payload).
@@ -612,6 +639,26 @@ impl SessionOrigin {
     }
 }
 
+/// Keeps a session marked attended ([`Inner::attend`]).
+pub(crate) struct AttendedGuard {
+    inner: std::sync::Weak<Inner>,
+    key: String,
+}
+
+impl Drop for AttendedGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            let mut map = inner.attended.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = map.get_mut(&self.key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&self.key);
+                }
+            }
+        }
+    }
+}
+
 /// Everything the guarded path needs to know about one call.
 struct CallMeta<'a> {
     agent: &'a str,
@@ -624,14 +671,43 @@ struct CallMeta<'a> {
     /// Who the call comes from: `Sandbox` on the socket, the prompt's for a model.
     principal: Principal,
     target: Target,
+    /// Whether a human can answer an approval for this call: `None` when one can,
+    /// else why not (for the denial and the owner's report).
+    unattended: Option<String>,
+    /// The exec that made the call (a script's).
+    exec: Option<String>,
+    /// The working directory, relative to `/workspace`.
+    cwd: Option<String>,
+    /// SHA-256 (hex) of the data piped in.
+    stdin_sha256: Option<String>,
 }
+
+/// Why a call did not run, and the exit code a script's tool CLI exits with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    message: String,
+    /// 1 denied; 76 approval pending (the shim's reserved codes).
+    exit_code: i32,
+}
+
+impl Refusal {
+    fn denied(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            exit_code: 1,
+        }
+    }
+}
+
+/// Exit code of a script's tool call that waits for approval.
+pub(crate) const EXIT_APPROVAL_PENDING: i32 = 76;
 
 /// The outcome of the guarded path.
 enum Guarded<T> {
     /// The call ran and returned this.
     Ran(T),
     /// Refused before it ran (disk guard, policy, a `preToolExec` hook), with the reason.
-    Denied(String),
+    Denied(Refusal),
     /// Allowed, but running it failed (the run future's `Err`), with the message.
     Failed(String),
 }
@@ -758,6 +834,34 @@ impl Inner {
             .clone()
     }
 
+    /// Whether an attended prompt runs in session `key` now.
+    fn is_attended(&self, key: &str) -> bool {
+        self.attended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(|n| *n > 0)
+    }
+
+    /// Mark session `key` attended while the guard lives.
+    pub(crate) fn attend(self: &Arc<Self>, key: &str) -> AttendedGuard {
+        *self
+            .attended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_string())
+            .or_default() += 1;
+        AttendedGuard {
+            inner: Arc::downgrade(self),
+            key: key.to_string(),
+        }
+    }
+
+    /// The approvals broker.
+    pub(crate) fn approvals(&self) -> &Arc<crate::approvals::Approvals> {
+        &self.approvals
+    }
+
     /// A prompt starts on `key`: it belongs to the agent (the first agent that used the
     /// key keeps it), and its origin is the prompt's.
     pub(crate) fn register_prompt_session(&self, request: &PromptRequest) {
@@ -812,6 +916,7 @@ impl Inner {
             args_sha256: None,
             args_truncated: None,
             egress: None,
+            approval: None,
         }
     }
 
@@ -835,26 +940,93 @@ impl Inner {
     }
 
     /// The policy's final decision on a call: `Allow` runs it, `Deny` refuses it, `Ask`
-    /// goes to the approver (refused when there is none). `Err` holds the refusal.
-    async fn decide(&self, meta: &CallMeta<'_>) -> Result<(), String> {
+    /// goes to the embedder's approver when there is one, else to the approvals broker
+    /// (denied at once in an unattended run). `Err` holds the refusal.
+    async fn decide(&self, meta: &CallMeta<'_>) -> Result<(), Refusal> {
         let request = PolicyRequest::new(meta.agent, meta.tool, meta.kind, &meta.args)
             .with_session(meta.session.as_deref())
             .with_channel(meta.channel.as_deref())
             .with_model(meta.model.as_deref())
             .with_principal(&meta.principal);
-        let decision = match self.policy.check(&request).await {
-            Decision::Ask { reason } => match &self.approver {
-                Some(approver) => approver.approve(&request, &reason).await,
-                None => Decision::deny(crate::policy::no_approver_message(
-                    meta.tool, meta.agent, &reason,
-                )),
-            },
-            other => other,
+        let decision = self.policy.check(&request).await;
+        let reason = match decision {
+            d if d.is_allow() => return Ok(()),
+            d if d.is_deny() => return Err(Refusal::denied(d.into_reason())),
+            ask => ask,
         };
-        if decision.is_allow() {
-            Ok(())
+        if let Some(approver) = &self.approver {
+            let d = approver.approve(&request, reason.reason()).await;
+            return if d.is_allow() {
+                Ok(())
+            } else {
+                Err(Refusal::denied(d.into_reason()))
+            };
+        }
+        self.ask_human(meta, reason).await
+    }
+
+    /// An `Ask` with no embedder approver: the broker, or an at-once denial when no
+    /// human is there to answer.
+    async fn ask_human(&self, meta: &CallMeta<'_>, ask: Decision) -> Result<(), Refusal> {
+        let reason = ask.reason().to_string();
+        let call = crate::approvals::CallFacts {
+            agent: meta.agent.to_string(),
+            session: meta
+                .session
+                .clone()
+                .unwrap_or_else(|| format!("socket:{}", meta.agent)),
+            exec: meta.exec.clone(),
+            tool: meta.tool.to_string(),
+            args: meta.args.clone(),
+            cwd: meta.cwd.clone(),
+            stdin_sha256: meta.stdin_sha256.clone(),
+            rule: None,
+            justification: None,
+            reason: reason.clone(),
+        };
+        let line = call_line(meta.tool, &meta.args);
+        let rule = call
+            .rule
+            .as_deref()
+            .map(|r| format!(", rule '{r}'"))
+            .unwrap_or_default();
+        if let Some(origin) = &meta.unattended {
+            self.approvals.report_unattended(&call, origin).await;
+            return Err(Refusal::denied(format!(
+                "Permission denied: '{line}' needs approval, but this run is unattended ({origin}), so it was denied without waiting; the agent's owner was told. {reason}"
+            )));
+        }
+        let script = meta.principal == Principal::Sandbox;
+        let settings = self.approvals.config();
+        let hold = if script {
+            settings.script_hold()
         } else {
-            Err(decision.into_reason())
+            settings.hold()
+        };
+        use crate::approvals::AskOutcome;
+        match self.approvals.ask(call, hold).await {
+            AskOutcome::Approved { .. } => Ok(()),
+            AskOutcome::Denied { approval, by, reason } => Err(Refusal::denied(format!(
+                "Permission denied: '{line}' was denied by {by} (approval {approval}){}",
+                reason.map(|r| format!(": \"{r}\"")).unwrap_or_default()
+            ))),
+            AskOutcome::Expired { approval } => Err(Refusal::denied(format!(
+                "Not run: approval {approval} for '{line}' expired before anyone answered; the call can be asked again."
+            ))),
+            AskOutcome::TooMany { limit } => Err(Refusal::denied(format!(
+                "Permission denied: '{line}' needs approval, and this session already has {limit} requests waiting (approvals.maxPendingPerSession); wait for them to be answered."
+            ))),
+            AskOutcome::Pending { approval } if script => Err(Refusal {
+                message: format!(
+                    "{}: pending approval {}: {line}{rule}; re-run after approval",
+                    meta.tool, approval.id
+                ),
+                exit_code: EXIT_APPROVAL_PENDING,
+            }),
+            AskOutcome::Pending { approval } => Err(Refusal::denied(format!(
+                "Not run: waiting for approval {} ({line}{rule}), asked on the session's channel. Retry once approved.",
+                approval.id
+            ))),
         }
     }
 
@@ -874,11 +1046,11 @@ impl Inner {
         // Low disk space pauses the agent before anything else; the guard records the
         // pause (`security.disk_low`) and counts the refusals.
         if let Err(low) = self.disk.check(meta.agent).await {
-            return Ok(Guarded::Denied(low.to_string()));
+            return Ok(Guarded::Denied(Refusal::denied(low.to_string())));
         }
-        if let Err(reason) = self.decide(&meta).await {
-            self.audit_denied(&meta, &reason).await;
-            return Ok(Guarded::Denied(reason));
+        if let Err(refusal) = self.decide(&meta).await {
+            self.audit_denied(&meta, &refusal.message).await;
+            return Ok(Guarded::Denied(refusal));
         }
         let pre = PreToolExecEvent {
             tool_name: meta.tool.to_string(),
@@ -888,7 +1060,7 @@ impl Inner {
         };
         if let Err(reason) = self.hooks().pre_tool_exec(&pre).await {
             self.audit_denied(&meta, &reason).await;
-            return Ok(Guarded::Denied(reason));
+            return Ok(Guarded::Denied(Refusal::denied(reason)));
         }
         self.audit
             .record(&self.record(&meta, Phase::Started, AuditDecision::Allowed))
@@ -964,6 +1136,10 @@ impl Inner {
             model: ctx.model.clone(),
             principal: ctx.principal.clone(),
             target: Target::Sandbox,
+            unattended: (!ctx.attended).then(|| unattended_origin(ctx.channel.as_deref())),
+            exec: None,
+            cwd: None,
+            stdin_sha256: None,
         };
         let sandbox = self.sandbox.clone();
         let run = async {
@@ -1019,7 +1195,7 @@ impl Inner {
             .await?;
         Ok(match guarded {
             Guarded::Ran(out) => out.with_outcome(ToolOutcome::Ran),
-            Guarded::Denied(reason) => ToolOutput::error(reason).with_outcome(ToolOutcome::Denied),
+            Guarded::Denied(r) => ToolOutput::error(r.message).with_outcome(ToolOutcome::Denied),
             Guarded::Failed(message) => {
                 ToolOutput::error(message).with_outcome(ToolOutcome::Failed)
             }
@@ -1054,7 +1230,13 @@ impl Inner {
 
     async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
         let session = self.socket_session(agent, request.session_context.as_ref());
-        let meta = CallMeta {
+        let unattended = (!self.is_attended(&session.key)).then(|| {
+            format!(
+                "a script in session '{}' with no attended prompt running",
+                session.key
+            )
+        });
+        let mut meta = CallMeta {
             agent,
             tool: &request.tool,
             kind: ToolKind::Plugin,
@@ -1064,6 +1246,10 @@ impl Inner {
             model: None,
             principal: Principal::Sandbox,
             target: Target::Gateway,
+            unattended,
+            exec: None,
+            cwd: None,
+            stdin_sha256: None,
         };
         if self.agent(agent).is_err() {
             return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
@@ -1075,6 +1261,7 @@ impl Inner {
                 return ToolResponse::error(e.0, 1);
             }
         };
+        meta.cwd = cwd.clone();
         let stdin = match request
             .stdin
             .as_deref()
@@ -1088,6 +1275,9 @@ impl Inner {
                 return ToolResponse::error(msg, 1);
             }
         };
+        meta.stdin_sha256 = stdin
+            .as_deref()
+            .map(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
         let registered = self.registry.tool(&request.tool).cloned();
         let tool_config = self
             .registry
@@ -1127,7 +1317,8 @@ impl Inner {
             }
             // A refusal and a failure read the same on the socket; the audit record
             // tells them apart (`denied`, or `allowed` with an `error`).
-            Ok(Guarded::Denied(reason) | Guarded::Failed(reason)) => ToolResponse::error(reason, 1),
+            Ok(Guarded::Denied(r)) => ToolResponse::error(r.message, r.exit_code),
+            Ok(Guarded::Failed(reason)) => ToolResponse::error(reason, 1),
             Err(e) => ToolResponse::error(e.to_string(), 1),
         }
     }
@@ -1150,6 +1341,22 @@ fn truncate_output(output: &mut String) {
 }
 
 /// The audit `args` of a core tool, as in the original.
+/// A call as one line for messages: `exec git push`, `kv set k v`.
+fn call_line(tool: &str, args: &[String]) -> String {
+    std::iter::once(tool)
+        .chain(args.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Why a call from a channel's run cannot reach a human.
+fn unattended_origin(channel: Option<&str>) -> String {
+    match channel {
+        Some("api") | None => "a prompt sent without an approvals stream".to_string(),
+        Some(c) => format!("a {c} run with no approver attached"),
+    }
+}
+
 fn audit_args(call: &CoreToolCall) -> Vec<String> {
     match call {
         CoreToolCall::Read(p) => vec![p.path.clone()],
@@ -1378,8 +1585,73 @@ impl Sessions for Engine {
     }
 }
 
+impl Engine {
+    /// The approvals broker (for channels in process: Telegram's buttons, the HTTP
+    /// event stream).
+    pub(crate) fn approvals_broker(&self) -> Arc<crate::approvals::Approvals> {
+        self.inner.approvals.clone()
+    }
+}
+
+/// Who `principal` is as an approver: the API token's holder is the owner; a channel
+/// user a member of their own chat's sessions.
+pub(crate) fn approver_for(principal: Principal, via: &str) -> crate::approvals::Approver {
+    use crate::approvals::{Approver, ApproverRole};
+    let role = match &principal {
+        Principal::User { channel, id } => ApproverRole::Member {
+            sessions: format!("{channel}:{id}"),
+        },
+        _ => ApproverRole::Owner,
+    };
+    Approver {
+        principal,
+        role,
+        via: via.to_string(),
+    }
+}
+
+/// The gateway error of a decision that was not taken.
+pub(crate) fn decide_error(e: crate::approvals::DecideError) -> GatewayError {
+    use crate::approvals::DecideError as D;
+    let status = match &e {
+        D::NotFound(_) => 404,
+        D::Settled { .. } | D::DigestMismatch { .. } => 409,
+        D::Forbidden(_) => 403,
+        D::Invalid(_) => 400,
+    };
+    GatewayError::Approval {
+        status,
+        message: e.to_string(),
+    }
+}
+
 #[async_trait]
 impl Admin for Engine {
+    async fn approvals(
+        &self,
+        agent: Option<&str>,
+    ) -> Result<Vec<beige_client::approvals::Approval>, GatewayError> {
+        Ok(self.inner.approvals.list(agent))
+    }
+
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: beige_client::approvals::ApprovalDecision,
+        approver: Principal,
+    ) -> Result<beige_client::approvals::Approval, GatewayError> {
+        let via = match &approver {
+            Principal::User { channel, .. } => channel.clone(),
+            Principal::ApiToken => "api".to_string(),
+            _ => "gateway".to_string(),
+        };
+        self.inner
+            .approvals
+            .decide(id, &decision, &approver_for(approver, &via))
+            .await
+            .map_err(decide_error)
+    }
+
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         Ok(self.inner.router.health.all())
     }

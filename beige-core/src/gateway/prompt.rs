@@ -364,6 +364,11 @@ impl Run<'_> {
             }
         };
 
+        // A sender that answers approvals makes the run (and its scripts) attended.
+        let attended = self.req.approvals == beige_client::approvals::ApprovalMode::Stream;
+        let _attending = attended.then(|| inner.attend(&key));
+        let mut approval_events = inner.approvals().subscribe();
+
         let message = match inner
             .hooks()
             .pre_prompt(PrePromptEvent {
@@ -615,6 +620,7 @@ impl Run<'_> {
                             model_accepts_images: info.images,
                             // The model acts for whoever sent the prompt.
                             principal: self.req.principal.clone(),
+                            attended,
                         };
                         let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
                         let run = inner.call_core_cancellable(
@@ -626,6 +632,7 @@ impl Run<'_> {
                         );
                         tokio::pin!(run);
                         let mut live = LiveOutput::default();
+                        let mut approvals_open = true;
                         let result = loop {
                             tokio::select! {
                                 Some(chunk) = chunks.recv() => {
@@ -633,6 +640,15 @@ impl Run<'_> {
                                         self.send(e);
                                     }
                                 }
+                                ev = approval_events.recv(), if approvals_open => match ev {
+                                    Ok(ev) if ev.session() == key => {
+                                        if let Some(e) = approval_event(ev) {
+                                            self.send(e);
+                                        }
+                                    }
+                                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                                    Err(tokio::sync::broadcast::error::RecvError::Closed) => approvals_open = false,
+                                },
                                 result = &mut run => break result,
                             }
                         };
@@ -761,6 +777,16 @@ mod tests {
 
 /// Turns live output pieces into [`AgentEvent::ToolOutput`] text, holding back the
 /// start of a UTF-8 character split between two pieces.
+/// The prompt-stream event of a broker event about this prompt's session.
+fn approval_event(ev: beige_client::approvals::ApprovalEvent) -> Option<AgentEvent> {
+    use beige_client::approvals::ApprovalEvent as E;
+    match ev {
+        E::ApprovalRequest { approval } => Some(AgentEvent::ApprovalRequest { approval }),
+        E::ApprovalDecided { approval } => Some(AgentEvent::ApprovalDecided { approval }),
+        E::UnattendedDenied { .. } => None,
+    }
+}
+
 #[derive(Debug, Default)]
 struct LiveOutput {
     stdout: Vec<u8>,

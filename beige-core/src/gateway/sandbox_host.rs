@@ -50,6 +50,10 @@ impl SandboxHost for GatewayHost {
             model: None,
             principal: Principal::Sandbox,
             target: Target::Gateway,
+            unattended: None,
+            exec: None,
+            cwd: None,
+            stdin_sha256: None,
         };
         inner.audit_denied(&meta, error).await;
     }
@@ -160,6 +164,7 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 args_sha256: None,
                 args_truncated: None,
                 egress: None,
+                approval: None,
             }
         }
     }

@@ -842,4 +842,47 @@ impl Admin for LocalGateway {
     async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
         self.engine().await.disk_status().await
     }
+    async fn approvals(
+        &self,
+        agent: Option<&str>,
+    ) -> Result<Vec<beige_client::approvals::Approval>, GatewayError> {
+        self.engine().await.approvals(agent).await
+    }
+    async fn decide_approval(
+        &self,
+        id: &str,
+        decision: beige_client::approvals::ApprovalDecision,
+        approver: crate::policy::Principal,
+    ) -> Result<beige_client::approvals::Approval, GatewayError> {
+        self.engine()
+            .await
+            .decide_approval(id, decision, approver)
+            .await
+    }
+    async fn approval_events(&self) -> Result<beige_client::ApprovalEventStream, GatewayError> {
+        let rx = self.approval_receiver().await;
+        Ok(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(e) => return Some((e, rx)),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "an approvals listener fell behind");
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            },
+        )))
+    }
+}
+
+impl LocalGateway {
+    /// Every approval step from now on (requests, decisions, unattended denials).
+    pub async fn approval_receiver(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<beige_client::approvals::ApprovalEvent> {
+        self.engine().await.approvals_broker().subscribe()
+    }
 }

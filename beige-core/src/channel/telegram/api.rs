@@ -216,6 +216,21 @@ pub(crate) struct Update {
     pub(crate) update_id: i64,
     #[serde(default)]
     pub(crate) message: Option<Message>,
+    #[serde(default)]
+    pub(crate) callback_query: Option<CallbackQuery>,
+}
+
+/// A press of an inline keyboard button.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CallbackQuery {
+    pub(crate) id: String,
+    /// Who pressed it: always a person (a bot's messages press nothing).
+    pub(crate) from: User,
+    /// The message the button was on.
+    #[serde(default)]
+    pub(crate) message: Option<Message>,
+    #[serde(default)]
+    pub(crate) data: Option<String>,
 }
 
 /// A command for `setMyCommands`.
@@ -413,7 +428,7 @@ impl BotApi {
                     "offset": offset,
                     "timeout": wait.as_secs(),
                     "limit": 100,
-                    "allowed_updates": ["message"],
+                    "allowed_updates": ["message", "callback_query"],
                 }),
                 timeout,
             )
@@ -456,6 +471,46 @@ impl BotApi {
         }
         let result = self.call("sendMessage", &params, CALL_TIMEOUT).await?;
         message_id("sendMessage", &result)
+    }
+
+    /// `sendMessage` with an inline keyboard (`rows` of `(label, callback_data)`);
+    /// returns the new message's id.
+    pub(crate) async fn send_with_buttons(
+        &self,
+        chat_id: i64,
+        thread_id: Option<i64>,
+        text: &str,
+        rows: &[Vec<(String, String)>],
+    ) -> Result<i64, ApiError> {
+        let keyboard: Vec<Vec<Value>> = rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|(label, data)| json!({"text": label, "callback_data": data}))
+                    .collect()
+            })
+            .collect();
+        let mut params = json!({
+            "chat_id": chat_id,
+            "text": text,
+            "reply_markup": {"inline_keyboard": keyboard},
+        });
+        if let Some(t) = thread_id {
+            params["message_thread_id"] = json!(t);
+        }
+        let result = self.call("sendMessage", &params, CALL_TIMEOUT).await?;
+        message_id("sendMessage", &result)
+    }
+
+    /// `answerCallbackQuery`: the small notice the presser sees.
+    pub(crate) async fn answer_callback_query(&self, id: &str, text: &str) -> Result<(), ApiError> {
+        self.call(
+            "answerCallbackQuery",
+            &json!({"callback_query_id": id, "text": text}),
+            CALL_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// `editMessageText`. "Not modified" counts as success.

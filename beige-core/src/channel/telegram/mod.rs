@@ -20,6 +20,7 @@
 //! | `commands` | `/start /new /status /verbose /streaming /model /stop /help` |
 //! | `worker` | one prompt: typing, streamed preview, verbose tool lines, the answer |
 //! | `tool` | the `telegram` plugin tool |
+//! | `approvals` | approval requests as messages with buttons, presses, unattended reports |
 //!
 //! # Crash safety: every update handled once, every reply sent once
 //!
@@ -51,6 +52,7 @@
 //! the preview through the outbox.
 
 mod api;
+mod approvals;
 mod commands;
 pub mod config;
 pub mod format;
@@ -186,6 +188,8 @@ pub(crate) struct Ctx {
     pub token: CancellationToken,
     pub finishing: Arc<Mutex<HashSet<i64>>>,
     queues: Mutex<HashMap<String, Queue>>,
+    /// Approval requests shown in a chat: id → (chat, message), to edit when decided.
+    pub approval_messages: Mutex<HashMap<String, (i64, i64)>>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -300,6 +304,14 @@ impl Ctx {
                 return;
             }
         };
+        if let Some(q) = update.callback_query {
+            // A button press: decided at once (a press is not a prompt, and pressing it
+            // again after a crash is refused as already decided).
+            self.finish(update_id, inbox_id, None).await;
+            let ctx = self.clone();
+            spawn_until(&self.token, async move { ctx.on_callback(q).await });
+            return;
+        }
         let Some(msg) = update.message else {
             self.finish(update_id, inbox_id, None).await;
             return;
@@ -515,7 +527,9 @@ impl Channel for TelegramChannel {
             token: token.clone(),
             finishing: finishing.clone(),
             queues: Mutex::default(),
+            approval_messages: Mutex::default(),
         });
+        spawn_until(&token, approvals::follow(ctx.clone()));
         let (tx, mut rx) = mpsc::unbounded_channel();
         for r in recovered {
             let _ = tx.send(r);

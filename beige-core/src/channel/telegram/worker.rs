@@ -257,6 +257,10 @@ impl Streamer<'_> {
                             ))
                             .await;
                         }
+                        AgentEvent::ApprovalRequest { approval } => {
+                            self.close_preview().await;
+                            self.ctx.show_approval(self.job.chat_id, self.job.thread_id, &approval).await;
+                        }
                         AgentEvent::Done { response, .. } => return Outcome::Answer(response),
                         AgentEvent::Blocked { reason } => {
                             return Outcome::Failed(format!("🚫 This message was blocked: {reason}"))
@@ -401,6 +405,8 @@ async fn run_job(ctx: &Arc<Ctx>, job: Job) {
     request.thread_id = job.thread_id.map(|t| t.to_string());
     // The sender as Telegram told the poller (never read from the message text).
     request.principal = crate::api::Principal::user(CHANNEL, job.user_id.to_string());
+    // A person is in the chat: approvals are asked there.
+    request.approvals = beige_client::approvals::ApprovalMode::Stream;
     let stream = match ctx.gateway.prompt(request).await {
         Ok(s) => s,
         Err(e) => {
