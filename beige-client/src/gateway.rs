@@ -25,6 +25,7 @@ use crate::prompt::PromptRequest;
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
 use crate::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use crate::usage::{UsageQuery, UsageReport};
 
 /// What a channel may know about an agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -214,6 +215,12 @@ pub trait Admin: Send + Sync {
     async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
         Ok(None)
     }
+
+    /// Totals of the cost ledger (one row per model call), filtered and grouped as
+    /// `query` says.
+    async fn usage(&self, _query: UsageQuery) -> Result<UsageReport, GatewayError> {
+        Err(GatewayError::Unsupported { what: "usage" })
+    }
 }
 
 /// Everything a gateway offers: [`Gateway`], [`Sessions`] and [`Admin`]. Implemented for
@@ -310,6 +317,9 @@ macro_rules! forward_gateway {
             }
             async fn disk_status(&self) -> Result<Option<DiskStatus>, GatewayError> {
                 (**self).disk_status().await
+            }
+            async fn usage(&self, query: UsageQuery) -> Result<UsageReport, GatewayError> {
+                (**self).usage(query).await
             }
         }
     )*};

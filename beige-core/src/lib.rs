@@ -121,6 +121,7 @@
 
 mod agent;
 pub mod audit;
+pub mod budget;
 pub mod channel;
 pub mod config;
 pub mod disk;

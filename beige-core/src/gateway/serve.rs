@@ -842,4 +842,10 @@ impl Admin for LocalGateway {
     async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
         self.engine().await.disk_status().await
     }
+    async fn usage(
+        &self,
+        query: crate::store::UsageQuery,
+    ) -> Result<crate::store::UsageReport, GatewayError> {
+        self.engine().await.usage(query).await
+    }
 }
