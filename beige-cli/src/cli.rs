@@ -64,6 +64,12 @@ pub enum Command {
     Exec(ExecArgs),
     /// List an agent's sessions
     Sessions(SessionsArgs),
+    /// Tokens and cost of the model calls in the gateway's ledger, by agent, session,
+    /// model or day
+    #[command(
+        after_help = "Examples:\n  beige usage\n  beige usage --agent assistant --since 7d --by day\n  beige usage --by model --json"
+    )]
+    Usage(UsageArgs),
     /// Install, list, remove and update plugins (external plugins and command tools)
     Plugins {
         #[command(subcommand)]
@@ -177,6 +183,26 @@ pub struct ExecArgs {
     /// Seconds before the command is killed [default: 900, capped by the config]
     #[arg(long, value_name = "S")]
     pub timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only this agent's model calls
+    #[arg(long, value_name = "AGENT")]
+    pub agent: Option<String>,
+    /// Only calls in this time back from now: a number and d, h, m or s (7d)
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// One row per agent, session, model or day (UTC)
+    #[arg(long, value_name = "GROUP", default_value = "agent", value_parser = parse_by)]
+    pub by: beige_core::api::usage::UsageGroupBy,
+    /// Print the report as JSON (the answer of GET /api/usage)
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_by(s: &str) -> Result<beige_core::api::usage::UsageGroupBy, String> {
+    s.parse()
 }
 
 #[derive(Debug, Args)]

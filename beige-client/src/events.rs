@@ -102,6 +102,19 @@ pub enum AgentEvent {
         /// US dollars, from the model catalogue.
         cost: f64,
     },
+    /// A budget (`budgets.*`) is 80 % used or more; sent once per scope and period.
+    BudgetWarning {
+        /// `session`, `turn`, `agent.day` or `exec`.
+        scope: String,
+        /// `tokens`, `costUsd`, `modelCalls`, `wallSeconds` or `toolCalls`.
+        key: String,
+        /// How much is used (US dollars for `costUsd`).
+        used: f64,
+        /// The limit.
+        limit: f64,
+        /// `used` as a percentage of `limit`, rounded down.
+        pct: u32,
+    },
     /// The prompt finished; `response` is the final text after `postResponse` hooks.
     Done {
         /// The final answer.
@@ -154,6 +167,7 @@ pub fn hint_for(kind: ErrorKind) -> Option<&'static str> {
         ErrorKind::ContextOverflow => "The conversation is too long for the model. Compact it (/compact) or start a new session (/new).",
         ErrorKind::Auth => "The provider rejected the API key. Check llm.providers.<name>.apiKey in the gateway's config.",
         ErrorKind::Timeout => "The model stopped answering. Try again; if it keeps happening, switch models.",
+        ErrorKind::BudgetExhausted => "A budget in the gateway's config was reached; the message names it and how to raise it.",
         ErrorKind::InvalidRequest | ErrorKind::Other => return None,
     })
 }

@@ -27,6 +27,7 @@ use crate::prompt::PromptRequest;
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
 use crate::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use crate::usage::{UsageQuery, UsageReport};
 
 /// What a channel may know about an agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -242,6 +243,12 @@ pub trait Admin: Send + Sync {
             what: "decide_approval",
         })
     }
+
+    /// Totals of the cost ledger (one row per model call), filtered and grouped as
+    /// `query` says.
+    async fn usage(&self, _query: UsageQuery) -> Result<UsageReport, GatewayError> {
+        Err(GatewayError::Unsupported { what: "usage" })
+    }
 }
 
 /// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
@@ -356,6 +363,9 @@ macro_rules! forward_gateway {
                 approver: Principal,
             ) -> Result<Approval, GatewayError> {
                 (**self).decide_approval(id, decision, approver).await
+            }
+            async fn usage(&self, query: UsageQuery) -> Result<UsageReport, GatewayError> {
+                (**self).usage(query).await
             }
         }
     )*};

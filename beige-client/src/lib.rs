@@ -72,6 +72,7 @@ pub mod status;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod tools;
+pub mod usage;
 
 pub use error::{BoxError, GatewayError};
 pub use events::{hint_for, AgentEvent, OutputStream};

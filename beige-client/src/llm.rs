@@ -151,6 +151,12 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The tokens a budget counts: input + output + cache writes (cache reads are cheap
+    /// and left out).
+    pub fn budget_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens + self.cache_write_tokens
+    }
+
     /// Add `other` to this usage, field by field.
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;
@@ -179,6 +185,9 @@ pub enum ErrorKind {
     InvalidRequest,
     /// Connection failures, 5xx, malformed or cut-off streams.
     Other,
+    /// Not a model failure: a budget (`budgets.*`) was reached and the turn ended before
+    /// the next model call.
+    BudgetExhausted,
 }
 
 /// What the gateway needs to know about a model.
@@ -199,14 +208,37 @@ pub struct ModelInfo {
     pub cost_input: f64,
     /// US dollars per million output tokens.
     pub cost_output: f64,
+    /// US dollars per million input tokens read from the prompt cache.
+    #[serde(default)]
+    pub cost_cache_read: f64,
+    /// US dollars per million input tokens written to the prompt cache.
+    #[serde(default)]
+    pub cost_cache_write: f64,
+    /// Whether the prices come from the catalogue or the config (`false`: an unknown
+    /// model whose prices are all 0 because nobody said what it costs).
+    #[serde(default = "yes")]
+    pub priced: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl ModelInfo {
-    /// The cost of `usage` in US dollars.
+    /// The cost of `usage` in millionths of a US dollar, rounded. A price per million
+    /// tokens is a price in micro-dollars per token, so this is exact for whole-cent
+    /// prices.
+    pub fn cost_micros(&self, usage: &Usage) -> i64 {
+        let micros = usage.input_tokens as f64 * self.cost_input
+            + usage.output_tokens as f64 * self.cost_output
+            + usage.cache_read_tokens as f64 * self.cost_cache_read
+            + usage.cache_write_tokens as f64 * self.cost_cache_write;
+        micros.round() as i64
+    }
+
+    /// The cost of `usage` in US dollars (cache reads and writes included).
     pub fn cost(&self, usage: &Usage) -> f64 {
-        (usage.input_tokens as f64 * self.cost_input
-            + usage.output_tokens as f64 * self.cost_output)
-            / 1_000_000.0
+        self.cost_micros(usage) as f64 / 1_000_000.0
     }
 }
 

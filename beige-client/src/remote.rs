@@ -31,6 +31,7 @@ use crate::prompt::PromptRequest;
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{ModelHealth, SandboxStatus};
 use crate::tools::{CoreToolCall, InvalidCall, ToolContext, ToolOutput};
+use crate::usage::{UsageQuery, UsageReport};
 
 /// Where a gateway listens when nothing else is configured.
 pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:7433";
@@ -899,6 +900,33 @@ impl Admin for RemoteGateway {
             ErrCtx::agent(agent),
         )
         .await
+    }
+
+    async fn usage(&self, query: UsageQuery) -> Result<UsageReport, GatewayError> {
+        let mut url = self.url(&["api", "usage"]);
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(a) = &query.agent {
+                q.append_pair("agent", a);
+            }
+            if let Some(since) = query.since_ms {
+                q.append_pair("sinceMs", &since.to_string());
+            }
+            q.append_pair("by", query.by.as_str());
+        }
+        let mut b = self.client.get(url).timeout(QUICK_TIMEOUT);
+        if let Some(t) = &self.token {
+            b = b.bearer_auth(t);
+        }
+        let response = b.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.error_from(response, ErrCtx::default()).await);
+        }
+        response.json().await.map_err(|e| GatewayError::Remote {
+            status: status.as_u16(),
+            message: format!("the gateway's usage answer is unreadable: {e}"),
+        })
     }
 }
 

@@ -63,6 +63,9 @@ pub fn model(key: &str, role: &str) -> AllowedModel {
             reasoning: false,
             cost_input: 3.0,
             cost_output: 15.0,
+            cost_cache_read: 0.3,
+            cost_cache_write: 3.75,
+            priced: true,
         },
         health: None,
     }

@@ -123,6 +123,7 @@
 mod agent;
 pub mod approvals;
 pub mod audit;
+pub mod budget;
 pub mod channel;
 pub mod config;
 pub mod disk;

@@ -11,6 +11,10 @@ pub const TOOL_REQUEST: &str = "tool_request";
 /// The `type` of a response.
 pub const TOOL_RESPONSE: &str = "tool_response";
 
+/// The exit code of a call refused because a budget is exhausted
+/// (`budgets.exec.toolCalls`), as `sysexits.h`'s `EX_NOPERM`.
+pub const EXIT_BUDGET_EXHAUSTED: i32 = 77;
+
 /// Largest request line the gateway reads (1 MiB).
 pub const MAX_REQUEST_LINE: usize = 1024 * 1024;
 /// Largest stdin a request may carry after base64 decoding (8 MiB).
@@ -38,6 +42,11 @@ pub struct ToolRequest {
     /// Base64 of the data piped into the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// Advisory: the `exec` the calling process runs under (`BEIGE_EXEC_ID`), which the
+    /// gateway counts the call against (`budgets.exec.toolCalls`) when it knows that
+    /// exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_id: Option<String>,
 }
 
 impl ToolRequest {
@@ -49,6 +58,7 @@ impl ToolRequest {
             cwd: None,
             session_context: None,
             stdin: None,
+            exec_id: None,
         }
     }
 }

@@ -14,7 +14,9 @@
 //! it inherits, so inside a `while read` loop call it with `< /dev/null`. Stdin is bounded
 //! by [`MAX_STDIN_BYTES`]. Own exit codes: 2 invalid invocation (non-UTF-8 argument, stdin
 //! too large, bad setting), 124 `BEIGE_TOOL_TIMEOUT` expired, 125 the gateway cannot be
-//! reached, 126 protocol error.
+//! reached, 126 protocol error. The gateway's codes pass through, e.g. 77 when a budget
+//! (`budgets.exec.toolCalls`) refused the call; `BEIGE_EXEC_ID` goes along as the
+//! request's advisory `execId`.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -120,6 +122,7 @@ pub fn run(tool: &OsStr, args: &[OsString]) -> i32 {
 fn call(tool: &str, args: &[OsString]) -> Result<i32, Failure> {
     let timeout = timeout_from_env()?;
     let mut request = ToolRequest::new(tool, utf8_args(args)?);
+    request.exec_id = env_string(beige_protocol::op::EXEC_ID_ENV);
     request.session_context = session_context(env_string);
     request.cwd = current_relative_dir()?;
     request.stdin =

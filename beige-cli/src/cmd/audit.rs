@@ -23,6 +23,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::Tool => "TOOL",
         AuditType::Security => "SECURITY",
         AuditType::Egress => "EGRESS",
+        AuditType::Budget => "BUDGET",
     };
     let args = r
         .args

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod plugins;
 mod run;
 mod setup;
+pub mod usage;
 
 use std::future::Future;
 
@@ -87,6 +88,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Sessions(args)) => {
             let t = target();
             block_on(run::sessions(&t, args))
+        }
+        Some(Command::Usage(args)) => {
+            let t = target();
+            block_on(usage::run(&t, args))
         }
         Some(Command::Plugins { command: None }) => print_help(&["plugins"]),
         Some(Command::Plugins {

@@ -31,6 +31,10 @@ pub enum Phase {
     /// Written when the call has ended (with its duration, exit code and any error), or
     /// at once for a call that was refused or an event that is not a call.
     Finished,
+    /// On `type: budget` records: a budget reached 80 % (once per scope and period).
+    Warning,
+    /// On `type: budget` records: a budget was reached and the turn (or call) ended.
+    Exhausted,
 }
 
 /// `core_tool` or `tool`.
@@ -48,6 +52,10 @@ pub enum AuditType {
     Egress,
     /// A step of an approval request, with its `approval` object.
     Approval,
+    /// A budget warning or exhaustion (`phase: warning | exhausted`); `tool` is
+    /// `budget.<scope>.<key>` and `args` carry `scope=`, `key=`, `limit=`, `used=`,
+    /// `sessionId=` and `turn=`.
+    Budget,
 }
 
 impl From<ToolKind> for AuditType {
@@ -205,7 +213,63 @@ fn cut(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// What a `type: budget` record says about the budget.
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetFacts<'a> {
+    /// `session`, `turn`, `agent.day`, `exec`.
+    pub scope: &'a str,
+    /// `tokens`, `costUsd`, `modelCalls`, `wallSeconds`, `toolCalls`.
+    pub key: &'a str,
+    /// The limit.
+    pub limit: f64,
+    /// How much was used.
+    pub used: f64,
+    /// The session's id, when the budget concerns one.
+    pub session_id: Option<&'a str>,
+    /// The turn's id, when the budget concerns one.
+    pub turn: Option<&'a str>,
+}
+
 impl AuditRecord {
+    /// A `type: budget` record: `phase` [`Phase::Warning`] (allowed) or
+    /// [`Phase::Exhausted`] (denied, `error` the message).
+    pub fn budget(
+        phase: Phase,
+        agent: &str,
+        session: Option<&str>,
+        facts: &BudgetFacts<'_>,
+        error: Option<String>,
+    ) -> Self {
+        let decision = if phase == Phase::Exhausted {
+            AuditDecision::Denied
+        } else {
+            AuditDecision::Allowed
+        };
+        let mut args = vec![
+            format!("scope={}", facts.scope),
+            format!("key={}", facts.key),
+            format!("limit={}", facts.limit),
+            format!("used={}", facts.used),
+        ];
+        if let Some(s) = facts.session_id {
+            args.push(format!("sessionId={s}"));
+        }
+        if let Some(t) = facts.turn {
+            args.push(format!("turn={t}"));
+        }
+        let mut r = Self::security(
+            agent,
+            &format!("budget.{}.{}", facts.scope, facts.key),
+            args,
+            decision,
+        );
+        r.kind = AuditType::Budget;
+        r.phase = phase;
+        r.session = session.map(str::to_string);
+        r.error = error;
+        r
+    }
+
     /// A record of an event that is not a tool call (`type: security`), `finished`.
     pub fn security(agent: &str, tool: &str, args: Vec<String>, decision: AuditDecision) -> Self {
         Self {
@@ -755,6 +819,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Security => "SECURITY",
         AuditType::Egress => "EGRESS",
         AuditType::Approval => "APPROVAL",
+        AuditType::Budget => "BUDGET",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -772,6 +837,8 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
             r.error.map(|e| format!(": {e}")).unwrap_or_default()
         ),
         (Phase::Started, _) => "allowed, started".to_string(),
+        (Phase::Warning, _) => "warning".to_string(),
+        (Phase::Exhausted, _) => "exhausted".to_string(),
         (Phase::Finished, _) => format!(
             "finished ({}ms){}",
             r.duration_ms.unwrap_or(0),

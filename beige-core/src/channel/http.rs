@@ -421,6 +421,7 @@ type Handler = fn() -> MethodRouter<Shared>;
 const TABLE: &[(&str, &str, Handler)] = &[
     ("GET", "/api/health", || get(health)),
     ("GET", "/api/health/models", || get(models_health)),
+    ("GET", "/api/usage", || get(usage)),
     ("GET", "/api/openapi.json", || get(openapi)),
     ("GET", "/api/agents", || get(agents)),
     ("GET", "/api/config", || get(config)),
@@ -776,6 +777,32 @@ async fn health(State(s): State<Shared>, headers: HeaderMap) -> Response {
 async fn models_health(State(s): State<Shared>) -> ApiResult {
     let health = s.gateway.health().await?;
     Ok(Json(json!({ "models": health })).into_response())
+}
+
+/// `GET /api/usage?agent=&since=7d&by=agent|session|model|day` (or `sinceMs=<Unix ms>`).
+async fn usage(
+    State(s): State<Shared>,
+    axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> ApiResult {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
+    let mut query = crate::store::UsageQuery {
+        agent: params.get("agent").filter(|a| !a.is_empty()).cloned(),
+        ..Default::default()
+    };
+    if let Some(by) = params.get("by").filter(|b| !b.is_empty()) {
+        query.by = by.parse().map_err(bad)?;
+    }
+    if let Some(since) = params.get("since").filter(|v| !v.is_empty()) {
+        let back = beige_client::usage::parse_since(since).map_err(bad)?;
+        query.since_ms = Some(crate::store::now_ms().saturating_sub(back));
+    }
+    if let Some(ms) = params.get("sinceMs").filter(|v| !v.is_empty()) {
+        query.since_ms = Some(
+            ms.parse()
+                .map_err(|_| bad(format!("sinceMs must be Unix milliseconds, not '{ms}'")))?,
+        );
+    }
+    Ok(Json(s.gateway.usage(query).await?).into_response())
 }
 
 async fn openapi() -> Response {

@@ -44,6 +44,10 @@ pub struct Config {
     /// How approvals wait and whom they notify (new in beige).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approvals: Option<crate::approvals::ApprovalsConfig>,
+    /// New in beige: limits on model tokens and cost per session, turn and agent-day,
+    /// and on tool calls per exec; `agents.<a>.budgets` overrides them key by key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::budget::BudgetsConfig>,
 }
 
 // `llm`: the LLM providers.
@@ -194,6 +198,9 @@ pub struct AgentConfig {
     /// turns egress on for this agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::config::AgentEgressConfig>,
+    /// New in beige: this agent's budgets, each key overriding the top-level `budgets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::budget::BudgetsConfig>,
 }
 
 fn default_max_turns() -> u32 {

@@ -566,6 +566,83 @@ pub(crate) fn validate(
     for (name, agent) in &config.agents {
         validate_agent(config, file, home, resolver, &writable, name, agent)?;
     }
+    validate_budgets(config, file)?;
+    Ok(())
+}
+
+/// `budgets` and `agents.<a>.budgets`: limits are finite and not negative, and no model
+/// an agent may use is without a price under a `costUsd` limit (unless
+/// `unknownModelPrice: "uncounted"`).
+fn validate_budgets(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    let check = |at: KeyPath, b: &crate::budget::BudgetsConfig| -> Result<(), ConfigError> {
+        let costs = [
+            ("session", b.session.and_then(|s| s.cost_usd)),
+            ("turn", b.turn.and_then(|t| t.cost_usd)),
+        ];
+        for (scope, cost) in costs {
+            if let Some(c) = cost.filter(|c| !c.is_finite() || *c < 0.0) {
+                return Err(invalid(
+                    file,
+                    at.key(scope).key("costUsd"),
+                    format!("costUsd must be a number of US dollars, 0 or more (got {c})"),
+                ));
+            }
+        }
+        if let Some(c) = b
+            .agent
+            .and_then(|a| a.day)
+            .and_then(|d| d.cost_usd)
+            .filter(|c| !c.is_finite() || *c < 0.0)
+        {
+            return Err(invalid(
+                file,
+                at.key("agent").key("day").key("costUsd"),
+                format!("costUsd must be a number of US dollars, 0 or more (got {c})"),
+            ));
+        }
+        Ok(())
+    };
+    if let Some(b) = &config.budgets {
+        check(KeyPath::root().key("budgets"), b)?;
+    }
+    for (name, agent) in &config.agents {
+        if let Some(b) = &agent.budgets {
+            check(KeyPath::root().key("agents").key(name).key("budgets"), b)?;
+        }
+        let limits = crate::budget::Limits::for_agent(config, name);
+        if !limits.has_cost_limit()
+            || limits.unknown_model_price == crate::budget::UnknownModelPrice::Uncounted
+        {
+            continue;
+        }
+        for m in std::iter::once(&agent.model).chain(agent.fallback_models.iter()) {
+            let overrides = config
+                .llm
+                .providers
+                .get(&m.provider)
+                .and_then(|p| p.models.get(&m.model));
+            if !crate::llm::catalog::lookup(&m.model, overrides).priced {
+                let path = KeyPath::root()
+                    .key("llm")
+                    .key("providers")
+                    .key(&m.provider)
+                    .key("models")
+                    .key(&m.model)
+                    .key("cost");
+                return Err(invalid(
+                    file,
+                    path,
+                    format!(
+                        "agent '{name}' has a costUsd budget, but model '{}/{}' has no price: \
+                         set its cost ({{input, output, cacheRead, cacheWrite}} in US dollars \
+                         per million tokens), or set budgets.unknownModelPrice to \
+                         \"uncounted\" to count its calls at no cost",
+                        m.provider, m.model
+                    ),
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

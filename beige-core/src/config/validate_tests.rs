@@ -572,3 +572,27 @@ fn workspace_dir_may_not_expose_the_home() {
     .is_ok());
     assert!(load(&with_agent("a", r#"workspaceDir: "/srv/a","#)).is_ok());
 }
+
+#[test]
+fn budgets_refuse_unpriced_models_under_a_cost_limit_and_unknown_keys() {
+    let local = r#"fallbackModels: [{ provider: "openai", model: "my-llama" }],
+                  budgets: { session: { costUsd: 5 } },"#;
+    let e = err(&with_agent("a", local));
+    assert!(
+        e.contains("llm.providers.openai.models.my-llama.cost"),
+        "{e}"
+    );
+    let uncounted = r#"fallbackModels: [{ provider: "openai", model: "my-llama" }],
+                  budgets: { session: { costUsd: 5 }, unknownModelPrice: "uncounted" },"#;
+    assert!(load(&with_agent("a", uncounted)).is_ok());
+    let tokens_only = r#"fallbackModels: [{ provider: "openai", model: "my-llama" }],
+                  budgets: { session: { tokens: 5000 } },"#;
+    assert!(
+        load(&with_agent("a", tokens_only)).is_ok(),
+        "no cost limit, no price needed"
+    );
+    let negative = r#"budgets: { turn: { costUsd: -1 } },"#;
+    assert!(err(&with_agent("a", negative)).contains("agents.a.budgets.turn.costUsd"));
+    let later = r#"budgets: { session: { costUsd: 5, onLimit: "ask" } },"#;
+    assert!(err(&with_agent("a", later)).contains("onLimit"));
+}

@@ -478,6 +478,7 @@ impl GatewayBuilder {
                 }
             }
         };
+        let exec_budgets = crate::budget::ExecBudgets::from_config(&config);
         let inner = Arc::new(Inner {
             disk,
             approvals,
@@ -493,6 +494,9 @@ impl GatewayBuilder {
             audit,
             sessions: RwLock::new(HashMap::new()),
             store: stores.sessions,
+            ledger: stores.usage,
+            warned: crate::budget::WarnedOnce::default(),
+            exec_budgets,
             router,
             session_locks: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
@@ -605,6 +609,12 @@ struct Inner {
     sessions: RwLock<HashMap<String, SessionOrigin>>,
     /// Sessions and messages, for the agent loop and [`Sessions`].
     store: Arc<dyn SessionStore>,
+    /// The cost ledger: one row per model call, read by the budget checks.
+    ledger: Arc<dyn crate::store::UsageLedger>,
+    /// The budget warnings already sent (once per scope and period).
+    warned: crate::budget::WarnedOnce,
+    /// Plugin tool calls per running exec (`budgets.exec.toolCalls`).
+    exec_budgets: crate::budget::ExecBudgets,
     router: Router,
     /// One prompt at a time per session key.
     session_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -921,6 +931,41 @@ impl Inner {
     }
 
     /// Audit a call that never ran (denied, or rejected before it could run).
+    /// The first refusal of an exec's calls by `budgets.exec.toolCalls`: one
+    /// `type: budget`, `phase: exhausted` record (later refusals have their denied call
+    /// records only).
+    async fn audit_exec_budget(
+        &self,
+        meta: &CallMeta<'_>,
+        exhausted: &crate::budget::BudgetExhausted,
+        exec_id: Option<&str>,
+        message: &str,
+    ) {
+        if exhausted.used > exhausted.limit {
+            return;
+        }
+        let mut record = AuditRecord::budget(
+            Phase::Exhausted,
+            meta.agent,
+            meta.session.as_deref(),
+            &crate::audit::BudgetFacts {
+                scope: exhausted.scope.as_str(),
+                key: exhausted.key.as_str(),
+                limit: exhausted.limit,
+                used: exhausted.used,
+                session_id: None,
+                turn: None,
+            },
+            Some(message.to_string()),
+        );
+        if let Some(id) = exec_id {
+            record.args.push(format!("exec={id}"));
+        }
+        if let Err(e) = self.audit.record(&record).await {
+            tracing::warn!(error = %e, agent = meta.agent, "could not audit a budget event");
+        }
+    }
+
     async fn audit_denied(&self, meta: &CallMeta<'_>, reason: &str) {
         // While the agent is paused for low disk space its refusals are counted, not
         // written one by one: a flood of them must not eat the room the guard keeps.
@@ -1145,13 +1190,25 @@ impl Inner {
         let run = async {
             #[cfg(feature = "egress")]
             let since = Instant::now();
+            // The exec's tool calls are counted while it runs (`budgets.exec.toolCalls`).
+            let exec_guard = std::sync::Mutex::new(None);
+            let begin_exec = |id: &str| {
+                *exec_guard.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(self.exec_budgets.begin(agent, id));
+            };
             #[cfg(feature = "egress")]
-            let exec_env = |id: &str| match &self.egress {
-                Some(egress) => egress.exec_env(agent, id),
-                None => Vec::new(),
+            let exec_env = |id: &str| {
+                begin_exec(id);
+                match &self.egress {
+                    Some(egress) => egress.exec_env(agent, id),
+                    None => Vec::new(),
+                }
             };
             #[cfg(not(feature = "egress"))]
-            let exec_env = |_: &str| Vec::new();
+            let exec_env = |id: &str| {
+                begin_exec(id);
+                Vec::new()
+            };
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -1163,7 +1220,10 @@ impl Inner {
                 &exec_env,
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string());
+            // The exec has ended: its count goes with it.
+            drop(exec_guard);
+            let out = out?;
             // Egress refused while an exec ran: the model reads why its command failed.
             #[cfg(feature = "egress")]
             let out = match (&call, &self.egress) {
@@ -1253,6 +1313,16 @@ impl Inner {
         };
         if self.agent(agent).is_err() {
             return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
+        }
+        if let Err(exhausted) = self
+            .exec_budgets
+            .note_call(agent, request.exec_id.as_deref())
+        {
+            let message = format!("{}: budget exhausted: {exhausted}", request.tool);
+            self.audit_denied(&meta, &message).await;
+            self.audit_exec_budget(&meta, &exhausted, request.exec_id.as_deref(), &message)
+                .await;
+            return ToolResponse::error(message, beige_protocol::socket::EXIT_BUDGET_EXHAUSTED);
         }
         let cwd = match validate_cwd(request.cwd.as_deref()) {
             Ok(c) => c,
@@ -1769,6 +1839,16 @@ impl Admin for Engine {
 
     async fn disk_status(&self) -> Result<Option<crate::disk::DiskStatus>, GatewayError> {
         Ok(Some(self.inner.disk.status().await))
+    }
+
+    async fn usage(
+        &self,
+        query: crate::store::UsageQuery,
+    ) -> Result<crate::store::UsageReport, GatewayError> {
+        if let Some(agent) = &query.agent {
+            self.inner.agent(agent)?;
+        }
+        Ok(self.inner.ledger.usage_report(query).await?)
     }
 
     async fn sandbox_status(&self, agent: &str) -> Result<SandboxStatus, GatewayError> {

@@ -17,13 +17,14 @@ use super::{GatewayError, Inner};
 use crate::agent::events::{hint_for, AgentEvent};
 use crate::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
 use crate::agent::router::{model_key, RouteError};
+use crate::budget::{BudgetExhausted, Limits, Scope, Used};
 use crate::config::ModelRef;
 use crate::hooks::{
     ModelSwitchedEvent, PostResponseEvent, PrePromptEvent, PromptDecision, ResponseDecision,
     SessionEvent,
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
-use crate::store::{NewMessage, NewSession, SessionRecord};
+use crate::store::{LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, UsageTotals};
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
 pub(crate) use beige_client::PromptRequest;
@@ -304,6 +305,8 @@ impl Inner {
             .call(candidates, &mut failures, request, &silent, cancel)
             .await
             .map_err(|e| GatewayError::Compaction { source: e.into() })?;
+        self.record_model_call(session, None, &routed.model, &routed.response.usage)
+            .await?;
         let summary_text = Message {
             role: Role::Assistant,
             content: routed.response.content,
@@ -326,6 +329,111 @@ impl Inner {
             .get(&m.provider)
             .and_then(|p| p.models.get(&m.model))
     }
+
+    /// Write one model call to the cost ledger, priced from the catalogue and config;
+    /// returns its totals.
+    async fn record_model_call(
+        &self,
+        session: &SessionRecord,
+        turn_id: Option<&str>,
+        model: &ModelRef,
+        usage: &Usage,
+    ) -> Result<UsageTotals, GatewayError> {
+        let info = catalog::lookup(&model.model, self.model_overrides(model));
+        let cost_micros = info.cost_micros(usage);
+        let entry = LedgerEntry {
+            ts: crate::store::now_ms(),
+            agent: session.agent.clone(),
+            session_id: Some(session.id.clone()),
+            session_key: Some(session.key.clone()),
+            turn_id: turn_id.map(str::to_string),
+            model: model_key(model),
+            usage: *usage,
+            cost_micros,
+            unpriced: !info.priced,
+        };
+        self.ledger.record_usage(entry).await?;
+        Ok(UsageTotals {
+            calls: 1,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cache_read_tokens: usage.cache_read_tokens,
+            cache_write_tokens: usage.cache_write_tokens,
+            cost_micros,
+            unpriced_calls: u64::from(!info.priced),
+        })
+    }
+
+    /// What the budgets of `limits` have used: this turn's calls, and the session's and
+    /// the agent's day from the ledger (read only when a limit needs them).
+    async fn budget_use(
+        &self,
+        limits: &Limits,
+        session: &SessionRecord,
+        turn: UsageTotals,
+        started: Instant,
+    ) -> Result<Used, GatewayError> {
+        let (needs_session, needs_day) = limits.needs_ledger();
+        let session_totals = if needs_session {
+            self.ledger
+                .usage_totals(LedgerFilter {
+                    session_id: Some(session.id.clone()),
+                    ..LedgerFilter::default()
+                })
+                .await?
+        } else {
+            UsageTotals::default()
+        };
+        let day = if needs_day {
+            self.ledger
+                .usage_totals(LedgerFilter {
+                    agent: Some(session.agent.clone()),
+                    since_ms: Some(crate::budget::day_start_ms(crate::store::now_ms())),
+                    ..LedgerFilter::default()
+                })
+                .await?
+        } else {
+            UsageTotals::default()
+        };
+        Ok(Used {
+            session: session_totals,
+            turn,
+            turn_wall: started.elapsed(),
+            day,
+        })
+    }
+
+    /// Write a `type: "budget"` audit record; a sink that fails is logged (the turn
+    /// ends or warns either way).
+    async fn audit_budget(&self, record: crate::audit::AuditRecord) {
+        if let Err(e) = self.audit.record(&record).await {
+            tracing::warn!(error = %e, agent = %record.agent, "could not audit a budget event");
+        }
+    }
+}
+
+/// A model the agent may use has no price while a `costUsd` limit counts it.
+fn unpriced_under_cost_limit(
+    inner: &Inner,
+    limits: &Limits,
+    candidates: &[ModelRef],
+) -> Option<String> {
+    if !limits.has_cost_limit()
+        || limits.unknown_model_price == crate::budget::UnknownModelPrice::Uncounted
+    {
+        return None;
+    }
+    candidates
+        .iter()
+        .find(|m| !catalog::lookup(&m.model, inner.model_overrides(m)).priced)
+        .map(|m| {
+            format!(
+                "Model {} has no price, and a costUsd budget applies. Set llm.providers.{}.models.{}.cost, or budgets.unknownModelPrice: \"uncounted\".",
+                model_key(m),
+                m.provider,
+                m.model
+            )
+        })
 }
 
 impl Run<'_> {
@@ -390,6 +498,19 @@ impl Run<'_> {
         inner.register_prompt_session(&self.req);
         let settings = inner.store.get_settings(&key).await?;
         let candidates = inner.candidates(&agent_name, settings.model_override.as_deref());
+        let limits = Limits::for_agent(&inner.config, &agent_name);
+        let turn_id = format!("t{:016x}", rand::random::<u64>());
+        let started = Instant::now();
+        let mut turn_used = UsageTotals::default();
+        let mut turn_warned = std::collections::HashSet::new();
+        if let Some(text) = unpriced_under_cost_limit(inner, &limits, &candidates) {
+            self.send(AgentEvent::Error {
+                message: text,
+                kind: Some(ErrorKind::BudgetExhausted),
+                hint: None,
+            });
+            return Ok(());
+        }
         let system = inner
             .system_prompt(
                 &agent_name,
@@ -455,6 +576,16 @@ impl Run<'_> {
                     hint: None,
                 });
                 return Ok(());
+            }
+            if limits.any_model_limit() {
+                let used = inner
+                    .budget_use(&limits, &session, turn_used, started)
+                    .await?;
+                if let Some(exhausted) = limits.exhausted(&agent_name, &used) {
+                    self.end_on_budget(&session, exchange, &turn_id, exhausted)
+                        .await?;
+                    return Ok(());
+                }
             }
             turn += 1;
             let mut context = history.clone();
@@ -569,6 +700,17 @@ impl Run<'_> {
             let info = catalog::lookup(&routed.model.model, inner.model_overrides(&routed.model));
             let usage = routed.response.usage;
             total.add(&usage);
+            let call = inner
+                .record_model_call(&session, Some(&turn_id), &routed.model, &usage)
+                .await?;
+            turn_used.add(&call);
+            if limits.any_model_limit() {
+                let used = inner
+                    .budget_use(&limits, &session, turn_used, started)
+                    .await?;
+                self.warn_budgets(&limits, &used, &session, &turn_id, &mut turn_warned)
+                    .await;
+            }
             self.send(AgentEvent::Usage {
                 model: used.clone(),
                 usage,
@@ -714,6 +856,99 @@ impl Run<'_> {
             usage: total,
         });
         Ok(())
+    }
+
+    /// End the turn before the next model call: the exchange is kept, closed with the
+    /// message, an audit record says which budget, and the channel gets an `error` of
+    /// kind `budget_exhausted`.
+    async fn end_on_budget(
+        &self,
+        session: &SessionRecord,
+        exchange: Vec<NewMessage>,
+        turn_id: &str,
+        exhausted: BudgetExhausted,
+    ) -> Result<(), GatewayError> {
+        let text = exhausted.message();
+        tracing::info!(agent = %exhausted.agent, session = %session.key, "{text}");
+        self.persist(session, exchange, Some(&text)).await?;
+        self.inner
+            .audit_budget(crate::audit::AuditRecord::budget(
+                crate::audit::Phase::Exhausted,
+                &exhausted.agent,
+                Some(&session.key),
+                &crate::audit::BudgetFacts {
+                    scope: exhausted.scope.as_str(),
+                    key: exhausted.key.as_str(),
+                    limit: exhausted.limit,
+                    used: exhausted.used,
+                    session_id: Some(&session.id),
+                    turn: Some(turn_id),
+                },
+                Some(text.clone()),
+            ))
+            .await;
+        self.send(AgentEvent::Error {
+            message: text,
+            kind: Some(ErrorKind::BudgetExhausted),
+            hint: Some(exhausted.hint()),
+        });
+        Ok(())
+    }
+
+    /// Send a `budget_warning` for each budget at 80 % or more, once per scope and
+    /// period (the turn, the session, the agent's UTC day), and audit it.
+    async fn warn_budgets(
+        &self,
+        limits: &Limits,
+        used: &Used,
+        session: &SessionRecord,
+        turn_id: &str,
+        turn_warned: &mut std::collections::HashSet<&'static str>,
+    ) {
+        for w in limits.warnings(used) {
+            let first = match w.scope {
+                Scope::Turn => turn_warned.insert(w.key.as_str()),
+                Scope::Session => self
+                    .inner
+                    .warned
+                    .first(&format!("session:{}", session.id), w.key),
+                Scope::AgentDay => self.inner.warned.first(
+                    &format!(
+                        "day:{}:{}",
+                        session.agent,
+                        crate::budget::day_of(crate::store::now_ms())
+                    ),
+                    w.key,
+                ),
+                Scope::Exec => false,
+            };
+            if !first {
+                continue;
+            }
+            self.send(AgentEvent::BudgetWarning {
+                scope: w.scope.as_str().to_string(),
+                key: w.key.as_str().to_string(),
+                used: w.used,
+                limit: w.limit,
+                pct: w.pct,
+            });
+            self.inner
+                .audit_budget(crate::audit::AuditRecord::budget(
+                    crate::audit::Phase::Warning,
+                    &session.agent,
+                    Some(&session.key),
+                    &crate::audit::BudgetFacts {
+                        scope: w.scope.as_str(),
+                        key: w.key.as_str(),
+                        limit: w.limit,
+                        used: w.used,
+                        session_id: Some(&session.id),
+                        turn: Some(turn_id),
+                    },
+                    None,
+                ))
+                .await;
+        }
     }
 
     /// Store the exchange in one transaction; `note` closes an unfinished one.

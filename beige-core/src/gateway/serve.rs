@@ -876,6 +876,12 @@ impl Admin for LocalGateway {
             },
         )))
     }
+    async fn usage(
+        &self,
+        query: crate::store::UsageQuery,
+    ) -> Result<crate::store::UsageReport, GatewayError> {
+        self.engine().await.usage(query).await
+    }
 }
 
 impl LocalGateway {

@@ -9,25 +9,152 @@ use std::sync::Mutex;
 
 pub use beige_client::llm::ModelInfo;
 
-/// `(id prefix, context, max output, images, reasoning, $/M in, $/M out)`; the longest
-/// matching prefix wins, so dated ids (`claude-sonnet-4-6-20260101`) match too.
-const BUILTIN: &[(&str, u64, u32, bool, bool, f64, f64)] = &[
-    ("claude-opus-4", 200_000, 32_000, true, true, 15.0, 75.0),
-    ("claude-sonnet-4", 200_000, 64_000, true, true, 3.0, 15.0),
-    ("claude-haiku-4", 200_000, 64_000, true, true, 1.0, 5.0),
-    ("claude-3-7-sonnet", 200_000, 64_000, true, true, 3.0, 15.0),
-    ("claude-3-5-haiku", 200_000, 8_192, true, false, 0.8, 4.0),
-    ("gpt-4o-mini", 128_000, 16_384, true, false, 0.15, 0.6),
-    ("gpt-4o", 128_000, 16_384, true, false, 2.5, 10.0),
-    ("gpt-4.1-mini", 1_047_576, 32_768, true, false, 0.4, 1.6),
-    ("gpt-4.1", 1_047_576, 32_768, true, false, 2.0, 8.0),
-    ("gpt-5-mini", 400_000, 128_000, true, true, 0.25, 2.0),
-    ("gpt-5", 400_000, 128_000, true, true, 1.25, 10.0),
-    ("o3", 200_000, 100_000, true, true, 2.0, 8.0),
-    ("o4-mini", 200_000, 100_000, true, true, 1.1, 4.4),
-    ("gemini-2.5-pro", 1_048_576, 65_536, true, true, 1.25, 10.0),
-    ("gemini-2.5-flash", 1_048_576, 65_536, true, true, 0.3, 2.5),
-    ("gemini-2.0-flash", 1_048_576, 8_192, true, false, 0.1, 0.4),
+/// The date the prices of [`BUILTIN`] were last checked against the providers' lists.
+pub const PRICES_AS_OF: &str = "2025-06-01";
+
+/// One built-in entry; the longest matching id prefix wins, so dated ids
+/// (`claude-sonnet-4-6-20260101`) match too. Prices are US dollars per million tokens.
+struct Entry {
+    prefix: &'static str,
+    context: u64,
+    max_output: u32,
+    images: bool,
+    reasoning: bool,
+    input: f64,
+    output: f64,
+    cache_read: f64,
+    cache_write: f64,
+}
+
+const fn e(
+    prefix: &'static str,
+    context: u64,
+    max_output: u32,
+    (images, reasoning): (bool, bool),
+    (input, output, cache_read, cache_write): (f64, f64, f64, f64),
+) -> Entry {
+    Entry {
+        prefix,
+        context,
+        max_output,
+        images,
+        reasoning,
+        input,
+        output,
+        cache_read,
+        cache_write,
+    }
+}
+
+/// Anthropic bills cache writes (5-minute) at 1.25× and reads at 0.1× input; OpenAI and
+/// Google do not bill writes and bill reads at their "cached input" price.
+const BUILTIN: &[Entry] = &[
+    e(
+        "claude-opus-4",
+        200_000,
+        32_000,
+        (true, true),
+        (15.0, 75.0, 1.5, 18.75),
+    ),
+    e(
+        "claude-sonnet-4",
+        200_000,
+        64_000,
+        (true, true),
+        (3.0, 15.0, 0.3, 3.75),
+    ),
+    e(
+        "claude-haiku-4",
+        200_000,
+        64_000,
+        (true, true),
+        (1.0, 5.0, 0.1, 1.25),
+    ),
+    e(
+        "claude-3-7-sonnet",
+        200_000,
+        64_000,
+        (true, true),
+        (3.0, 15.0, 0.3, 3.75),
+    ),
+    e(
+        "claude-3-5-haiku",
+        200_000,
+        8_192,
+        (true, false),
+        (0.8, 4.0, 0.08, 1.0),
+    ),
+    e(
+        "gpt-4o-mini",
+        128_000,
+        16_384,
+        (true, false),
+        (0.15, 0.6, 0.075, 0.0),
+    ),
+    e(
+        "gpt-4o",
+        128_000,
+        16_384,
+        (true, false),
+        (2.5, 10.0, 1.25, 0.0),
+    ),
+    e(
+        "gpt-4.1-mini",
+        1_047_576,
+        32_768,
+        (true, false),
+        (0.4, 1.6, 0.1, 0.0),
+    ),
+    e(
+        "gpt-4.1",
+        1_047_576,
+        32_768,
+        (true, false),
+        (2.0, 8.0, 0.5, 0.0),
+    ),
+    e(
+        "gpt-5-mini",
+        400_000,
+        128_000,
+        (true, true),
+        (0.25, 2.0, 0.025, 0.0),
+    ),
+    e(
+        "gpt-5",
+        400_000,
+        128_000,
+        (true, true),
+        (1.25, 10.0, 0.125, 0.0),
+    ),
+    e("o3", 200_000, 100_000, (true, true), (2.0, 8.0, 0.5, 0.0)),
+    e(
+        "o4-mini",
+        200_000,
+        100_000,
+        (true, true),
+        (1.1, 4.4, 0.275, 0.0),
+    ),
+    e(
+        "gemini-2.5-pro",
+        1_048_576,
+        65_536,
+        (true, true),
+        (1.25, 10.0, 0.31, 0.0),
+    ),
+    e(
+        "gemini-2.5-flash",
+        1_048_576,
+        65_536,
+        (true, true),
+        (0.3, 2.5, 0.075, 0.0),
+    ),
+    e(
+        "gemini-2.0-flash",
+        1_048_576,
+        8_192,
+        (true, false),
+        (0.1, 0.4, 0.025, 0.0),
+    ),
 ];
 
 static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
@@ -36,16 +163,19 @@ static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 pub fn lookup(id: &str, overrides: Option<&serde_json::Value>) -> ModelInfo {
     let mut info = BUILTIN
         .iter()
-        .filter(|(prefix, ..)| id.starts_with(prefix))
-        .max_by_key(|(prefix, ..)| prefix.len())
-        .map(|&(_, ctx, out, images, reasoning, cin, cout)| ModelInfo {
+        .filter(|entry| id.starts_with(entry.prefix))
+        .max_by_key(|entry| entry.prefix.len())
+        .map(|entry| ModelInfo {
             id: id.to_string(),
-            context_window: ctx,
-            max_output_tokens: out,
-            images,
-            reasoning,
-            cost_input: cin,
-            cost_output: cout,
+            context_window: entry.context,
+            max_output_tokens: entry.max_output,
+            images: entry.images,
+            reasoning: entry.reasoning,
+            cost_input: entry.input,
+            cost_output: entry.output,
+            cost_cache_read: entry.cache_read,
+            cost_cache_write: entry.cache_write,
+            priced: true,
         });
     if info.is_none() && overrides.is_none() {
         let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
@@ -64,6 +194,9 @@ pub fn lookup(id: &str, overrides: Option<&serde_json::Value>) -> ModelInfo {
         reasoning: false,
         cost_input: 0.0,
         cost_output: 0.0,
+        cost_cache_read: 0.0,
+        cost_cache_write: 0.0,
+        priced: false,
     });
     if let Some(serde_json::Value::Object(o)) = overrides {
         let u64_of = |k: &str| o.get(k).and_then(|v| v.as_u64());
@@ -81,11 +214,23 @@ pub fn lookup(id: &str, overrides: Option<&serde_json::Value>) -> ModelInfo {
         if let Some(v) = bool_of("reasoning") {
             base.reasoning = v;
         }
-        if let Some(v) = f64_of("costInput") {
-            base.cost_input = v;
-        }
-        if let Some(v) = f64_of("costOutput") {
-            base.cost_output = v;
+        // `cost: {input, output, cacheRead, cacheWrite}`, or the flat `costInput`, … keys.
+        let cost = o.get("cost").and_then(|v| v.as_object());
+        let price = |nested: &str, flat: &str| {
+            cost.and_then(|c| c.get(nested))
+                .and_then(|v| v.as_f64())
+                .or_else(|| f64_of(flat))
+        };
+        for (nested, flat, slot) in [
+            ("input", "costInput", &mut base.cost_input),
+            ("output", "costOutput", &mut base.cost_output),
+            ("cacheRead", "costCacheRead", &mut base.cost_cache_read),
+            ("cacheWrite", "costCacheWrite", &mut base.cost_cache_write),
+        ] {
+            if let Some(v) = price(nested, flat) {
+                *slot = v;
+                base.priced = true;
+            }
         }
     }
     base
@@ -112,5 +257,27 @@ mod tests {
         let o = serde_json::json!({"contextWindow": 32000, "images": true});
         let custom = lookup("llama3.1:8b", Some(&o));
         assert_eq!((custom.context_window, custom.images), (32_000, true));
+        assert!(!custom.priced, "no price was given");
+    }
+
+    #[test]
+    fn prices_cover_cache_tokens_and_can_be_overridden() {
+        let sonnet = lookup("claude-sonnet-4-6", None);
+        assert!(sonnet.priced);
+        let usage = crate::llm::Usage {
+            input_tokens: 1000,
+            output_tokens: 200,
+            cache_read_tokens: 10_000,
+            cache_write_tokens: 2000,
+        };
+        // 1000×3 + 200×15 + 10000×0.3 + 2000×3.75 micro-dollars.
+        assert_eq!(sonnet.cost_micros(&usage), 3000 + 3000 + 3000 + 7500);
+        let o = serde_json::json!({"cost": {"input": 1, "output": 2, "cacheRead": 0.5, "cacheWrite": 4}});
+        let local = lookup("llama3.1:8b", Some(&o));
+        assert!(local.priced);
+        assert_eq!(local.cost_micros(&usage), 1000 + 400 + 5000 + 8000);
+        let flat = lookup("llama3.1:8b", Some(&serde_json::json!({"costInput": 0})));
+        assert!(flat.priced, "an explicit price of 0 is a price");
+        assert_eq!(flat.cost_micros(&usage), 0);
     }
 }

@@ -1,15 +1,16 @@
-//! The store: everything the gateway must remember across restarts, behind four traits
+//! The store: everything the gateway must remember across restarts, behind five traits
 //! split by owner — [`SessionStore`] (the agent loop, `Sessions`), [`HealthStore`] (the
-//! router), [`ChannelState`] (channels) and [`PluginData`] (plugins) — and [`Store`], all
-//! four in one value. `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) is
+//! router), [`ChannelState`] (channels), [`PluginData`] (plugins) and [`UsageLedger`]
+//! (the cost ledger budgets and `beige usage` read) — and [`Store`], all five in one
+//! value. `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) is
 //! the implementation; `MemoryStore` (`beige_core::testing`, cargo feature `test-util`)
 //! the one in memory. [`Stores`] holds one part per owner, so they may live apart.
 //!
 //! Owns the durable state and its guarantees: sessions and which one is *current* for a
 //! session key, the messages of each session (provider-neutral JSON, one transaction per
 //! turn, compaction that marks and never deletes), per-key settings and metadata, provider
-//! health, channel offsets, the dedup window and the outbound queue, and plugin key-value
-//! data. It does not decide anything: which model to use, when to compact, what is allowed
+//! health, channel offsets, the dedup window and the outbound queue, plugin key-value
+//! data, and one ledger row per model call. It does not decide anything: which model to use, when to compact, what is allowed
 //! and how settings resolve against channel defaults belong to the agent loop and the
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
@@ -28,6 +29,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::llm::{Message, Usage};
+pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, UsageTotals};
 
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
@@ -474,21 +476,69 @@ pub trait PluginData: Send + Sync + Debug {
     ) -> Result<Vec<String>, StoreError>;
 }
 
-/// Durable state of the gateway: all four parts in one value (`SqliteStore`'s one file,
+/// One model call, as the cost ledger records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// Unix ms of the call's end.
+    pub ts: i64,
+    /// The agent that made the call.
+    pub agent: String,
+    /// The session it was made for (`None` outside a session).
+    pub session_id: Option<String>,
+    /// The session key, for reading the ledger.
+    pub session_key: Option<String>,
+    /// The turn (one prompt run) it belongs to; `None` for e.g. a compaction outside one.
+    pub turn_id: Option<String>,
+    /// `provider/model`.
+    pub model: String,
+    /// The tokens the provider reported.
+    pub usage: Usage,
+    /// Millionths of a US dollar.
+    pub cost_micros: i64,
+    /// The model had no price: the call counts at no cost.
+    pub unpriced: bool,
+}
+
+/// Which ledger rows [`UsageLedger::usage_totals`] sums; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerFilter {
+    /// Only this agent's calls.
+    pub agent: Option<String>,
+    /// Only this session's calls.
+    pub session_id: Option<String>,
+    /// Only calls at or after this time (Unix ms).
+    pub since_ms: Option<i64>,
+}
+
+/// The cost ledger: one row per model call, kept across restarts. What budgets and
+/// `beige usage` read; it decides nothing.
+#[async_trait]
+pub trait UsageLedger: Send + Sync + Debug {
+    /// Append one row.
+    async fn record_usage(&self, entry: LedgerEntry) -> Result<(), StoreError>;
+
+    /// The totals of the rows `filter` matches.
+    async fn usage_totals(&self, filter: LedgerFilter) -> Result<UsageTotals, StoreError>;
+
+    /// The rows `query` matches, grouped as it says, ordered by group key.
+    async fn usage_report(&self, query: UsageQuery) -> Result<UsageReport, StoreError>;
+}
+
+/// Durable state of the gateway: all five parts in one value (`SqliteStore`'s one file,
 /// or `MemoryStore` of `beige_core::testing`). Implemented for every type that implements
-/// the four; shared as `Arc<dyn Store>` and callable from any task. To keep the parts in
+/// the five; shared as `Arc<dyn Store>` and callable from any task. To keep the parts in
 /// different places, give the gateway a [`Stores`].
 ///
 /// Rust 1.85 has no trait upcasting: to pass an `Arc<dyn Store>` where one part is
 /// wanted, wrap it once more (`Arc::new(store)`: `Arc<S>` implements each part `S`
 /// does), or take the part from [`Stores::from`].
-pub trait Store: SessionStore + HealthStore + ChannelState + PluginData {}
+pub trait Store: SessionStore + HealthStore + ChannelState + PluginData + UsageLedger {}
 
-impl<T: SessionStore + HealthStore + ChannelState + PluginData + ?Sized> Store for T {}
+impl<T: SessionStore + HealthStore + ChannelState + PluginData + UsageLedger + ?Sized> Store for T {}
 
 /// The store of a gateway, one part per owner: sessions for the agent loop and
 /// `Sessions`, health for the router, channel state for channels, plugin data for
-/// plugins. Usually all four are one store (`Stores::from(Arc::new(store))`); mix them
+/// plugins, the ledger for budgets and `beige usage`. Usually all five are one store (`Stores::from(Arc::new(store))`); mix them
 /// with struct update syntax:
 ///
 /// ```
@@ -508,6 +558,8 @@ pub struct Stores {
     pub channels: Arc<dyn ChannelState>,
     /// Plugin key-value data.
     pub data: Arc<dyn PluginData>,
+    /// The cost ledger.
+    pub usage: Arc<dyn UsageLedger>,
 }
 
 /// One value that is the whole store (`Arc<SqliteStore>`, `Arc<dyn Store>`, …).
@@ -517,7 +569,8 @@ impl<T: Store + ?Sized + 'static> From<Arc<T>> for Stores {
             sessions: Arc::new(store.clone()),
             health: Arc::new(store.clone()),
             channels: Arc::new(store.clone()),
-            data: Arc::new(store),
+            data: Arc::new(store.clone()),
+            usage: Arc::new(store),
         }
     }
 }
@@ -695,6 +748,19 @@ macro_rules! forward_store {
                 prefix: &str,
             ) -> Result<Vec<String>, StoreError> {
                 (**self).kv_list(plugin, scope, prefix).await
+            }
+        }
+
+        #[async_trait]
+        impl<S: UsageLedger + ?Sized> UsageLedger for $ptr {
+            async fn record_usage(&self, entry: LedgerEntry) -> Result<(), StoreError> {
+                (**self).record_usage(entry).await
+            }
+            async fn usage_totals(&self, filter: LedgerFilter) -> Result<UsageTotals, StoreError> {
+                (**self).usage_totals(filter).await
+            }
+            async fn usage_report(&self, query: UsageQuery) -> Result<UsageReport, StoreError> {
+                (**self).usage_report(query).await
             }
         }
     )*};

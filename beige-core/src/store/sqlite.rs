@@ -18,6 +18,10 @@ use super::{
     NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings, SessionStore,
     SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
+use super::{
+    LedgerEntry, LedgerFilter, UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow,
+    UsageTotals,
+};
 use crate::llm::{Message, Role, Usage};
 
 /// How long a call waits for a lock held by another connection before failing with
@@ -169,6 +173,28 @@ pub(super) const MIGRATIONS: &[&str] = &[
         DELETE FROM plugin_kv_usage
             WHERE plugin = OLD.plugin AND scope = OLD.scope AND entries <= 0;
     END;
+    "#,
+    // 3: the cost ledger, one row per model call. No foreign key to sessions: the ledger
+    // outlives whatever happens to them.
+    r#"
+    CREATE TABLE usage (
+        id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts                 INTEGER NOT NULL,
+        agent              TEXT NOT NULL,
+        session_id         TEXT,
+        session_key        TEXT,
+        turn_id            TEXT,
+        model              TEXT NOT NULL,
+        input_tokens       INTEGER NOT NULL,
+        output_tokens      INTEGER NOT NULL,
+        cache_read_tokens  INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        cost_micros        INTEGER NOT NULL,
+        unpriced           INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX usage_by_agent ON usage(agent, ts);
+    CREATE INDEX usage_by_session ON usage(session_id);
+    CREATE INDEX usage_by_ts ON usage(ts);
     "#,
 ];
 
@@ -961,6 +987,97 @@ impl SessionStore for SqliteStore {
             .execute(params![key, text, now])?;
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+}
+
+/// The sums every ledger query selects, in [`totals_row`]'s order.
+const LEDGER_SUMS: &str =
+    "count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
+     coalesce(sum(cache_read_tokens), 0), coalesce(sum(cache_write_tokens), 0),
+     coalesce(sum(cost_micros), 0), coalesce(sum(unpriced), 0)";
+
+/// [`LEDGER_SUMS`] from column `at` on.
+fn totals_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<UsageTotals> {
+    Ok(UsageTotals {
+        calls: to_u64(r.get(at)?),
+        input_tokens: to_u64(r.get(at + 1)?),
+        output_tokens: to_u64(r.get(at + 2)?),
+        cache_read_tokens: to_u64(r.get(at + 3)?),
+        cache_write_tokens: to_u64(r.get(at + 4)?),
+        cost_micros: r.get(at + 5)?,
+        unpriced_calls: to_u64(r.get(at + 6)?),
+    })
+}
+
+#[async_trait]
+impl UsageLedger for SqliteStore {
+    async fn record_usage(&self, e: LedgerEntry) -> Result<(), StoreError> {
+        self.run(move |conn, _| {
+            conn.prepare_cached(
+                "INSERT INTO usage (ts, agent, session_id, session_key, turn_id, model,
+                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                     cost_micros, unpriced)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )?
+            .execute(params![
+                e.ts,
+                e.agent,
+                e.session_id,
+                e.session_key,
+                e.turn_id,
+                e.model,
+                to_i64(e.usage.input_tokens),
+                to_i64(e.usage.output_tokens),
+                to_i64(e.usage.cache_read_tokens),
+                to_i64(e.usage.cache_write_tokens),
+                e.cost_micros,
+                e.unpriced
+            ])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn usage_totals(&self, f: LedgerFilter) -> Result<UsageTotals, StoreError> {
+        self.run(move |conn, _| {
+            let sql = format!(
+                "SELECT {LEDGER_SUMS} FROM usage
+                 WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR session_id = ?2)
+                   AND (?3 IS NULL OR ts >= ?3)"
+            );
+            Ok(conn
+                .prepare_cached(&sql)?
+                .query_row(params![f.agent, f.session_id, f.since_ms], |r| {
+                    totals_row(r, 0)
+                })?)
+        })
+        .await
+    }
+
+    async fn usage_report(&self, q: UsageQuery) -> Result<UsageReport, StoreError> {
+        self.run(move |conn, _| {
+            let key = match q.by {
+                UsageGroupBy::Agent => "agent",
+                UsageGroupBy::Session => "coalesce(session_id, '')",
+                UsageGroupBy::Model => "model",
+                UsageGroupBy::Day => "strftime('%Y-%m-%d', ts / 1000, 'unixepoch')",
+            };
+            let sql = format!(
+                "SELECT {key} AS k, {LEDGER_SUMS} FROM usage
+                 WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR ts >= ?2)
+                 GROUP BY k ORDER BY k"
+            );
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![q.agent, q.since_ms], |r| {
+                Ok(UsageRow {
+                    key: r.get(0)?,
+                    totals: totals_row(r, 1)?,
+                })
+            })?;
+            let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(UsageReport::new(q.by, rows))
         })
         .await
     }

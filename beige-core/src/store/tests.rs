@@ -109,6 +109,7 @@ contract!(
     kv_usage_follows_every_write_path,
     kv_set_within_refuses_beyond_the_limits_and_keeps_the_data,
     concurrent_sets_cannot_overshoot_a_limit,
+    the_ledger_sums_filters_and_groups_and_survives_a_restart,
 );
 
 // ---- helpers ----
@@ -1369,4 +1370,158 @@ fn a_crash_mid_turn_keeps_every_completed_turn() {
             Some(4 * CRASH_TURNS as i64 + 4)
         );
     });
+}
+
+// ---- the cost ledger ----
+
+fn ledger_row(
+    agent: &str,
+    session: &str,
+    model: &str,
+    ts: i64,
+    usage: Usage,
+    cost: i64,
+) -> LedgerEntry {
+    LedgerEntry {
+        ts,
+        agent: agent.into(),
+        session_id: Some(session.into()),
+        session_key: Some(format!("api:{agent}:default")),
+        turn_id: Some("t1".into()),
+        model: model.into(),
+        usage,
+        cost_micros: cost,
+        unpriced: cost == 0,
+    }
+}
+
+async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>() {
+    let (_dir, backend) = B::temp_db();
+    let store = backend.open();
+    let day = 86_400_000;
+    let u = |i, o, r, w| Usage {
+        input_tokens: i,
+        output_tokens: o,
+        cache_read_tokens: r,
+        cache_write_tokens: w,
+    };
+    // Day 10: two calls of a in s1; day 11: one of a in s2 (unpriced), one of b.
+    store
+        .record_usage(ledger_row(
+            "a",
+            "s1",
+            "p/m1",
+            10 * day + 5,
+            u(100, 10, 1000, 50),
+            700,
+        ))
+        .await
+        .unwrap();
+    store
+        .record_usage(ledger_row(
+            "a",
+            "s1",
+            "p/m2",
+            10 * day + 9,
+            u(200, 20, 0, 0),
+            300,
+        ))
+        .await
+        .unwrap();
+    store
+        .record_usage(ledger_row("a", "s2", "p/m1", 11 * day, u(1, 2, 3, 4), 0))
+        .await
+        .unwrap();
+    store
+        .record_usage(ledger_row(
+            "b",
+            "s3",
+            "p/m1",
+            11 * day + 1,
+            u(7, 7, 7, 7),
+            49,
+        ))
+        .await
+        .unwrap();
+    let store = backend.open();
+
+    let s1 = store
+        .usage_totals(LedgerFilter {
+            session_id: Some("s1".into()),
+            ..LedgerFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        s1,
+        UsageTotals {
+            calls: 2,
+            input_tokens: 300,
+            output_tokens: 30,
+            cache_read_tokens: 1000,
+            cache_write_tokens: 50,
+            cost_micros: 1000,
+            unpriced_calls: 0,
+        }
+    );
+    assert_eq!(s1.tokens(), 380, "cache reads are not budget tokens");
+    let a_today = store
+        .usage_totals(LedgerFilter {
+            agent: Some("a".into()),
+            since_ms: Some(11 * day),
+            ..LedgerFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (a_today.calls, a_today.unpriced_calls, a_today.cost_micros),
+        (1, 1, 0)
+    );
+    let none = store
+        .usage_totals(LedgerFilter {
+            agent: Some("nobody".into()),
+            ..LedgerFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(none, UsageTotals::default());
+
+    let keys = |r: &UsageReport| r.rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>();
+    let by_model = store
+        .usage_report(UsageQuery {
+            by: UsageGroupBy::Model,
+            ..UsageQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys(&by_model), ["p/m1", "p/m2"]);
+    assert_eq!(by_model.rows[0].totals.calls, 3);
+    assert_eq!(by_model.total.cost_micros, 1049);
+    assert_eq!(by_model.total.input_tokens, 308);
+    let by_day = store
+        .usage_report(UsageQuery {
+            agent: Some("a".into()),
+            by: UsageGroupBy::Day,
+            ..UsageQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys(&by_day), ["1970-01-11", "1970-01-12"]);
+    assert_eq!(by_day.rows[1].totals.input_tokens, 1);
+    let by_session = store
+        .usage_report(UsageQuery {
+            since_ms: Some(10 * day + 6),
+            by: UsageGroupBy::Session,
+            ..UsageQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys(&by_session), ["s1", "s2", "s3"]);
+    assert_eq!(
+        by_session.rows[0].totals.calls, 1,
+        "the call before `since` is left out"
+    );
+    let by_agent = store.usage_report(UsageQuery::default()).await.unwrap();
+    assert_eq!(keys(&by_agent), ["a", "b"]);
+    assert_eq!(by_agent.rows[1].totals.cost_micros, 49);
 }

@@ -17,6 +17,9 @@ use crate::store::{
     NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings, SessionStore,
     SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
+use crate::store::{
+    LedgerEntry, LedgerFilter, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals,
+};
 
 /// A store that keeps everything in memory: sessions (with the current session of each
 /// key), messages (compaction marks, never deletes), settings and metadata, provider
@@ -89,6 +92,8 @@ struct State {
     outbox_ids: i64,
     /// By (plugin, scope, key): keys of one scope in byte order, as `kv_list` returns them.
     kv: BTreeMap<(String, String, String), String>,
+    /// The cost ledger, in the order recorded.
+    ledger: Vec<LedgerEntry>,
 }
 
 struct Session {
@@ -477,6 +482,66 @@ impl SessionStore for MemoryStore {
             metadata.insert(field.to_string(), value);
         }
         Ok(())
+    }
+}
+
+/// One ledger row as totals.
+fn totals_of(e: &LedgerEntry) -> UsageTotals {
+    UsageTotals {
+        calls: 1,
+        input_tokens: e.usage.input_tokens,
+        output_tokens: e.usage.output_tokens,
+        cache_read_tokens: e.usage.cache_read_tokens,
+        cache_write_tokens: e.usage.cache_write_tokens,
+        cost_micros: e.cost_micros,
+        unpriced_calls: u64::from(e.unpriced),
+    }
+}
+
+#[async_trait]
+impl UsageLedger for MemoryStore {
+    async fn record_usage(&self, entry: LedgerEntry) -> Result<(), StoreError> {
+        self.lock().ledger.push(entry);
+        Ok(())
+    }
+
+    async fn usage_totals(&self, filter: LedgerFilter) -> Result<UsageTotals, StoreError> {
+        let state = self.lock();
+        let mut total = UsageTotals::default();
+        for e in state.ledger.iter().filter(|e| {
+            filter.agent.as_ref().is_none_or(|a| *a == e.agent)
+                && filter
+                    .session_id
+                    .as_ref()
+                    .is_none_or(|s| Some(s) == e.session_id.as_ref())
+                && filter.since_ms.is_none_or(|t| e.ts >= t)
+        }) {
+            total.add(&totals_of(e));
+        }
+        Ok(total)
+    }
+
+    async fn usage_report(&self, query: UsageQuery) -> Result<UsageReport, StoreError> {
+        use crate::store::UsageGroupBy;
+        let state = self.lock();
+        let mut groups: BTreeMap<String, UsageTotals> = BTreeMap::new();
+        for e in state.ledger.iter().filter(|e| {
+            query.agent.as_ref().is_none_or(|a| *a == e.agent)
+                && query.since_ms.is_none_or(|t| e.ts >= t)
+        }) {
+            let key = match query.by {
+                UsageGroupBy::Agent => e.agent.clone(),
+                UsageGroupBy::Session => e.session_id.clone().unwrap_or_default(),
+                UsageGroupBy::Model => e.model.clone(),
+                UsageGroupBy::Day => crate::budget::day_of(e.ts),
+            };
+            groups.entry(key).or_default().add(&totals_of(e));
+        }
+        let rows = groups
+            .into_iter()
+            .map(|(key, totals)| UsageRow { key, totals })
+            .collect();
+        Ok(UsageReport::new(query.by, rows))
     }
 }
 

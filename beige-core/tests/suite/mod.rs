@@ -1,4 +1,5 @@
 mod agent;
+mod budgets;
 mod core_tools;
 mod egress;
 mod egress_broker;
