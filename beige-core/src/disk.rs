@@ -682,6 +682,8 @@ impl DiskGuard {
             args_sha256: None,
             args_truncated: None,
             egress: None,
+            exec: None,
+            attribution: None,
             decision,
             target: Some(Target::Gateway),
             duration_ms: None,

@@ -11,6 +11,7 @@ use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 use super::{CallMeta, Inner, UNPARSED_TOOL};
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditType, Phase, Target};
+use crate::ident::{Attribution, ExecRegistry};
 use crate::policy::{Principal, ToolKind};
 use crate::sandbox::{SandboxHost, SecurityEvent};
 
@@ -25,11 +26,20 @@ impl GatewayHost {
 
 #[async_trait]
 impl SandboxHost for GatewayHost {
-    async fn tool_call(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+    async fn tool_call(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
         match self.0.upgrade() {
-            Some(inner) => inner.handle_tool_request(agent, request).await,
+            Some(inner) => inner.handle_tool_request(agent, caller, request).await,
             None => ToolResponse::error("the gateway is shutting down", 1),
         }
+    }
+
+    fn exec_registry(&self) -> Option<Arc<ExecRegistry>> {
+        self.0.upgrade().map(|inner| inner.execs.clone())
     }
 
     /// Every refused request is recorded, attributed to the endpoint's agent: with the
@@ -50,6 +60,8 @@ impl SandboxHost for GatewayHost {
             model: None,
             principal: Principal::Sandbox,
             target: Target::Gateway,
+            exec: None,
+            attribution: None,
         };
         inner.audit_denied(&meta, error).await;
     }
@@ -160,6 +172,8 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 args_sha256: None,
                 args_truncated: None,
                 egress: None,
+                exec: None,
+                attribution: None,
             }
         }
     }
