@@ -1,0 +1,257 @@
+//! Per-exec identity on the real Docker engine: every plugin call from a script is
+//! attributed by the kernel's view of the calling process to the exec it runs in — not
+//! by what the request says — and processes an exec leaves behind lose tool access
+//! when it ends.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway};
+use serde_json::{json, Value};
+
+use super::support::{DockerEnv, TestHome};
+use crate::docker_or_skip;
+
+const DEBIAN: &str = super::egress_support::IMAGE;
+
+async fn start(t: &TestHome, env: &DockerEnv, image: Option<&str>) -> LocalGateway {
+    let mut agent = json!({"tools": ["kv"]});
+    if let Some(image) = image {
+        agent["sandbox"] = json!({"image": image, "memoryLimit": "256m", "pidsLimit": 128});
+    }
+    let mut config = t.config(env, &[("id", agent)]);
+    config.plugins = serde_json::from_value(json!({"kv": {"config": {"maxKeys": 10000}}})).unwrap();
+    GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(t.docker().await))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Runs `command` as the model would, in session `api:<session>`.
+async fn exec_in(gw: &LocalGateway, session: &str, command: &str) -> ToolOutput {
+    let ctx = ToolContext {
+        session_key: Some(format!("api:{session}")),
+        channel: Some("api".into()),
+        ..Default::default()
+    };
+    let call = CoreToolCall::Exec(ExecParams {
+        command: command.into(),
+        timeout: Some(60),
+    });
+    gw.call_tool("id", call, ctx).await.unwrap()
+}
+
+fn audit(home: &BeigeHome) -> Vec<Value> {
+    std::fs::read_to_string(home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The exec id of the (finished) `exec` record whose command contains `marker`.
+fn exec_id_of(records: &[Value], marker: &str) -> String {
+    records
+        .iter()
+        .find(|r| {
+            r["tool"] == "exec"
+                && r["phase"] == "finished"
+                && r["args"][0].as_str().is_some_and(|a| a.contains(marker))
+        })
+        .and_then(|r| r["exec"].as_str())
+        .unwrap_or_else(|| panic!("no exec record for {marker}"))
+        .to_string()
+}
+
+/// Waits up to 20 s for the file the sandbox writes at `rel` in the workspace.
+async fn wait_for_file(t: &TestHome, rel: &str) -> String {
+    let path = t.home.default_workspace("id").join(rel);
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            if text.contains("rc=") {
+                return text;
+            }
+        }
+        assert!(Instant::now() < until, "{rel} was never written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_concurrent_execs_calling_kv_are_each_attributed_to_their_own_exec() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let gw = start(&t, &env, None).await;
+    let script = |name: &str| {
+        format!(
+            ": #{name}; for i in $(seq 1 100); do kv set {name}:$i v >/dev/null || exit 1; done; echo id=$BEIGE_EXEC_ID"
+        )
+    };
+    let (a, b) = tokio::join!(
+        exec_in(&gw, "one", &script("alpha")),
+        exec_in(&gw, "two", &script("beta"))
+    );
+    assert!(!a.is_error, "{}", a.joined_text());
+    assert!(!b.is_error, "{}", b.joined_text());
+    let records = audit(&t.home);
+    let ids = [
+        ("alpha", exec_id_of(&records, "#alpha"), "api:one"),
+        ("beta", exec_id_of(&records, "#beta"), "api:two"),
+    ];
+    assert_ne!(ids[0].1, ids[1].1);
+    // The exec's own environment carries the id its records name.
+    assert!(a.joined_text().contains(&format!("id={}", ids[0].1)));
+    assert!(b.joined_text().contains(&format!("id={}", ids[1].1)));
+
+    let kv: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["tool"] == "kv" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(kv.len(), 200);
+    let mut per_exec: HashMap<&str, usize> = HashMap::new();
+    for r in &kv {
+        let key = r["args"][1].as_str().unwrap();
+        let (name, exec, session) = ids
+            .iter()
+            .find(|(name, _, _)| key.starts_with(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("unexpected key in {r}"));
+        assert_eq!(r["exec"].as_str(), Some(exec.as_str()), "{name}: {r}");
+        assert_eq!(r["attribution"], "session-id", "{r}");
+        assert_eq!(r["session"].as_str(), Some(*session), "{r}");
+        assert_eq!(r["decision"], "allowed", "{r}");
+        *per_exec.entry(exec.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_exec.get(ids[0].1.as_str()), Some(&100));
+    assert_eq!(per_exec.get(ids[1].1.as_str()), Some(&100));
+}
+
+#[tokio::test]
+async fn a_forged_exec_id_and_session_are_refused_and_attributed_to_the_real_exec() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let gw = start(&t, &env, None).await;
+    let victim = exec_in(
+        &gw,
+        "victim",
+        ": #victim; echo $BEIGE_EXEC_ID > /workspace/victim.id",
+    );
+    let forger = async {
+        // Wait until the victim's id is there, then claim it and its session.
+        exec_in(
+            &gw,
+            "forger",
+            ": #forger; while [ ! -s /workspace/victim.id ]; do sleep 0.05; done; \
+             BEIGE_EXEC_ID=$(cat /workspace/victim.id) BEIGE_SESSION_KEY=api:victim kv set stolen 1; \
+             echo rc=$?; kv set own 1; echo own=$?",
+        )
+        .await
+    };
+    let (v, f) = tokio::join!(victim, forger);
+    assert!(!v.is_error, "{}", v.joined_text());
+    let text = f.joined_text();
+    assert!(text.contains("exec_id_mismatch"), "{text}");
+    assert!(text.contains("rc=1"), "{text}");
+    assert!(text.contains("own=0"), "{text}");
+
+    let records = audit(&t.home);
+    let forger_id = exec_id_of(&records, "#forger");
+    let victim_id = exec_id_of(&records, "#victim");
+    let mismatch: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["tool"] == "security.exec_id_mismatch")
+        .collect();
+    assert_eq!(mismatch.len(), 1, "{records:?}");
+    let m = mismatch[0];
+    assert_eq!(m["decision"], "denied");
+    assert_eq!(m["exec"].as_str(), Some(forger_id.as_str()), "{m}");
+    assert_eq!(m["attribution"], "session-id");
+    assert_eq!(
+        m["session"], "api:forger",
+        "the forged session key is ignored"
+    );
+    assert!(
+        m["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("claimed={victim_id}"))),
+        "{m}"
+    );
+    // Nothing ran as the victim; the forger's honest call ran as itself.
+    assert!(!records
+        .iter()
+        .any(|r| r["tool"] == "kv" && r["args"][1] == "stolen"));
+    let own = records
+        .iter()
+        .find(|r| r["tool"] == "kv" && r["phase"] == "finished" && r["args"][1] == "own")
+        .unwrap();
+    assert_eq!(own["exec"].as_str(), Some(forger_id.as_str()));
+    assert_eq!(own["session"], "api:forger");
+}
+
+#[tokio::test]
+async fn a_daemon_left_in_the_session_loses_tool_access_when_its_exec_ends() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    if !super::egress_support::debian_image(&t).await {
+        return;
+    }
+    let gw = start(&t, &env, Some(DEBIAN)).await;
+    // A process that leaves the exec's process group (so it survives the group's
+    // SIGKILL) but not its session, and calls kv after the exec has ended; and one that
+    // leaves the session too (`setsid`), whose call is unbound.
+    let daemon = r#": #daemons; python3 -c '
+import os, subprocess, time
+if os.fork():
+    os._exit(0)
+os.setpgid(0, 0)
+time.sleep(2)
+r = subprocess.run(["kv", "set", "late", "1"], capture_output=True, text=True)
+open("/workspace/late.out", "w").write(r.stdout + r.stderr + "rc=%d\n" % r.returncode)
+' </dev/null >/dev/null 2>&1 &
+setsid sh -c 'sleep 2; kv set unbound 1 >/workspace/unbound.out 2>&1; echo rc=$? >>/workspace/unbound.out' </dev/null >/dev/null 2>&1 &
+kv set early 1; echo early=$?"#;
+    let out = exec_in(&gw, "bg", daemon).await;
+    let text = out.joined_text();
+    assert!(text.contains("early=0"), "{text}");
+
+    let late = wait_for_file(&t, "late.out").await;
+    assert!(
+        late.contains("exec_finished") && late.contains("rc=1"),
+        "{late}"
+    );
+    let unbound = wait_for_file(&t, "unbound.out").await;
+    assert!(unbound.contains("rc=0"), "{unbound}");
+
+    let records = audit(&t.home);
+    let exec = exec_id_of(&records, "#daemons");
+    let kv = |key: &str| {
+        records
+            .iter()
+            .find(|r| r["tool"] == "kv" && r["phase"] == "finished" && r["args"][1] == key)
+            .unwrap_or_else(|| panic!("no record of kv set {key}"))
+            .clone()
+    };
+    let early = kv("early");
+    assert_eq!(early["exec"].as_str(), Some(exec.as_str()));
+    assert_eq!(early["decision"], "allowed");
+    let late = kv("late");
+    assert_eq!(late["decision"], "denied", "{late}");
+    assert_eq!(late["exec"].as_str(), Some(exec.as_str()), "{late}");
+    assert_eq!(late["attribution"], "session-id");
+    assert!(
+        late["error"].as_str().unwrap().starts_with("exec_finished"),
+        "{late}"
+    );
+    // Left the session and was re-parented to PID 1: no exec, so the rule from before
+    // per-exec identity applies (the known session its environment names).
+    let unbound = kv("unbound");
+    assert_eq!(unbound["attribution"], "unbound", "{unbound}");
+    assert!(unbound.get("exec").is_none(), "{unbound}");
+    assert_eq!(unbound["decision"], "allowed");
+    assert_eq!(unbound["session"], "api:bg");
+}
