@@ -89,19 +89,17 @@ async fn two_concurrent_execs_calling_kv_are_each_attributed_to_their_own_exec()
     let gw = start(&t, &env, None).await;
     let script = |name: &str| {
         format!(
-            ": #{name}; for i in $(seq 1 100); do kv set {name}:$i v >/dev/null || exit 1; done; echo id=$BEIGE_EXEC_ID"
+            ": mark={name}; for i in $(seq 1 100); do kv set {name}:$i v >/dev/null || exit 1; done; echo id=$BEIGE_EXEC_ID"
         )
     };
-    let (a, b) = tokio::join!(
-        exec_in(&gw, "one", &script("alpha")),
-        exec_in(&gw, "two", &script("beta"))
-    );
+    let (alpha, beta) = (script("alpha"), script("beta"));
+    let (a, b) = tokio::join!(exec_in(&gw, "one", &alpha), exec_in(&gw, "two", &beta));
     assert!(!a.is_error, "{}", a.joined_text());
     assert!(!b.is_error, "{}", b.joined_text());
     let records = audit(&t.home);
     let ids = [
-        ("alpha", exec_id_of(&records, "#alpha"), "api:one"),
-        ("beta", exec_id_of(&records, "#beta"), "api:two"),
+        ("alpha", exec_id_of(&records, "mark=alpha"), "api:one"),
+        ("beta", exec_id_of(&records, "mark=beta"), "api:two"),
     ];
     assert_ne!(ids[0].1, ids[1].1);
     // The exec's own environment carries the id its records name.
@@ -138,14 +136,14 @@ async fn a_forged_exec_id_and_session_are_refused_and_attributed_to_the_real_exe
     let victim = exec_in(
         &gw,
         "victim",
-        ": #victim; echo $BEIGE_EXEC_ID > /workspace/victim.id",
+        ": mark=victim; echo $BEIGE_EXEC_ID > /workspace/victim.id",
     );
     let forger = async {
         // Wait until the victim's id is there, then claim it and its session.
         exec_in(
             &gw,
             "forger",
-            ": #forger; while [ ! -s /workspace/victim.id ]; do sleep 0.05; done; \
+            ": mark=forger; while [ ! -s /workspace/victim.id ]; do sleep 0.05; done; \
              BEIGE_EXEC_ID=$(cat /workspace/victim.id) BEIGE_SESSION_KEY=api:victim kv set stolen 1; \
              echo rc=$?; kv set own 1; echo own=$?",
         )
@@ -159,8 +157,8 @@ async fn a_forged_exec_id_and_session_are_refused_and_attributed_to_the_real_exe
     assert!(text.contains("own=0"), "{text}");
 
     let records = audit(&t.home);
-    let forger_id = exec_id_of(&records, "#forger");
-    let victim_id = exec_id_of(&records, "#victim");
+    let forger_id = exec_id_of(&records, "mark=forger");
+    let victim_id = exec_id_of(&records, "mark=victim");
     let mismatch: Vec<&Value> = records
         .iter()
         .filter(|r| r["tool"] == "security.exec_id_mismatch")
@@ -203,17 +201,26 @@ async fn a_daemon_left_in_the_session_loses_tool_access_when_its_exec_ends() {
     let gw = start(&t, &env, Some(DEBIAN)).await;
     // A process that leaves the exec's process group (so it survives the group's
     // SIGKILL) but not its session, and calls kv after the exec has ended; and one that
-    // leaves the session too (`setsid`), whose call is unbound.
-    let daemon = r#": #daemons; python3 -c '
-import os, subprocess, time
+    // leaves the session too (`setsid`) and is re-parented, whose call is unbound.
+    // The exec waits until both have left its process group, so that the group's
+    // SIGKILL cannot catch them half-way.
+    let daemon = r#": mark=daemons; cat > /workspace/d.py <<'PY'
+import os, subprocess, sys, time
+key, flag = sys.argv[1], sys.argv[2]
 if os.fork():
     os._exit(0)
-os.setpgid(0, 0)
+if key == "late":
+    os.setpgid(0, 0)
+else:
+    os.setsid()
+open(flag, "w").close()
 time.sleep(2)
-r = subprocess.run(["kv", "set", "late", "1"], capture_output=True, text=True)
-open("/workspace/late.out", "w").write(r.stdout + r.stderr + "rc=%d\n" % r.returncode)
-' </dev/null >/dev/null 2>&1 &
-setsid sh -c 'sleep 2; kv set unbound 1 >/workspace/unbound.out 2>&1; echo rc=$? >>/workspace/unbound.out' </dev/null >/dev/null 2>&1 &
+r = subprocess.run(["kv", "set", key, "1"], capture_output=True, text=True)
+open("/workspace/%s.out" % key, "w").write(r.stdout + r.stderr + "rc=%d\n" % r.returncode)
+PY
+python3 /workspace/d.py late /workspace/late.flag </dev/null >/dev/null 2>&1 &
+python3 /workspace/d.py unbound /workspace/unbound.flag </dev/null >/dev/null 2>&1 &
+while [ ! -e /workspace/late.flag ] || [ ! -e /workspace/unbound.flag ]; do sleep 0.05; done
 kv set early 1; echo early=$?"#;
     let out = exec_in(&gw, "bg", daemon).await;
     let text = out.joined_text();
@@ -228,7 +235,7 @@ kv set early 1; echo early=$?"#;
     assert!(unbound.contains("rc=0"), "{unbound}");
 
     let records = audit(&t.home);
-    let exec = exec_id_of(&records, "#daemons");
+    let exec = exec_id_of(&records, "mark=daemons");
     let kv = |key: &str| {
         records
             .iter()
