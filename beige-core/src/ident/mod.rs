@@ -182,6 +182,9 @@ struct AgentExecs {
     ended: VecDeque<ExecId>,
     /// Bound attributions by the caller's host `(pid, starttime)`.
     cache: HashMap<(u32, u64), Attribution>,
+    /// Exec roots found alive by their host pid (a caller's session id), with their
+    /// start time: later callers of the same session need one `stat` more, no `status`.
+    by_host_sid: HashMap<u32, (ExecId, u64)>,
 }
 
 impl AgentExecs {
@@ -217,6 +220,7 @@ impl AgentExecs {
             }
         }
         self.cache.retain(|_, a| a.exec.as_ref() != Some(id));
+        self.by_host_sid.retain(|_, (i, _)| i != id);
     }
 
     fn awaiting_report(&self) -> bool {
@@ -236,11 +240,18 @@ struct Proc {
     nssid: Option<Vec<u32>>,
 }
 
+/// `/proc/<pid>/stat` of `pid` under `root`.
+fn read_stat(root: &Path, pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read(root.join(pid.to_string()).join("stat")).ok()?)
+}
+
 impl Proc {
     fn read(root: &Path, pid: u32) -> Option<Self> {
-        let dir = root.join(pid.to_string());
-        let stat = parse_stat(&std::fs::read(dir.join("stat")).ok()?)?;
-        let status = std::fs::read_to_string(dir.join("status")).ok()?;
+        Self::with_stat(root, pid, read_stat(root, pid)?)
+    }
+
+    fn with_stat(root: &Path, pid: u32, stat: ProcStat) -> Option<Self> {
+        let status = std::fs::read_to_string(root.join(pid.to_string()).join("status")).ok()?;
         Some(Self {
             stat,
             nspid: ns_ids(&status, "NSpid")?,
@@ -411,24 +422,38 @@ impl ExecRegistry {
     /// [`ExecRegistry::attribute`] without waiting: one look at `/proc`.
     pub fn attribute_now(&self, agent: &str, host_pid: u32) -> Attribution {
         let root = self.proc_root.as_path();
-        let Some(caller) = Proc::read(root, host_pid) else {
+        let Some(stat) = read_stat(root, host_pid) else {
             return Attribution::unbound();
         };
-        // A process of the gateway's own namespace (the host) is never an exec's.
-        if caller.nspid.len() <= self.own_depth {
-            return Attribution::unbound();
-        }
-        let cache_key = (host_pid, caller.stat.starttime);
-        if let Some(hit) = self
-            .agents()
-            .get(agent)
-            .and_then(|e| e.cache.get(&cache_key).cloned())
-        {
-            return hit;
-        }
-        let found = self
-            .by_session(agent, &caller)
-            .or_else(|| self.by_ancestry(agent, &caller));
+        let cache_key = (host_pid, stat.starttime);
+        // Fast paths: this very process was bound before, or its session leader is a
+        // root already found alive under this host pid (and still the same process).
+        let known_root = {
+            let agents = self.agents();
+            let Some(execs) = agents.get(agent) else {
+                return Attribution::unbound();
+            };
+            if let Some(hit) = execs.cache.get(&cache_key) {
+                return hit.clone();
+            }
+            execs.by_host_sid.get(&stat.sid).cloned()
+        };
+        let found = match known_root {
+            Some((id, start)) if read_stat(root, stat.sid).map(|s| s.starttime) == Some(start) => {
+                Some(Attribution::bound(id, AttributionMethod::SessionId))
+            }
+            _ => {
+                let Some(caller) = Proc::with_stat(root, host_pid, stat) else {
+                    return Attribution::unbound();
+                };
+                // A process of the gateway's own namespace (the host) is never an exec's.
+                if caller.nspid.len() <= self.own_depth {
+                    return Attribution::unbound();
+                }
+                self.by_session(agent, &caller)
+                    .or_else(|| self.by_ancestry(agent, &caller))
+            }
+        };
         let Some(found) = found else {
             return Attribution::unbound();
         };
@@ -436,30 +461,58 @@ impl ExecRegistry {
         if let Some(execs) = agents.get_mut(agent) {
             if execs.cache.len() >= MAX_CACHE {
                 execs.cache.clear();
+                execs.by_host_sid.clear();
             }
             execs.cache.insert(cache_key, found.clone());
         }
         found
     }
 
-    /// The exec whose root leads the caller's session. The leader is read from `/proc`
-    /// (its host pid is the caller's session id) and must be in the caller's namespace;
-    /// when it has exited, the caller's own `NSsid` names it.
+    /// The exec whose root leads the caller's session. The caller's `NSsid` names the
+    /// leader in the container and its session id the leader's host pid, which stays
+    /// the leader's as long as the session has members: only its start time is read.
+    /// When the leader has exited, the latest root with that pid that started no later
+    /// than the caller is the one. Kernels without `NSsid` need the leader alive (its
+    /// `NSpid` gives its container pid).
     fn by_session(&self, agent: &str, caller: &Proc) -> Option<Attribution> {
-        let leader = Proc::read(&self.proc_root, caller.stat.sid).filter(|l| {
-            l.nspid.len() == caller.nspid.len()
-                && caller.inner_sid().is_none_or(|sid| sid == l.inner_pid())
-        });
-        let agents = self.agents();
-        let execs = agents.get(agent)?;
-        let id = match leader {
-            Some(leader) => execs.exact(ProcKey {
-                pid: leader.inner_pid(),
-                starttime: leader.stat.starttime,
+        let leader_start = || {
+            std::fs::read(
+                self.proc_root
+                    .join(caller.stat.sid.to_string())
+                    .join("stat"),
+            )
+            .ok()
+            .and_then(|s| parse_stat(&s))
+            .map(|s| s.starttime)
+        };
+        let key = match caller.inner_sid() {
+            Some(sid) => leader_start().map(|starttime| ProcKey {
+                pid: sid,
+                starttime,
             }),
-            None => execs.latest_root(caller.inner_sid()?, caller.stat.starttime),
-        }?;
-        Some(Attribution::bound(id.clone(), AttributionMethod::SessionId))
+            None => {
+                let leader = Proc::read(&self.proc_root, caller.stat.sid)
+                    .filter(|l| l.nspid.len() == caller.nspid.len())?;
+                Some(ProcKey {
+                    pid: leader.inner_pid(),
+                    starttime: leader.stat.starttime,
+                })
+            }
+        };
+        let mut agents = self.agents();
+        let execs = agents.get_mut(agent)?;
+        let id = match (key, caller.inner_sid()) {
+            (Some(key), _) => {
+                let id = execs.exact(key)?.clone();
+                execs
+                    .by_host_sid
+                    .insert(caller.stat.sid, (id.clone(), key.starttime));
+                id
+            }
+            (None, Some(sid)) => execs.latest_root(sid, caller.stat.starttime)?.clone(),
+            (None, None) => return None,
+        };
+        Some(Attribution::bound(id, AttributionMethod::SessionId))
     }
 
     /// The exec whose root is an ancestor of the caller (at most [`MAX_ANCESTRY`] up,
