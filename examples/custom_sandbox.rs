@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use beige_core::config::Config;
+use beige_core::ident::Attribution;
 use beige_core::sandbox::op::{
     ExecReply, OpError, OpErrorKind, OpReply, OpRequest, PatchReply, ReadReply, WriteReply,
 };
@@ -72,9 +73,12 @@ impl VirtualSandbox {
                 let Some(host) = host else {
                     return ("tool: no gateway serves this sandbox\n".into(), 1);
                 };
-                // The agent is the sandbox's own: a request never names its caller.
+                // The agent is the sandbox's own: a request never names its caller. This
+                // backend cannot tell which exec a call comes from, so it is unbound.
                 let request = ToolRequest::new(*name, args.iter().map(|a| a.to_string()).collect());
-                let response = host.tool_call(agent, request).await;
+                let response = host
+                    .tool_call(agent, &Attribution::unbound(), request)
+                    .await;
                 let text = response.output.or(response.error).unwrap_or_default();
                 (text, response.exit_code)
             }

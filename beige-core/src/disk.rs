@@ -683,6 +683,8 @@ impl DiskGuard {
             args_truncated: None,
             egress: None,
             approval: None,
+            exec: None,
+            attribution: None,
             decision,
             target: Some(Target::Gateway),
             duration_ms: None,

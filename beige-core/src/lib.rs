@@ -132,6 +132,7 @@ mod fsutil;
 mod gateway;
 pub mod home;
 pub mod hooks;
+pub mod ident;
 pub mod llm;
 pub mod plugin;
 pub mod policy;

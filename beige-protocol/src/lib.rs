@@ -12,7 +12,10 @@
 //!   running as PID 1, which carries those operations without `docker exec`.
 //! - [`socket`]: plugin-tool calls from scripts in the sandbox to the gateway over the
 //!   agent's Unix socket (newline-delimited JSON, compatible with the original).
+//! - [`procfs`]: the `/proc/<pid>/stat` and `NS*:` status fields both sides read to name
+//!   a process (which exec a caller of the socket belongs to).
 
 pub mod link;
 pub mod op;
+pub mod procfs;
 pub mod socket;

@@ -24,7 +24,12 @@
 //! 4. while an `exec` runs, the shim may send [`LinkMessage::Output`] pieces of its
 //!    output before the `Result` (progress for a live view; never acknowledged);
 //! 5. either side may send [`LinkMessage::Ping`]; the other answers
-//!    [`LinkMessage::Pong`] with the same number.
+//!    [`LinkMessage::Pong`] with the same number;
+//! 6. when an `exec` op with an `execId` is handed to the process that runs it, the shim
+//!    sends [`LinkMessage::ExecStarted`] (before any output and the `Result`): that
+//!    process is the session leader of everything the command starts, which is how the
+//!    gateway tells which exec a caller of `gateway.sock` belongs to. Not acknowledged
+//!    and not replayed; a gateway that does not know the message ignores it.
 //!
 //! **Egress streams** (Unix carrier only, for now): PID 1 dials the control socket once
 //! per outbound connection an agent process opens through its proxy. The gateway speaks
@@ -175,6 +180,16 @@ pub enum LinkMessage {
         id: String,
         stream: u8,
         seq: u64,
+    },
+    /// Shim → gateway: the `exec` op `id` (carrying `exec_id`) was handed to the
+    /// process `pid` (in the container's pid namespace), which leads the session the
+    /// command runs in; `starttime` is field 22 of its `/proc/<pid>/stat` (clock ticks
+    /// after boot), so that a reused pid is never mistaken for it.
+    ExecStarted {
+        id: String,
+        exec_id: String,
+        pid: u32,
+        starttime: u64,
     },
     /// Gateway → shim: the result `id` was received; the shim may forget it.
     Ack {
@@ -407,6 +422,16 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&hello).unwrap(),
             r#"{"t":"shim_hello","role":"control","boot_id":"b1","version":"0.1.0","carrier":"unix","pending":["g-1"]}"#
+        );
+        let started = LinkMessage::ExecStarted {
+            id: "g-2".into(),
+            exec_id: "x1".into(),
+            pid: 7,
+            starttime: 123,
+        };
+        assert_eq!(
+            serde_json::to_string(&started).unwrap(),
+            r#"{"t":"exec_started","id":"g-2","exec_id":"x1","pid":7,"starttime":123}"#
         );
         assert!(is_valid_id("gA1-2_x"));
         assert!(!is_valid_id("a b"));

@@ -35,18 +35,16 @@ pub struct ToolRequest {
     /// Relative to `/workspace`; validated by the gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    /// Advisory: only `sessionKey` is used, and only if that session exists and belongs
-    /// to the calling agent; its channel, chat and thread come from the gateway's record.
+    /// Advisory. When the gateway attributes the calling process to an exec (see
+    /// `docs/socket-protocol.md`, "Who is calling"), the exec's session is used and this
+    /// is ignored, except that an `execId` naming another exec is refused. Otherwise
+    /// only `sessionKey` is used, and only if that session exists and belongs to the
+    /// calling agent; its channel, chat and thread come from the gateway's record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_context: Option<SessionContext>,
     /// Base64 of the data piped into the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
-    /// Advisory: the `exec` the calling process runs under (`BEIGE_EXEC_ID`), which the
-    /// gateway counts the call against (`budgets.exec.toolCalls`) when it knows that
-    /// exec.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec_id: Option<String>,
 }
 
 impl ToolRequest {
@@ -58,7 +56,6 @@ impl ToolRequest {
             cwd: None,
             session_context: None,
             stdin: None,
-            exec_id: None,
         }
     }
 }
@@ -98,6 +95,15 @@ pub struct SessionContext {
         deserialize_with = "lenient"
     )]
     pub thread_id: Option<String>,
+    /// The `BEIGE_EXEC_ID` the calling process has in its environment: a label, never
+    /// proof. A value that differs from the exec the kernel attributes the caller to is
+    /// refused (`exec_id_mismatch`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub exec_id: Option<String>,
 }
 
 /// Accept strings, numbers and null (chat ids are numbers in some clients).
@@ -164,6 +170,13 @@ mod tests {
         assert_eq!(ctx.chat_id.as_deref(), Some("42"));
         assert_eq!(r.cwd.as_deref(), Some("projects/x"));
         assert_eq!(r.stdin, None);
+        assert_eq!(ctx.exec_id, None);
+        let with_id: SessionContext = serde_json::from_str(r#"{"execId":"x12"}"#).unwrap();
+        assert_eq!(with_id.exec_id.as_deref(), Some("x12"));
+        assert_eq!(
+            serde_json::to_string(&with_id).unwrap(),
+            r#"{"execId":"x12"}"#
+        );
     }
 
     #[test]

@@ -421,6 +421,7 @@ impl Link {
             | LinkMessage::ShimHello { .. }
             | LinkMessage::Result { .. }
             | LinkMessage::Output { .. }
+            | LinkMessage::ExecStarted { .. }
             | LinkMessage::EgressOpen { .. } => {}
         }
     }
@@ -521,6 +522,11 @@ impl Link {
             progress,
         } = warm;
         let progress = (name == "exec").then(|| ProgressIn::new(progress));
+        if name == "exec" {
+            // Before the child gets its request: nothing of the command runs before the
+            // gateway has been told which process leads its session.
+            self.report_exec_start(&id, pid, &request);
+        }
         let mut op = RunningOp {
             id,
             name,
@@ -535,6 +541,34 @@ impl Link {
         };
         op.feed();
         Ok(op)
+    }
+
+    /// Tells the gateway that the `exec` op `id` runs in the child `pid`, the leader of
+    /// the session its command runs in (the child called `setsid` when it was forked):
+    /// [`LinkMessage::ExecStarted`] with the request's `execId` and the child's start
+    /// time. Nothing is sent for a request without an id, or when the start time cannot
+    /// be read (the caller is then unattributed, not misattributed).
+    fn report_exec_start(&mut self, id: &str, pid: u32, request: &[u8]) {
+        let Some(exec_id) = exec_id_of(request) else {
+            return;
+        };
+        let Some(starttime) = std::fs::read(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| beige_protocol::procfs::parse_stat(&stat))
+            .map(|stat| stat.starttime)
+        else {
+            log(format_args!(
+                "cannot read the start time of op child {pid}; its exec is not reported"
+            ));
+            return;
+        };
+        let started = LinkMessage::ExecStarted {
+            id: id.to_string(),
+            exec_id,
+            pid,
+            starttime,
+        };
+        self.wire.send(&started, b"");
     }
 
     /// Forks the next warm child when there is none (after results went out, so the
@@ -608,6 +642,19 @@ impl Link {
             }
         }
     }
+}
+
+/// The `execId` of an `exec` request's JSON, when it has a valid one.
+fn exec_id_of(request: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        #[serde(default, rename = "execId")]
+        exec_id: Option<String>,
+    }
+    serde_json::from_slice::<IdOnly>(request)
+        .ok()?
+        .exec_id
+        .filter(|id| beige_protocol::op::is_valid_exec_id(id))
 }
 
 /// A forked agent child waiting for its op (see [`Link::fork_warm`]).

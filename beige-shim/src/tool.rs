@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use beige_protocol::op::EXEC_ID_ENV;
 use beige_protocol::socket::{
     SessionContext, ToolRequest, ToolResponse, MAX_STDIN_BYTES, TOOL_RESPONSE,
 };
@@ -122,7 +123,6 @@ pub fn run(tool: &OsStr, args: &[OsString]) -> i32 {
 fn call(tool: &str, args: &[OsString]) -> Result<i32, Failure> {
     let timeout = timeout_from_env()?;
     let mut request = ToolRequest::new(tool, utf8_args(args)?);
-    request.exec_id = env_string(beige_protocol::op::EXEC_ID_ENV);
     request.session_context = session_context(env_string);
     request.cwd = current_relative_dir()?;
     request.stdin =
@@ -162,16 +162,22 @@ fn env_string(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// The session context from the `BEIGE_*` variables: present when at least the session
-/// key is set, with only the fields that are set.
+/// The session context from the `BEIGE_*` variables: present when the session key or
+/// the exec id (`BEIGE_EXEC_ID`, a label the gateway checks against the exec it finds
+/// for this process) is set, with only the fields that are set.
 fn session_context(lookup: impl Fn(&str) -> Option<String>) -> Option<SessionContext> {
-    let session_key = lookup(SESSION_KEY_ENV)?;
+    let session_key = lookup(SESSION_KEY_ENV);
+    let exec_id = lookup(EXEC_ID_ENV);
+    if session_key.is_none() && exec_id.is_none() {
+        return None;
+    }
     Some(SessionContext {
-        session_key: Some(session_key),
+        session_key,
         channel: lookup(CHANNEL_ENV),
         agent_name: lookup(AGENT_NAME_ENV),
         chat_id: lookup(CHAT_ID_ENV),
         thread_id: lookup(THREAD_ID_ENV),
+        exec_id,
     })
 }
 
@@ -575,7 +581,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_context_needs_the_key_and_keeps_only_set_fields() {
+    fn session_context_needs_the_key_or_exec_id_and_keeps_only_set_fields() {
         assert_eq!(session_context(|_| None), None);
         let only_channel = |n: &str| (n == CHANNEL_ENV).then(|| "telegram".to_owned());
         assert_eq!(session_context(only_channel), None);
@@ -588,6 +594,11 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&ctx).unwrap(),
             r#"{"sessionKey":"telegram:42","chatId":"42"}"#
+        );
+        let exec_only = |n: &str| (n == EXEC_ID_ENV).then(|| "x1f".to_owned());
+        assert_eq!(
+            serde_json::to_string(&session_context(exec_only).unwrap()).unwrap(),
+            r#"{"execId":"x1f"}"#
         );
     }
 

@@ -24,6 +24,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::Security => "SECURITY",
         AuditType::Egress => "EGRESS",
         AuditType::Budget => "BUDGET",
+        AuditType::Approval => "APPROVAL",
     };
     let args = r
         .args

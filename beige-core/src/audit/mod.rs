@@ -153,6 +153,14 @@ pub struct AuditRecord {
     /// refused; fields that do not apply are left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<serde_json::Value>,
+    /// New in beige: the exec the call belongs to — for a plugin call from the sandbox,
+    /// the exec its calling process was attributed to; for a core `exec`, its own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<crate::ident::ExecId>,
+    /// New in beige, on records of calls from the sandbox: how the calling process was
+    /// bound to `exec` (`session-id`, `ancestry`), or `unbound`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<crate::ident::AttributionMethod>,
     /// On `type: approval` records: the request and the step (`phase` requested,
     /// decided, refused, expired, consumed, unattended), with the approver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,6 +301,8 @@ impl AuditRecord {
             args_truncated: None,
             egress: None,
             approval: None,
+            exec: None,
+            attribution: None,
         }
     }
 
@@ -944,6 +954,8 @@ mod tests {
             args_truncated: None,
             egress: None,
             approval: None,
+            exec: None,
+            attribution: None,
         }
     }
 

@@ -44,6 +44,9 @@ use crate::config::{AgentConfig, Config};
 use crate::fsutil::validate_cwd;
 use crate::home::BeigeHome;
 use crate::hooks::{HookRunner, PostToolExecEvent, PreToolExecEvent};
+use crate::ident::{
+    Attribution, AttributionMethod, ExecId, ExecRecord, ExecRegistry, ExecSession, UnboundCalls,
+};
 use crate::llm::{LlmProvider, Message};
 use crate::plugin::{kv::KvPlugin, Plugin, PluginRegistry, SessionInfo, ToolCall, ToolResult};
 use crate::policy::{Approver, ConfigPolicy, Decision, Policy, PolicyRequest, Principal, ToolKind};
@@ -502,6 +505,7 @@ impl GatewayBuilder {
             running: std::sync::Mutex::new(HashMap::new()),
             #[cfg(feature = "egress")]
             egress,
+            execs: Arc::new(ExecRegistry::new()),
         });
         // The backend serves the sandboxes' tool calls through the gateway, which it
         // holds without keeping alive.
@@ -624,6 +628,8 @@ struct Inner {
     /// when no agent has egress.
     #[cfg(feature = "egress")]
     egress: Option<egress::GatewayEgress>,
+    /// Every exec started, its session and root process: who a socket caller is.
+    execs: Arc<ExecRegistry>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]
@@ -684,12 +690,14 @@ struct CallMeta<'a> {
     /// Whether a human can answer an approval for this call: `None` when one can,
     /// else why not (for the denial and the owner's report).
     unattended: Option<String>,
-    /// The exec that made the call (a script's).
-    exec: Option<String>,
     /// The working directory, relative to `/workspace`.
     cwd: Option<String>,
     /// SHA-256 (hex) of the data piped in.
     stdin_sha256: Option<String>,
+    /// The exec the call belongs to (a socket caller's, or a core `exec`'s own id).
+    exec: Option<ExecId>,
+    /// How a socket caller was bound to `exec`; `None` for calls not from the sandbox.
+    attribution: Option<AttributionMethod>,
 }
 
 /// Why a call did not run, and the exit code a script's tool CLI exits with.
@@ -766,7 +774,9 @@ impl Engine {
         agent: &str,
         request: ToolRequest,
     ) -> ToolResponse {
-        self.inner.handle_tool_request(agent, request).await
+        self.inner
+            .handle_tool_request(agent, &Attribution::unbound(), request)
+            .await
     }
 
     /// Stop: fire `gatewayShutdown`, stop plugins (reverse order), close the sockets,
@@ -927,6 +937,8 @@ impl Inner {
             args_truncated: None,
             egress: None,
             approval: None,
+            exec: meta.exec.clone(),
+            attribution: meta.attribution,
         }
     }
 
@@ -1020,7 +1032,7 @@ impl Inner {
                 .session
                 .clone()
                 .unwrap_or_else(|| format!("socket:{}", meta.agent)),
-            exec: meta.exec.clone(),
+            exec: meta.exec.as_ref().map(|e| e.to_string()),
             tool: meta.tool.to_string(),
             args: meta.args.clone(),
             cwd: meta.cwd.clone(),
@@ -1171,6 +1183,11 @@ impl Inner {
             };
             self.record_session(key, origin, false);
         }
+        let exec = match &call {
+            CoreToolCall::Exec(p) => Some((ExecId::mint(), p.command.clone())),
+            _ => None,
+        };
+        let exec_id = exec.as_ref().map(|(id, _)| id.clone());
         let meta = CallMeta {
             agent,
             tool: call.name(),
@@ -1182,9 +1199,10 @@ impl Inner {
             principal: ctx.principal.clone(),
             target: Target::Sandbox,
             unattended: (!ctx.attended).then(|| unattended_origin(ctx.channel.as_deref())),
-            exec: None,
             cwd: None,
             stdin_sha256: None,
+            exec: exec_id.clone(),
+            attribution: None,
         };
         let sandbox = self.sandbox.clone();
         let run = async {
@@ -1209,6 +1227,10 @@ impl Inner {
                 begin_exec(id);
                 Vec::new()
             };
+            // Known before PID 1 reports its root; ended however the call ends.
+            let _running = exec
+                .as_ref()
+                .map(|(id, command)| RunningExec::register(&self.execs, agent, id, &ctx, command));
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -1218,6 +1240,7 @@ impl Inner {
                 cancel,
                 output,
                 &exec_env,
+                exec_id.clone(),
             )
             .await
             .map_err(|e| e.to_string());
@@ -1288,8 +1311,88 @@ impl Inner {
         }
     }
 
-    async fn handle_tool_request(&self, agent: &str, request: ToolRequest) -> ToolResponse {
-        let session = self.socket_session(agent, request.session_context.as_ref());
+    /// The session of an exec's socket callers: the exec's own, as the gateway recorded
+    /// it when the exec started (never anything a request says), else `socket:<agent>`.
+    fn exec_session(&self, agent: &str, exec: Option<&ExecRecord>) -> SessionInfo {
+        let key = exec.and_then(|e| e.session.key.as_deref());
+        let origin = key
+            .and_then(|k| Some((k, self.session_origin(k)?)))
+            .filter(|(_, o)| o.agent == agent);
+        match (origin, key) {
+            (Some((key, o)), _) => SessionInfo {
+                agent: agent.to_string(),
+                key: key.to_string(),
+                channel: o.channel,
+                chat_id: o.chat_id,
+                thread_id: o.thread_id,
+            },
+            (None, Some(key)) => SessionInfo {
+                agent: agent.to_string(),
+                key: key.to_string(),
+                channel: SessionOrigin::of_key(agent, key).channel,
+                chat_id: None,
+                thread_id: None,
+            },
+            (None, None) => self.socket_session(agent, None),
+        }
+    }
+
+    /// What tool calls of unbound callers get, for `agent`. The setting is to come from
+    /// `agents.<agent>.policy.unboundCalls`; until the config has it, every agent gets
+    /// [`UnboundCalls::Session`], the behaviour from before per-exec identity.
+    fn unbound_policy(&self, _agent: &str) -> UnboundCalls {
+        UnboundCalls::default()
+    }
+
+    /// A caller whose `BEIGE_EXEC_ID` names another exec than its own: one
+    /// `security.exec_id_mismatch` record, in the session of the exec it belongs to.
+    async fn audit_exec_mismatch(&self, meta: &CallMeta<'_>, claimed: &str, message: &str) {
+        let claimed: String = claimed
+            .chars()
+            .take(2 * beige_protocol::op::MAX_EXEC_ID_LEN)
+            .collect();
+        let mut r = AuditRecord::security(
+            meta.agent,
+            "security.exec_id_mismatch",
+            vec![format!("tool={}", meta.tool), format!("claimed={claimed}")],
+            AuditDecision::Denied,
+        );
+        r.session = meta.session.clone();
+        r.channel = meta.channel.clone();
+        r.exec = meta.exec.clone();
+        r.attribution = meta.attribution;
+        r.error = Some(message.to_string());
+        if let Err(e) = self.audit.record(&r).await {
+            tracing::error!(agent = meta.agent, error = %e, "could not audit an exec id mismatch");
+        }
+    }
+
+    async fn handle_tool_request(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
+        if self.agent(agent).is_err() {
+            return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
+        }
+        let named = request.session_context.as_ref();
+        let exec = caller
+            .exec
+            .as_ref()
+            .map(|id| (id, self.execs.get(agent, id)));
+        let session = match &exec {
+            Some((id, record)) => {
+                let session = self.exec_session(agent, record.as_ref());
+                if let Some(key) = named.and_then(|c| c.session_key.as_deref()) {
+                    if key != session.key {
+                        tracing::debug!(agent, exec = %id, named = key, session = %session.key, "a socket call named another session than its exec's; the exec's is used");
+                    }
+                }
+                session
+            }
+            None => self.socket_session(agent, named),
+        };
         let unattended = (!self.is_attended(&session.key)).then(|| {
             format!(
                 "a script in session '{}' with no attended prompt running",
@@ -1307,20 +1410,50 @@ impl Inner {
             principal: Principal::Sandbox,
             target: Target::Gateway,
             unattended,
-            exec: None,
             cwd: None,
             stdin_sha256: None,
+            exec: caller.exec.clone(),
+            attribution: Some(caller.method),
         };
-        if self.agent(agent).is_err() {
-            return ToolResponse::error(format!("unknown agent '{agent}'"), 1);
+        // Claims lose: the exec found is the caller's, whatever the request says.
+        let claimed = named.and_then(|c| c.exec_id.as_deref());
+        match (&exec, claimed) {
+            (Some((id, _)), Some(claimed)) if claimed != id.as_str() => {
+                let msg = format!(
+                    "exec_id_mismatch: this process belongs to exec {id}, but its BEIGE_EXEC_ID says {claimed}; the call was refused. BEIGE_EXEC_ID is a label the gateway checks against the kernel's view of the caller, not a way to choose an exec."
+                );
+                self.audit_exec_mismatch(&meta, claimed, &msg).await;
+                return ToolResponse::error(msg, 1);
+            }
+            _ => {}
         }
-        if let Err(exhausted) = self
-            .exec_budgets
-            .note_call(agent, request.exec_id.as_deref())
-        {
+        match &exec {
+            Some((id, record)) if record.as_ref().is_none_or(|r| r.ended) => {
+                let what = record
+                    .as_ref()
+                    .map(|r| format!(" (`{}`)", r.command))
+                    .unwrap_or_default();
+                let msg = format!(
+                    "exec_finished: this process belongs to exec {id}{what}, which has ended, so the processes it left running may no longer call tools. Run the work in an exec that waits for it to finish."
+                );
+                self.audit_denied(&meta, &msg).await;
+                return ToolResponse::error(msg, 1);
+            }
+            None if self.unbound_policy(agent) == UnboundCalls::Deny => {
+                let msg = format!(
+                    "unbound_call: this process belongs to no exec of agent '{agent}' (an operator's docker exec, or a daemon that left the exec that started it), and unbound calls are refused for this agent."
+                );
+                self.audit_denied(&meta, &msg).await;
+                return ToolResponse::error(msg, 1);
+            }
+            _ => {}
+        }
+        // Counted against the exec the kernel says the caller belongs to, never a claim.
+        let counted = caller.exec.as_ref().map(|e| e.as_str());
+        if let Err(exhausted) = self.exec_budgets.note_call(agent, counted) {
             let message = format!("{}: budget exhausted: {exhausted}", request.tool);
             self.audit_denied(&meta, &message).await;
-            self.audit_exec_budget(&meta, &exhausted, request.exec_id.as_deref(), &message)
+            self.audit_exec_budget(&meta, &exhausted, counted, &message)
                 .await;
             return ToolResponse::error(message, beige_protocol::socket::EXIT_BUDGET_EXHAUSTED);
         }
@@ -1391,6 +1524,43 @@ impl Inner {
             Ok(Guarded::Failed(reason)) => ToolResponse::error(reason, 1),
             Err(e) => ToolResponse::error(e.to_string(), 1),
         }
+    }
+}
+
+/// An exec registered in the [`ExecRegistry`] while its call runs; marked ended when
+/// dropped (its result came, it failed, or the call was abandoned).
+struct RunningExec {
+    execs: Arc<ExecRegistry>,
+    agent: String,
+    id: ExecId,
+}
+
+impl RunningExec {
+    fn register(
+        execs: &Arc<ExecRegistry>,
+        agent: &str,
+        id: &ExecId,
+        ctx: &ToolContext,
+        command: &str,
+    ) -> Self {
+        let session = ExecSession {
+            key: ctx.session_key.clone(),
+            channel: ctx.channel.clone(),
+            chat_id: ctx.chat_id.clone(),
+            thread_id: ctx.thread_id.clone(),
+        };
+        execs.register(agent, id, session, command);
+        Self {
+            execs: execs.clone(),
+            agent: agent.to_string(),
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for RunningExec {
+    fn drop(&mut self) {
+        self.execs.ended(&self.agent, &self.id);
     }
 }
 

@@ -11,6 +11,7 @@ use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 use super::{CallMeta, Inner, UNPARSED_TOOL};
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditType, Phase, Target};
+use crate::ident::{Attribution, ExecRegistry};
 use crate::policy::{Principal, ToolKind};
 use crate::sandbox::{SandboxHost, SecurityEvent};
 
@@ -25,11 +26,20 @@ impl GatewayHost {
 
 #[async_trait]
 impl SandboxHost for GatewayHost {
-    async fn tool_call(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+    async fn tool_call(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
         match self.0.upgrade() {
-            Some(inner) => inner.handle_tool_request(agent, request).await,
+            Some(inner) => inner.handle_tool_request(agent, caller, request).await,
             None => ToolResponse::error("the gateway is shutting down", 1),
         }
+    }
+
+    fn exec_registry(&self) -> Option<Arc<ExecRegistry>> {
+        self.0.upgrade().map(|inner| inner.execs.clone())
     }
 
     /// Every refused request is recorded, attributed to the endpoint's agent: with the
@@ -51,9 +61,10 @@ impl SandboxHost for GatewayHost {
             principal: Principal::Sandbox,
             target: Target::Gateway,
             unattended: None,
-            exec: None,
             cwd: None,
             stdin_sha256: None,
+            exec: None,
+            attribution: None,
         };
         inner.audit_denied(&meta, error).await;
     }
@@ -165,6 +176,8 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 args_truncated: None,
                 egress: None,
                 approval: None,
+                exec: None,
+                attribution: None,
             }
         }
     }

@@ -5,7 +5,8 @@
 //! This module owns the conversation over *any* carrier (a byte stream in each
 //! direction): the hello exchange, op ids, waiting for results across reconnects,
 //! acknowledging and de-duplicating results replayed after a gateway restart, keepalive,
-//! and the per-agent health figures. It also owns the Unix carrier's listener at
+//! the per-agent health figures, and passing PID 1's `exec_started` reports on to the
+//! host's [`crate::ident::ExecRegistry`]. It also owns the Unix carrier's listener at
 //! `run/<agent>/ctl.sock`, which accepts only the peer whose `SO_PEERCRED` pid is the
 //! container's PID 1 (asked of a [`PeerVerifier`]) and uid is root, and reports every
 //! other peer to the [`SandboxHost`] (audited as `security.link_reject`). It never decides whether an op may run (the
@@ -617,6 +618,22 @@ impl LinkHub {
                     });
                 }
             }
+            LinkMessage::ExecStarted {
+                id,
+                exec_id,
+                pid,
+                starttime,
+            } => {
+                // Recorded before the op's result can arrive (frames are handled in
+                // order), so no caller of a running exec is ever told it has ended.
+                let recorded = self
+                    .host()
+                    .and_then(|h| h.exec_registry())
+                    .is_some_and(|r| r.started(&link.agent, &exec_id, pid, starttime));
+                if !recorded {
+                    tracing::debug!(agent = %link.agent, op = %id, exec = %exec_id, pid, "an exec start this gateway does not know; its callers are unbound");
+                }
+            }
             LinkMessage::Ping { seq } => {
                 let _ = tx.send(encode(&LinkMessage::Pong { seq }, b""));
             }
@@ -1160,6 +1177,7 @@ mod tests {
         async fn tool_call(
             &self,
             _agent: &str,
+            _caller: &crate::ident::Attribution,
             _request: beige_protocol::socket::ToolRequest,
         ) -> beige_protocol::socket::ToolResponse {
             unreachable!("the link carries no tool calls")

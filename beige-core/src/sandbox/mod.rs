@@ -25,6 +25,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use beige_protocol::op::{OpReply, OpRequest};
 
+use crate::ident::{Attribution, ExecRegistry};
+
 /// The operations a backend runs (`read`, `write`, `patch`, `exec`, `kill`) and their
 /// replies: the types of [`Sandbox::run_op`].
 pub use beige_protocol::op;
@@ -302,8 +304,15 @@ pub enum SecurityEvent {
 #[async_trait]
 pub trait SandboxHost: Send + Sync {
     /// A plugin tool call from inside the agent's sandbox, through the guarded path
-    /// (policy, hooks, audit).
-    async fn tool_call(&self, agent: &str, request: ToolRequest) -> ToolResponse;
+    /// (policy, hooks, audit). `caller` is the exec the backend attributed the calling
+    /// process to (from the kernel's view of it, see [`ExecRegistry::attribute`]), or
+    /// [`Attribution::unbound`] when it found none or cannot tell.
+    async fn tool_call(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse;
 
     /// A request the endpoint refused before it reached [`SandboxHost::tool_call`] (it
     /// could not be parsed, or was too large): `tool` when it was readable, `raw` the
@@ -312,6 +321,13 @@ pub trait SandboxHost: Send + Sync {
 
     /// Something the sandbox layer refused or recovered, for the audit log.
     async fn security_event(&self, event: SecurityEvent);
+
+    /// The gateway's record of the execs it starts, where a backend reports each exec's
+    /// root process and looks up who calls ([`ExecRegistry`]). `None` (the default):
+    /// every caller is unbound.
+    fn exec_registry(&self) -> Option<Arc<ExecRegistry>> {
+        None
+    }
 
     /// An outbound connection from inside the agent's sandbox (egress): the gateway
     /// decides, audits and carries it. By default it is dropped unanswered, which the
@@ -328,7 +344,12 @@ pub struct NoHost;
 
 #[async_trait]
 impl SandboxHost for NoHost {
-    async fn tool_call(&self, _agent: &str, _request: ToolRequest) -> ToolResponse {
+    async fn tool_call(
+        &self,
+        _agent: &str,
+        _caller: &Attribution,
+        _request: ToolRequest,
+    ) -> ToolResponse {
         ToolResponse::error("no gateway serves this sandbox's tools", 1)
     }
 

@@ -7,8 +7,11 @@
 //! the gateway hold is bounded ([`SocketLimits`]): open connections per agent and
 //! descriptors of all sockets together ([`DescriptorBudget`]), bytes of requests held
 //! per agent, line and stdin size, idle clients, calls in flight. Over a bound the caller
-//! gets one JSON error line naming it and what to do. What a request *means* (policy,
-//! hooks, audit, the handler) is the [`ToolRequestHandler`]'s business.
+//! gets one JSON error line naming it and what to do. Each connection is attributed
+//! once, when it is accepted: its peer's pid (`SO_PEERCRED`) goes to the
+//! [`ExecRegistry`], which names the exec the process belongs to ([`Attribution`]); every
+//! request on the connection is handed to the handler with it. What a request *means*
+//! (policy, hooks, audit, the handler) is the [`ToolRequestHandler`]'s business.
 
 mod fdlimit;
 
@@ -31,11 +34,15 @@ use tokio::task::JoinHandle;
 
 use fdlimit::Descriptor;
 
+use crate::ident::{Attribution, ExecRegistry};
+
 /// Handles one parsed request from an agent's socket.
 #[async_trait]
 pub(crate) trait ToolRequestHandler: Send + Sync {
-    /// `agent` is the socket's agent — the only identity there is.
-    async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse;
+    /// `agent` is the socket's agent — nothing in a request changes it; `caller` is the
+    /// exec the kernel's view of the connecting process leads to (or unbound).
+    async fn handle(&self, agent: &str, caller: &Attribution, request: ToolRequest)
+        -> ToolResponse;
 
     /// A request that could not be parsed or was refused before it was parsed; `tool`
     /// when it was readable, `raw` the bytes received (or the start of them). Used for
@@ -202,13 +209,15 @@ pub(crate) struct SocketServer {
 impl SocketServer {
     /// Bind `path` (replacing a stale socket), make it connectable by the sandbox user
     /// and serve `agent`'s requests within `limits`; the listener and every connection
-    /// take a descriptor of `descriptors`.
+    /// take a descriptor of `descriptors`. Connections are attributed with `execs`
+    /// (without one, every caller is unbound).
     pub(crate) fn start(
         agent: &str,
         path: &Path,
         handler: Arc<dyn ToolRequestHandler>,
         limits: SocketLimits,
         descriptors: Arc<DescriptorBudget>,
+        execs: Option<Arc<ExecRegistry>>,
     ) -> std::io::Result<Self> {
         let Some(listener_fd) = descriptors.take() else {
             return Err(std::io::Error::other(format!(
@@ -258,6 +267,7 @@ impl SocketServer {
                             permits: permits.clone(),
                             load: load.clone(),
                             limits,
+                            execs: execs.clone(),
                         };
                         tokio::spawn(conn.serve(stream, slot));
                     }
@@ -346,6 +356,7 @@ struct Connection {
     permits: Arc<Semaphore>,
     load: Arc<AgentLoad>,
     limits: SocketLimits,
+    execs: Option<Arc<ExecRegistry>>,
 }
 
 enum Line {
@@ -360,6 +371,7 @@ const RAW_EXCERPT: usize = 4096;
 
 impl Connection {
     async fn serve(self, stream: UnixStream, _slot: ConnectionSlot) {
+        let caller = self.attribute(&stream).await;
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::with_capacity(64 * 1024, read);
         loop {
@@ -411,12 +423,29 @@ impl Connection {
                 continue;
             }
             // `held` still counts the line while it is parsed and answered.
-            let response = self.answer(line).await;
+            let response = self.answer(&caller, line).await;
             drop(held);
             if send(&mut write, &response).await.is_err() {
                 return;
             }
         }
+    }
+
+    /// The exec of the process at the other end, from its `SO_PEERCRED` pid.
+    async fn attribute(&self, stream: &UnixStream) -> Attribution {
+        let Some(execs) = &self.execs else {
+            return Attribution::unbound();
+        };
+        let pid = match stream.peer_cred() {
+            Ok(cred) => cred.pid().and_then(|p| u32::try_from(p).ok()),
+            Err(e) => {
+                tracing::debug!(agent = %self.agent, error = %e, "no peer credentials on a tool socket connection");
+                None
+            }
+        };
+        let caller = execs.attribute(&self.agent, pid).await;
+        tracing::debug!(agent = %self.agent, pid, exec = ?caller.exec, method = caller.method.as_str(), "tool socket caller attributed");
+        caller
     }
 
     fn too_long(&self) -> String {
@@ -437,7 +466,7 @@ impl Connection {
             && stdin_len / 4 * 3 <= self.limits.max_stdin + 2
     }
 
-    async fn answer(&self, line: Vec<u8>) -> ToolResponse {
+    async fn answer(&self, caller: &Attribution, line: Vec<u8>) -> ToolResponse {
         let value: serde_json::Value = match serde_json::from_slice(&line) {
             Ok(v) => v,
             Err(e) => {
@@ -485,7 +514,7 @@ impl Connection {
             }
         };
         self.load.under(Limit::InFlight);
-        let response = self.handler.handle(&self.agent, request).await;
+        let response = self.handler.handle(&self.agent, caller, request).await;
         drop(permit);
         response
     }
@@ -613,7 +642,18 @@ mod tests {
 
     #[async_trait]
     impl ToolRequestHandler for Echo {
-        async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        async fn handle(
+            &self,
+            agent: &str,
+            caller: &Attribution,
+            request: ToolRequest,
+        ) -> ToolResponse {
+            if request.tool == "whoami" {
+                return ToolResponse::from_result(
+                    format!("{}:{:?}", caller.method.as_str(), caller.exec),
+                    0,
+                );
+            }
             if request.tool == "slow" {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -649,7 +689,7 @@ mod tests {
         descriptors: Arc<DescriptorBudget>,
     ) -> (SocketServer, PathBuf) {
         let path = dir.path().join("run/a/gateway.sock");
-        let server = SocketServer::start("a", &path, handler, limits, descriptors).unwrap();
+        let server = SocketServer::start("a", &path, handler, limits, descriptors, None).unwrap();
         (server, path)
     }
 
@@ -842,5 +882,54 @@ mod tests {
         let mut line = String::new();
         reader.read_line(&mut line).await.unwrap();
         assert!(line.contains("a:slower"), "{line}");
+    }
+
+    #[tokio::test]
+    async fn each_connection_is_attributed_from_its_peer_pid() {
+        // A procfs in which this test process is a member of exec `xa`'s session in a
+        // container (depth 2), and the gateway (`self`) is on the host (depth 1).
+        let fake = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let write = |pid: &str, stat: String, status: &str| {
+            let dir = fake.path().join(pid);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("stat"), stat).unwrap();
+            std::fs::write(dir.join("status"), status).unwrap();
+        };
+        let stat = |pid: u32, sid: u32, start: u64| {
+            format!("{pid} (x) S 1 {sid} {sid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n")
+        };
+        write("self", stat(me, me, 1), &format!("NSpid:\t{me}\n"));
+        let leader = me.wrapping_add(100_000);
+        write(
+            &me.to_string(),
+            stat(me, leader, 600),
+            &format!("NSpid:\t{me}\t10\nNSsid:\t{leader}\t5\n"),
+        );
+        write(
+            &leader.to_string(),
+            stat(leader, leader, 500),
+            &format!("NSpid:\t{leader}\t5\nNSsid:\t{leader}\t5\n"),
+        );
+        let execs = Arc::new(ExecRegistry::with_proc_root(fake.path()));
+        let a = crate::ident::ExecId::new("xa");
+        execs.register("a", &a, Default::default(), "kv");
+        assert!(execs.started("a", "xa", 5, 500));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.sock");
+        let handler = Arc::new(Echo::default());
+        let _server = SocketServer::start(
+            "a",
+            &path,
+            handler,
+            SocketLimits::default(),
+            DescriptorBudget::new(100),
+            Some(execs),
+        )
+        .unwrap();
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        let r = roundtrip(&mut s, "{\"type\":\"tool_request\",\"tool\":\"whoami\",\"sessionContext\":{\"execId\":\"xb\"}}\n").await;
+        assert_eq!(r.output.as_deref(), Some("session-id:Some(ExecId(\"xa\"))"));
     }
 }

@@ -15,6 +15,7 @@ use beige_protocol::op::{
 };
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 
+use crate::ident::Attribution;
 use crate::sandbox::spec::WORKSPACE;
 use crate::sandbox::{
     OpOutcome, ReconcileReport, Sandbox, SandboxError, SandboxHost, SandboxSpec, SandboxStatus,
@@ -121,9 +122,22 @@ impl MemorySandbox {
     /// A plugin tool call made from inside the agent's sandbox, passed to the host the
     /// gateway reconciled this sandbox with — as a backend's tool endpoint does: the
     /// agent is the sandbox's, whatever the request says.
+    /// The caller is unbound (no exec found for it), as for an operator's `docker exec`.
     pub async fn call_tool(&self, agent: &str, request: ToolRequest) -> ToolResponse {
+        self.call_tool_from(agent, &Attribution::unbound(), request)
+            .await
+    }
+
+    /// [`MemorySandbox::call_tool`] from a caller attributed to an exec, as a backend
+    /// that found the calling process's exec passes it on.
+    pub async fn call_tool_from(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
         match self.host_of(agent) {
-            Ok(host) => host.tool_call(agent, request).await,
+            Ok(host) => host.tool_call(agent, caller, request).await,
             Err(message) => ToolResponse::error(message, 1),
         }
     }

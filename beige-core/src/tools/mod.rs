@@ -12,6 +12,7 @@ use beige_protocol::op::{
 };
 
 use crate::config::AgentSandboxConfig;
+use crate::ident::ExecId;
 use crate::sandbox::{OpOutcome, Sandbox, SandboxError};
 
 pub(crate) use crate::vocab::CORE_TOOLS;
@@ -74,8 +75,9 @@ pub(crate) use beige_client::tools::{
 ///
 /// When `cancel` fires while an `exec` runs, its processes are killed in the sandbox
 /// (SIGTERM, then SIGKILL) and the result says so. With `output`, an `exec`'s output is
-/// also sent there while it runs, where the transport can. Every `exec` gets an id,
-/// and `exec_env(id)` is added to its environment (the egress placeholders made for it).
+/// also sent there while it runs, where the transport can. Every `exec` gets an id
+/// (`exec_id`, or a fresh one), and `exec_env(id)` is added to its environment (the
+/// egress placeholders made for it).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_core_tool(
     sandbox: &dyn Sandbox,
@@ -86,11 +88,12 @@ pub(crate) async fn run_core_tool(
     cancel: Option<&tokio_util::sync::CancellationToken>,
     output: Option<crate::sandbox::OutputSink>,
     exec_env: &(dyn Fn(&str) -> Vec<(String, String)> + Send + Sync),
+    exec_id: Option<ExecId>,
 ) -> Result<ToolOutput, SandboxError> {
     let mut request = to_request(agent, limits, call, ctx);
     let exec_id = match &mut request {
         OpRequest::Exec(e) => {
-            let id = format!("x{:016x}", rand::random::<u64>());
+            let id = exec_id.unwrap_or_else(ExecId::mint).as_str().to_string();
             e.env.extend(exec_env(&id));
             e.exec_id = Some(id.clone());
             Some(id)

@@ -199,8 +199,9 @@ async fn a_forged_session_context_cannot_send_outside_allowed_chats() {
         tg.messages_in(OUTSIDE)
     );
     let rcs: Vec<&str> = out.lines().filter(|l| l.starts_with("rc=")).collect();
-    assert_eq!(rcs, ["rc=0", "rc=1", "rc=0", "rc=1", "rc=0"], "{out}");
-    // A forged chat id is ignored: the message goes to the session's own chat …
+    assert_eq!(rcs, ["rc=0", "rc=0", "rc=0", "rc=1", "rc=0"], "{out}");
+    // A forged chat id or session key is ignored: the call runs in the exec's session,
+    // so the message goes to that session's own chat …
     let own: Vec<String> = tg
         .messages_in(USER)
         .into_iter()
@@ -208,9 +209,9 @@ async fn a_forged_session_context_cannot_send_outside_allowed_chats() {
         .collect();
     assert!(own.iter().any(|m| m == "forged-chat-id"), "{own:?}");
     assert!(own.iter().any(|m| m == "forged-thread"), "{own:?}");
+    assert!(own.iter().any(|m| m == "forged-key"), "{own:?}");
     assert!(tg.messages_in(USER).iter().all(|m| m.thread_id.is_none()));
-    // … a session key it does not own names no chat, an explicit chat must be allowed.
-    assert!(out.contains("is not a Telegram chat"), "{out}");
+    // … and an explicit chat must be allowed.
     assert!(
         out.contains(&format!("agent 'a' may not send to chat {OUTSIDE}")),
         "{out}"

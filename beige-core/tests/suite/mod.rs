@@ -14,6 +14,7 @@ mod hostile_identity;
 mod hostile_socket;
 mod hostile_workspace;
 mod http_api;
+mod ident;
 mod layers;
 mod link;
 mod plugins_external;

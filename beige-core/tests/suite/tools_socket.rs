@@ -181,7 +181,8 @@ async fn identity_cwd_and_symlinks() {
     gw.register_session("b", "telegram:b-chat");
     gw.register_session("a", "telegram:a-chat");
 
-    // Another agent's session is ignored; the agent's own is honoured.
+    // A script's calls run in its exec's session (here the exec has none: `socket:a`),
+    // whatever session its environment names — another agent's or the agent's own.
     let out = exec(&gw, "a", "mkdir -p sub/dir && cd sub/dir && BEIGE_SESSION_KEY=telegram:b-chat BEIGE_CHANNEL=telegram BEIGE_AGENT_NAME=b probe one; echo; BEIGE_SESSION_KEY=telegram:a-chat BEIGE_CHANNEL=telegram probe two").await;
     let text = out.joined_text();
     let mut lines = text.lines().skip(1);
@@ -195,8 +196,8 @@ async fn identity_cwd_and_symlinks() {
         json!({"base": 1, "nested": {"a": 1, "b": 2}})
     );
     let own: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
-    assert_eq!(own["session"], "telegram:a-chat");
-    assert_eq!(own["channel"], "telegram");
+    assert_eq!(own["session"], "socket:a");
+    assert_eq!(own["channel"], "socket");
 
     // cwd escaping the workspace is rejected (straight to the socket).
     let r = raw(

@@ -1,7 +1,9 @@
 //! The Docker backend's tool endpoint: one [`SocketServer`] per agent on
 //! `run/<agent>/gateway.sock` (mounted at `/beige/run/` in its container), where the
 //! `/tools/bin/<tool>` launchers send their calls. The agent is the socket's, never a
-//! request's; every call, refusal and bound reached goes to the [`SandboxHost`].
+//! request's, and the calling exec is the one the host's `/proc` view of the peer
+//! leads to (the host's [`crate::ident::ExecRegistry`]); every call, refusal and bound
+//! reached goes to the [`SandboxHost`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,6 +12,7 @@ use async_trait::async_trait;
 use beige_protocol::socket::{ToolRequest, ToolResponse};
 
 use crate::home::BeigeHome;
+use crate::ident::Attribution;
 use crate::sandbox::{SandboxError, SandboxHost, SandboxSpec, SecurityEvent};
 use crate::socket::{DescriptorBudget, Limit, SocketLimits, SocketServer, ToolRequestHandler};
 
@@ -32,6 +35,7 @@ impl Endpoints {
         // The old servers go first: dropping one unlinks its path, which the new one
         // binds.
         self.stop();
+        let execs = host.exec_registry();
         let handler: Arc<dyn ToolRequestHandler> = Arc::new(ToHost(host));
         let (limits, descriptors) = socket_bounds(limits, specs.len());
         let mut started = HashMap::new();
@@ -43,6 +47,7 @@ impl Endpoints {
                 handler.clone(),
                 limits,
                 descriptors.clone(),
+                execs.clone(),
             )
             .map_err(|source| SandboxError::ToolEndpoint { path, source })?;
             started.insert(spec.agent.clone(), server);
@@ -94,8 +99,13 @@ struct ToHost(Arc<dyn SandboxHost>);
 
 #[async_trait]
 impl ToolRequestHandler for ToHost {
-    async fn handle(&self, agent: &str, request: ToolRequest) -> ToolResponse {
-        self.0.tool_call(agent, request).await
+    async fn handle(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
+        self.0.tool_call(agent, caller, request).await
     }
 
     async fn rejected(&self, agent: &str, tool: Option<&str>, error: &str, raw: &[u8]) {
