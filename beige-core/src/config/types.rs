@@ -191,6 +191,10 @@ pub struct AgentConfig {
     /// turns egress on for this agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::config::AgentEgressConfig>,
+    /// New in beige: rules as data — which calls of granted tools are allowed, need
+    /// approval or are refused, and the standing grants that lift an ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::policy::AgentPolicy>,
 }
 
 fn default_max_turns() -> u32 {

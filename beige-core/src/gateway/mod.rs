@@ -843,7 +843,7 @@ impl Inner {
             .with_model(meta.model.as_deref())
             .with_principal(&meta.principal);
         let decision = match self.policy.check(&request).await {
-            Decision::Ask { reason } => match &self.approver {
+            Decision::Ask { reason, .. } => match &self.approver {
                 Some(approver) => approver.approve(&request, &reason).await,
                 None => Decision::deny(crate::policy::no_approver_message(
                     meta.tool, meta.agent, &reason,
