@@ -93,6 +93,12 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<EgressCommand>,
     },
+    /// Dry-run an agent's rules (agents.<a>.policy): would a tool call be allowed, need
+    /// approval or be refused?
+    Policy {
+        #[command(subcommand)]
+        command: Option<PolicyCommand>,
+    },
     /// The offline demonstration: one agent in a real Docker sandbox, driven by a scripted
     /// model (no API key, no network, no daemon)
     #[command(
@@ -279,4 +285,37 @@ pub struct DoctorArgs {
     /// Also show what this agent's system prompt tells it about its tools and skills
     #[arg(short, long, value_name = "AGENT")]
     pub agent: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// What AGENT's policy decides on one call, without running it: the verdict, the
+    /// reason, every rule that matches and the grant that lifted an ask
+    #[command(
+        after_help = "TOOL is a core tool (exec, read, write, patch) or a plugin tool. exec takes the\ncommand line (several words are joined and quoted like `beige exec`); read, write and\npatch take the path; a plugin tool takes its arguments.\n\nOutput lines (stable):\n  verdict: allow|ask|deny\n  reason: <the reason the caller would see>\n  rule: <id> <decision> '<simple command>'[: <justification>]   (one per matching rule)\n  grant: <id> <tool> <pattern> granted by <who>               (when a grant lifted an ask)\n\nExit codes:\n  0   allow\n  1   deny\n  2   ask (also clap's own usage errors)\n  4   no such agent\n  78  the config does not load\n\nExamples:\n  beige policy check intern -- exec 'git push -f origin'\n  beige policy check intern -- gh pr merge 41\n  beige policy check intern --cwd /workspace/deploy -- exec make"
+    )]
+    Check(PolicyCheckArgs),
+    /// Print AGENT's rules and config grants
+    List {
+        /// The agent whose policy to print
+        agent: String,
+        /// Print JSON instead of text
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyCheckArgs {
+    /// The agent whose policy decides
+    pub agent: String,
+    /// The tool and its arguments (after `--`)
+    #[arg(last = true, required = true, num_args = 1.., value_name = "TOOL ARGS")]
+    pub call: Vec<String>,
+    /// The working folder of the call [default: /workspace]
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Print one JSON object instead of lines
+    #[arg(long)]
+    pub json: bool,
 }

@@ -8,6 +8,7 @@ mod doctor;
 mod egress;
 pub mod gateway;
 pub mod plugins;
+mod policy;
 mod run;
 mod setup;
 pub mod usage;
@@ -18,7 +19,9 @@ use anyhow::Result;
 use beige_core::home::BeigeHome;
 use clap::CommandFactory;
 
-use crate::cli::{AuditCommand, Cli, Command, ConfigCommand, EgressCommand, GatewayCommand};
+use crate::cli::{
+    AuditCommand, Cli, Command, ConfigCommand, EgressCommand, GatewayCommand, PolicyCommand,
+};
 use crate::client::Target;
 use crate::Exit;
 
@@ -112,6 +115,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Egress {
             command: Some(EgressCommand::Test(args)),
         }) => block_on(egress::test(&home, config, args)),
+        Some(Command::Policy { command: None }) => print_help(&["policy"]),
+        Some(Command::Policy {
+            command: Some(PolicyCommand::Check(args)),
+        }) => policy::check(&home, config, args),
+        Some(Command::Policy {
+            command: Some(PolicyCommand::List { agent, json }),
+        }) => policy::list(&home, config, &agent, json),
         Some(Command::Demo) => block_on(demo::run()),
         Some(Command::Tui { agent }) => {
             let t = target();

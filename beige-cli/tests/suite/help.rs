@@ -20,6 +20,9 @@ fn help_of_every_command() {
         ("help_doctor", &["doctor", "--help"]),
         ("help_egress", &["egress", "--help"]),
         ("help_egress_test", &["egress", "test", "--help"]),
+        ("help_policy", &["policy", "--help"]),
+        ("help_policy_check", &["policy", "check", "--help"]),
+        ("help_policy_list", &["policy", "list", "--help"]),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),
@@ -29,7 +32,7 @@ fn help_of_every_command() {
         assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
         insta::assert_snapshot!(*name, run.stdout, &args.join(" "));
     }
-    for group in ["gateway", "audit", "egress"] {
+    for group in ["gateway", "audit", "egress", "policy"] {
         let run = env.run(&[group]);
         assert_eq!(run.code, Some(0));
         assert_eq!(run.stdout, env.run(&[group, "--help"]).stdout);

@@ -9,6 +9,7 @@ mod doctor;
 mod egress;
 mod help;
 mod plugins;
+mod policy;
 mod setup;
 mod tui_pty;
 

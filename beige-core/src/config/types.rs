@@ -201,6 +201,10 @@ pub struct AgentConfig {
     /// New in beige: this agent's budgets, each key overriding the top-level `budgets`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<crate::budget::BudgetsConfig>,
+    /// New in beige: rules as data — which calls of granted tools are allowed, need
+    /// approval or are refused, and the standing grants that lift an ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::policy::AgentPolicy>,
 }
 
 fn default_max_turns() -> u32 {

@@ -768,7 +768,24 @@ fn validate_agent(
                 reason,
             })?;
     }
-    check_egress(config, file, &at, name, agent)
+    check_egress(config, file, &at, name, agent)?;
+    check_policy(file, &at, agent)
+}
+
+/// `agents.<a>.policy`: the rules' own checks ([`crate::policy::rules::validate`]),
+/// examples included, named by their place in the file.
+fn check_policy(file: &Path, at: &KeyPath, agent: &AgentConfig) -> Result<(), ConfigError> {
+    use crate::policy::rules::{self, KeyStep};
+    let Some(policy) = &agent.policy else {
+        return Ok(());
+    };
+    rules::validate(policy, &agent.tools, &agent.deny_tools).map_err(|e| {
+        let path = e.at.iter().fold(at.key("policy"), |p, step| match step {
+            KeyStep::Key(k) => p.key(*k),
+            KeyStep::Index(i) => p.index(*i),
+        });
+        invalid(file, path, e.message)
+    })
 }
 
 /// Variables the gateway sets in a sandbox with egress; `extraEnv` may not set them.

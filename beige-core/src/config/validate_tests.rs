@@ -596,3 +596,53 @@ fn budgets_refuse_unpriced_models_under_a_cost_limit_and_unknown_keys() {
     let later = r#"budgets: { session: { costUsd: 5, onLimit: "ask" } },"#;
     assert!(err(&with_agent("a", later)).contains("onLimit"));
 }
+
+#[test]
+fn policy_rules_are_checked_at_load() {
+    // A failing `match` example fails the load, naming the rule, the example and what
+    // it was read as.
+    let text = with_agent(
+        "intern",
+        r#"policy: { rules: [
+             { id: "no-force", tool: "exec", pattern: ["git", "push", ["-f", "--force"]],
+               decision: "deny", match: ["git push origin -f"] },
+           ] },"#,
+    );
+    let e = err(&text);
+    assert!(e.contains("agents.intern.policy.rules[0].match[0]"), "{e}");
+    assert!(
+        e.contains(
+            "rule 'no-force': the match example \"git push origin -f\" does not match it \
+             (read as: git push origin -f)"
+        ),
+        "{e}"
+    );
+    // An unknown decision is refused where it is written.
+    let text = with_agent(
+        "intern",
+        r#"policy: { rules: [{ tool: "exec", pattern: ["ls"], decision: "maybe" }] },"#,
+    );
+    let e = err(&text);
+    assert!(e.contains("agents.intern.policy.rules[0].decision"), "{e}");
+    // An allow rule for a plugin tool the agent lacks.
+    let text = with_agent(
+        "intern",
+        r#"policy: { rules: [{ tool: "kv", pattern: ["get"], decision: "allow" }] },"#,
+    );
+    let e = err(&text);
+    assert!(e.contains("agents.intern.policy.rules[0].decision"), "{e}");
+    assert!(e.contains("rules never grant a tool"), "{e}");
+    // A valid policy loads, with its defaults.
+    let text = with_agent(
+        "intern",
+        r#"policy: { execDefault: "ask", rules: [
+             { tool: "write", path: ".github/workflows/**", decision: "ask",
+               match: [".github/workflows/ci.yml"], notMatch: ["src/main.rs"] },
+           ] },"#,
+    );
+    let loaded = load(&text).unwrap();
+    let policy = loaded.config.agents["intern"].policy.clone().unwrap();
+    assert_eq!(policy.exec_default, crate::policy::RuleDecision::Ask);
+    assert_eq!(policy.opaque_exec, crate::policy::RuleDecision::Ask);
+    assert_eq!(policy.rule_id(0), "r0");
+}

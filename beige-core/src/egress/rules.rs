@@ -739,7 +739,7 @@ fn has_escape(path: &str) -> bool {
 /// Whether `glob` matches the decoded `path`: `**` is any number of whole segments
 /// (zero included, so `/a/**` matches `/a`), `*` any run of characters within one
 /// segment (empty included), anything else itself.
-fn glob_matches(glob: &str, path: &str) -> bool {
+pub(crate) fn glob_matches(glob: &str, path: &str) -> bool {
     let path: Vec<&str> = path.split('/').collect();
     // reach[j]: the glob's segments so far match the path's first j segments.
     let mut reach = vec![false; path.len() + 1];

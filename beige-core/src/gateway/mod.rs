@@ -1004,7 +1004,9 @@ impl Inner {
             .with_session(meta.session.as_deref())
             .with_channel(meta.channel.as_deref())
             .with_model(meta.model.as_deref())
-            .with_principal(&meta.principal);
+            .with_principal(&meta.principal)
+            .with_exec(meta.exec.as_ref().map(|e| e.as_str()))
+            .with_cwd(meta.cwd.as_deref());
         let decision = self.policy.check(&request).await;
         let reason = match decision {
             d if d.is_allow() => return Ok(()),
@@ -1037,8 +1039,8 @@ impl Inner {
             args: meta.args.clone(),
             cwd: meta.cwd.clone(),
             stdin_sha256: meta.stdin_sha256.clone(),
-            rule: None,
-            justification: None,
+            rule: ask.rule().map(str::to_string),
+            justification: ask.justification().map(str::to_string),
             reason: reason.clone(),
         };
         let line = call_line(meta.tool, &meta.args);

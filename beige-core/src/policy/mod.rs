@@ -4,8 +4,9 @@
 //! who is asking ([`Principal`]), the [`Approver`] that settles an [`Decision::Ask`], and
 //! two implementations: [`ConfigPolicy`], the default built from config (plugin tools are
 //! denied unless listed in the agent's `tools`; core tools are allowed unless listed in
-//! the agent's `denyTools`; it never answers `Ask`), and [`PolicyStack`], a list of
-//! policies resolved deny > ask > allow.
+//! the agent's `denyTools`; then the agent's rules as data, [`rules`], may deny or ask),
+//! and [`PolicyStack`], a list of policies resolved deny > ask > allow. [`shell`] splits
+//! an `exec` line into the simple commands `exec` rules are checked against.
 //!
 //! A decision is a plain value carrying its reason, so it can be logged, audited,
 //! returned to the caller and tested without anything else. The same policy gates core
@@ -65,6 +66,14 @@ use crate::config::Config;
 pub use crate::principal::Principal;
 use crate::vocab::CORE_TOOLS;
 
+pub mod rules;
+pub mod shell;
+
+pub use rules::{
+    AgentPolicy, AgentRules, Evaluation, Grant, GrantSet, PatternElem, Rule, RuleDecision,
+    RuleMatch, UnboundCalls,
+};
+
 pub use crate::vocab::ToolKind;
 
 /// The principal of a [`PolicyRequest`] that names none.
@@ -91,6 +100,13 @@ pub struct PolicyRequest<'a> {
     pub model: Option<&'a str>,
     /// Who the call comes from.
     pub principal: &'a Principal,
+    /// The exec the call comes from (its id), when known.
+    pub exec: Option<&'a str>,
+    /// The working folder of the call, as the sandbox sees it (`/workspace/…`); `None`
+    /// is `/workspace`.
+    pub cwd: Option<&'a str>,
+    /// The live grants of the agent (session and time-boxed ones), besides the config's.
+    pub grants: Option<&'a GrantSet>,
 }
 
 impl<'a> PolicyRequest<'a> {
@@ -105,7 +121,28 @@ impl<'a> PolicyRequest<'a> {
             channel: None,
             model: None,
             principal: &UNVERIFIED,
+            exec: None,
+            cwd: None,
+            grants: None,
         }
+    }
+
+    /// The exec the call comes from.
+    pub fn with_exec(mut self, exec: Option<&'a str>) -> Self {
+        self.exec = exec;
+        self
+    }
+
+    /// The working folder of the call.
+    pub fn with_cwd(mut self, cwd: Option<&'a str>) -> Self {
+        self.cwd = cwd;
+        self
+    }
+
+    /// The live grants to check an `ask` against.
+    pub fn with_grants(mut self, grants: Option<&'a GrantSet>) -> Self {
+        self.grants = grants;
+        self
     }
 
     /// The session the call runs in.
@@ -133,8 +170,8 @@ impl<'a> PolicyRequest<'a> {
     }
 }
 
-/// The answer, with its reason. Serialized as `{"decision": "allow"|"deny"|"ask",
-/// "reason": …}`.
+/// The answer, with its reason and, when a rule decided, that rule. Serialized as
+/// `{"decision": "allow"|"deny"|"ask", "reason": …, "rule"?: …, "justification"?: …}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -143,16 +180,34 @@ pub enum Decision {
     Allow {
         /// Why (for logs and tests).
         reason: String,
+        /// The id of the rule that decided, if one did.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// That rule's justification.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        justification: Option<String>,
     },
     /// The call is refused; the reason is what the caller sees.
     Deny {
         /// Why, as told to the caller and recorded in the audit.
         reason: String,
+        /// The id of the rule that decided, if one did.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// That rule's justification.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        justification: Option<String>,
     },
     /// The call needs an [`Approver`]'s answer; without one it is refused.
     Ask {
         /// What to ask about.
         reason: String,
+        /// The id of the rule that asks, if one does.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// That rule's justification (for the approver).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        justification: Option<String>,
     },
 }
 
@@ -161,6 +216,8 @@ impl Decision {
     pub fn allow(reason: impl Into<String>) -> Self {
         Decision::Allow {
             reason: reason.into(),
+            rule: None,
+            justification: None,
         }
     }
 
@@ -168,6 +225,8 @@ impl Decision {
     pub fn deny(reason: impl Into<String>) -> Self {
         Decision::Deny {
             reason: reason.into(),
+            rule: None,
+            justification: None,
         }
     }
 
@@ -175,24 +234,69 @@ impl Decision {
     pub fn ask(reason: impl Into<String>) -> Self {
         Decision::Ask {
             reason: reason.into(),
+            rule: None,
+            justification: None,
         }
+    }
+
+    /// The same answer, naming the rule `id` that decided and its justification.
+    pub fn with_rule(mut self, id: impl Into<String>, justification: Option<String>) -> Self {
+        match &mut self {
+            Decision::Allow {
+                rule,
+                justification: j,
+                ..
+            }
+            | Decision::Deny {
+                rule,
+                justification: j,
+                ..
+            }
+            | Decision::Ask {
+                rule,
+                justification: j,
+                ..
+            } => {
+                *rule = Some(id.into());
+                *j = justification;
+            }
+        }
+        self
     }
 
     /// The reason, whatever the answer.
     pub fn reason(&self) -> &str {
         match self {
-            Decision::Allow { reason } | Decision::Deny { reason } | Decision::Ask { reason } => {
-                reason
-            }
+            Decision::Allow { reason, .. }
+            | Decision::Deny { reason, .. }
+            | Decision::Ask { reason, .. } => reason,
         }
     }
 
     /// The reason, owned.
     pub fn into_reason(self) -> String {
         match self {
-            Decision::Allow { reason } | Decision::Deny { reason } | Decision::Ask { reason } => {
-                reason
-            }
+            Decision::Allow { reason, .. }
+            | Decision::Deny { reason, .. }
+            | Decision::Ask { reason, .. } => reason,
+        }
+    }
+
+    /// The id of the rule that decided, if one did.
+    pub fn rule(&self) -> Option<&str> {
+        match self {
+            Decision::Allow { rule, .. }
+            | Decision::Deny { rule, .. }
+            | Decision::Ask { rule, .. } => rule.as_deref(),
+        }
+    }
+
+    /// The justification of the rule that decided, if it has one.
+    pub fn justification(&self) -> Option<&str> {
+        match self {
+            Decision::Allow { justification, .. }
+            | Decision::Deny { justification, .. }
+            | Decision::Ask { justification, .. } => justification.as_deref(),
         }
     }
 
@@ -259,12 +363,23 @@ pub fn not_allowed_message(tool: &str, agent: &str) -> String {
     format!("Permission denied: tool '{tool}' is not allowed for agent '{agent}'")
 }
 
-/// Allow-lists from config: `agents.<a>.tools` for plugin tools (deny by default),
-/// `agents.<a>.denyTools` to take tools (core ones included) away. Never answers `Ask`.
+/// The policy config writes: first the allow-lists — `agents.<a>.tools` for plugin tools
+/// (deny by default), `agents.<a>.denyTools` to take tools (core ones included) away —
+/// then, for a granted tool, the agent's rules (`agents.<a>.policy`, [`rules`]), which
+/// may deny or ask but never grant a tool.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigPolicy {
     allowed: HashMap<String, HashSet<String>>,
     denied: HashMap<String, HashSet<String>>,
+    rules: HashMap<String, AgentRules>,
+}
+
+/// Milliseconds since the Unix epoch, for time-boxed grants.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 impl ConfigPolicy {
@@ -276,11 +391,47 @@ impl ConfigPolicy {
                 .insert(name.clone(), agent.tools.iter().cloned().collect());
             p.denied
                 .insert(name.clone(), agent.deny_tools.iter().cloned().collect());
+            if let Some(policy) = &agent.policy {
+                p.rules
+                    .insert(name.clone(), AgentRules::new(name.clone(), policy.clone()));
+            }
         }
         p
     }
 
-    fn decide(&self, r: &PolicyRequest<'_>) -> Decision {
+    /// `agent`'s rules, when its config has a `policy`.
+    pub fn agent_rules(&self, agent: &str) -> Option<&AgentRules> {
+        self.rules.get(agent)
+    }
+
+    /// The decision on `r` with every rule that matched and the grant that lifted an ask
+    /// (what `beige policy check` prints); `check` is its `decision`.
+    pub fn explain(&self, r: &PolicyRequest<'_>) -> Evaluation {
+        self.explain_at(r, now_ms())
+    }
+
+    /// [`explain`](Self::explain) at `now_ms` (milliseconds since the Unix epoch).
+    pub fn explain_at(&self, r: &PolicyRequest<'_>, now_ms: u64) -> Evaluation {
+        let granted = self.allow_lists(r);
+        let Some(rules) = self.rules.get(r.agent).filter(|_| granted.is_allow()) else {
+            return Evaluation {
+                decision: granted,
+                matches: Vec::new(),
+                grant: None,
+            };
+        };
+        let mut evaluation = rules.evaluate(r, now_ms);
+        if evaluation.decision.is_allow() && evaluation.matches.is_empty() {
+            evaluation.decision = Decision::allow(format!(
+                "{}; {}",
+                granted.reason(),
+                evaluation.decision.reason()
+            ));
+        }
+        evaluation
+    }
+
+    fn allow_lists(&self, r: &PolicyRequest<'_>) -> Decision {
         let Some(allowed) = self.allowed.get(r.agent) else {
             return Decision::deny(format!("Permission denied: unknown agent '{}'", r.agent));
         };
@@ -308,7 +459,14 @@ impl ConfigPolicy {
 #[async_trait]
 impl Policy for ConfigPolicy {
     async fn check(&self, r: &PolicyRequest<'_>) -> Decision {
-        self.decide(r)
+        self.explain(r).decision
+    }
+
+    /// The allow-lists alone: rules decide calls, not whether a tool is seen.
+    async fn exposes(&self, agent: &str, tool: &str) -> bool {
+        !self
+            .allow_lists(&PolicyRequest::new(agent, tool, ToolKind::Plugin, &[]))
+            .is_deny()
     }
 }
 
@@ -368,7 +526,7 @@ impl Policy for PolicyStack {
                 d @ Decision::Ask { .. } => {
                     ask.get_or_insert(d);
                 }
-                Decision::Allow { reason } => allowed.push(reason),
+                Decision::Allow { reason, .. } => allowed.push(reason),
             }
         }
         ask.unwrap_or_else(|| Decision::allow(allowed.join("; ")))
