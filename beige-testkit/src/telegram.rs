@@ -80,6 +80,39 @@ pub struct SentMessage {
     pub history: Vec<String>,
     pub reply_to: Option<i64>,
     pub photo: Option<Photo>,
+    /// The inline keyboard it was sent with (`reply_markup.inline_keyboard`), as
+    /// `(label, callback_data)` rows; an edit without one removes it, as in Telegram.
+    pub buttons: Vec<Vec<(String, String)>>,
+}
+
+fn buttons_of(params: &Value) -> Vec<Vec<(String, String)>> {
+    let markup = match params.get("reply_markup") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::Null),
+        Some(v) => v.clone(),
+        None => Value::Null,
+    };
+    markup
+        .get("inline_keyboard")
+        .and_then(Value::as_array)
+        .map(|rows| {
+            rows.iter()
+                .map(|row| {
+                    row.as_array()
+                        .map(|b| {
+                            b.iter()
+                                .map(|b| {
+                                    (
+                                        b["text"].as_str().unwrap_or_default().to_string(),
+                                        b["callback_data"].as_str().unwrap_or_default().to_string(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[derive(Debug)]
@@ -97,6 +130,8 @@ struct StateInner {
     hang_sends: usize,
     hang_polls: usize,
     poll_generation: u64,
+    /// `answerCallbackQuery` calls: (callback query id, text).
+    callback_answers: Vec<(String, String)>,
 }
 
 struct Shared {
@@ -169,6 +204,7 @@ impl FakeTelegram {
                 hang_sends: 0,
                 hang_polls: 0,
                 poll_generation: 0,
+                callback_answers: Vec::new(),
             }),
             version: watch::channel(0).0,
         });
@@ -252,6 +288,32 @@ impl FakeTelegram {
             message["entities"] = json!([{"type": "bot_command", "offset": 0, "length": len}]);
         }
         self.push_update(json!({ "message": message }))
+    }
+
+    /// `user_id` presses the inline button with `data` on the bot's message
+    /// `message_id` in `chat_id`. Returns the callback query's id.
+    pub fn press_button(&self, chat_id: i64, user_id: i64, message_id: i64, data: &str) -> String {
+        let id = format!("cb{}", self.shared.lock().next_update_id);
+        self.push_update(json!({
+            "callback_query": {
+                "id": id,
+                "from": {"id": user_id, "is_bot": false, "first_name": "Tester"},
+                "message": {
+                    "message_id": message_id,
+                    "chat": {"id": chat_id, "type": if chat_id == user_id { "private" } else { "supergroup" }},
+                    "date": 1_700_000_000,
+                    "text": "",
+                },
+                "chat_instance": "1",
+                "data": data,
+            }
+        }));
+        id
+    }
+
+    /// The answers the bot gave to button presses: (callback query id, text).
+    pub fn callback_answers(&self) -> Vec<(String, String)> {
+        self.shared.lock().callback_answers.clone()
     }
 
     /// Updates not yet confirmed by an offset.
@@ -850,6 +912,7 @@ async fn answer(
                 edits: 0,
                 reply_to,
                 photo: None,
+                buttons: buttons_of(params),
             };
             s.next_message_id += 1;
             let v = message_json(&m);
@@ -883,6 +946,7 @@ async fn answer(
             m.visible = visible;
             m.parse_mode = mode;
             m.edits += 1;
+            m.buttons = buttons_of(params);
             ok(message_json(m))
         }
         "deleteMessage" => {
@@ -944,6 +1008,16 @@ async fn answer(
             shared.lock().commands.clear();
             ok(json!(true))
         }
+        "answerCallbackQuery" => {
+            let Some(id) = string(params, "callback_query_id") else {
+                return fail(400, "Bad Request: query id is empty");
+            };
+            shared
+                .lock()
+                .callback_answers
+                .push((id, string(params, "text").unwrap_or_default()));
+            ok(json!(true))
+        }
         "getMe" => {
             ok(json!({"id": 1, "is_bot": true, "first_name": "Fake bot", "username": "fake_bot"}))
         }
@@ -970,6 +1044,7 @@ async fn answer(
                 history: Vec::new(),
                 reply_to: None,
                 photo: Some(photo),
+                buttons: Vec::new(),
             };
             s.next_message_id += 1;
             let v = message_json(&m);

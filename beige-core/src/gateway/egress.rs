@@ -30,7 +30,6 @@ use crate::egress::placeholder::PlaceholderKey;
 use crate::egress::rules::{DenyReason, RuleSet};
 use crate::egress::upstream::{Dialer, HickoryResolver, Resolver, TcpDialer};
 use crate::sandbox::{EgressStream, Sandbox};
-use crate::tools::{ContentBlock, ToolOutput};
 
 /// One agent's egress: its rules (the snapshot new streams get), its stream limit, and
 /// the placeholders each of its execs gets (`(variable, credential, prefix)`).
@@ -542,23 +541,4 @@ pub(crate) fn audit_record(r: &ConnectionRecord) -> AuditRecord {
     };
     record.egress = Some(Value::Object(egress));
     record
-}
-
-/// `out` with `footer` after its text (in its last text block, or a new one).
-pub(crate) fn with_footer(mut out: ToolOutput, footer: &str) -> ToolOutput {
-    match out.content.iter_mut().rev().find_map(|b| match b {
-        ContentBlock::Text { text } => Some(text),
-        ContentBlock::Image { .. } => None,
-    }) {
-        Some(text) => {
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text.push_str(footer);
-        }
-        None => out.content.push(ContentBlock::Text {
-            text: footer.to_string(),
-        }),
-    }
-    out
 }

@@ -656,20 +656,18 @@ impl SessionOrigin {
 }
 
 /// Keeps a session marked attended ([`Inner::attend`]).
-pub(crate) struct AttendedGuard {
-    inner: std::sync::Weak<Inner>,
+pub(crate) struct AttendedGuard<'a> {
+    map: &'a std::sync::Mutex<HashMap<String, usize>>,
     key: String,
 }
 
-impl Drop for AttendedGuard {
+impl Drop for AttendedGuard<'_> {
     fn drop(&mut self) {
-        if let Some(inner) = self.inner.upgrade() {
-            let mut map = inner.attended.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = map.get_mut(&self.key) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    map.remove(&self.key);
-                }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
             }
         }
     }
@@ -864,7 +862,7 @@ impl Inner {
     }
 
     /// Mark session `key` attended while the guard lives.
-    pub(crate) fn attend(self: &Arc<Self>, key: &str) -> AttendedGuard {
+    pub(crate) fn attend(&self, key: &str) -> AttendedGuard<'_> {
         *self
             .attended
             .lock()
@@ -872,7 +870,7 @@ impl Inner {
             .entry(key.to_string())
             .or_default() += 1;
         AttendedGuard {
-            inner: Arc::downgrade(self),
+            map: &self.attended,
             key: key.to_string(),
         }
     }
@@ -1206,10 +1204,17 @@ impl Inner {
             exec: exec_id.clone(),
             attribution: None,
         };
+        // An attended call's scripts can reach a human too.
+        let _attending = ctx
+            .session_key
+            .as_deref()
+            .filter(|_| ctx.attended)
+            .map(|key| self.attend(key));
         let sandbox = self.sandbox.clone();
         let run = async {
             #[cfg(feature = "egress")]
             let since = Instant::now();
+            let asked_from = Instant::now();
             // The exec's tool calls are counted while it runs (`budgets.exec.toolCalls`).
             let exec_guard = std::sync::Mutex::new(None);
             let begin_exec = |id: &str| {
@@ -1253,9 +1258,20 @@ impl Inner {
             #[cfg(feature = "egress")]
             let out = match (&call, &self.egress) {
                 (CoreToolCall::Exec(_), Some(egress)) => match egress.footer(agent, since) {
-                    Some(footer) => egress::with_footer(out, &footer),
+                    Some(footer) => with_footer(out, &footer),
                     None => out,
                 },
+                _ => out,
+            };
+            // Scripts' calls that wait for (or were refused) approval: the model reads
+            // which, and the id to retry with.
+            let out = match (&call, ctx.session_key.as_deref()) {
+                (CoreToolCall::Exec(_), Some(session)) => {
+                    match approvals_footer(&self.approvals.asked_since(session, asked_from)) {
+                        Some(footer) => with_footer(out, &footer),
+                        None => out,
+                    }
+                }
                 _ => out,
             };
             Ok(out)
@@ -1339,11 +1355,21 @@ impl Inner {
         }
     }
 
-    /// What tool calls of unbound callers get, for `agent`. The setting is to come from
-    /// `agents.<agent>.policy.unboundCalls`; until the config has it, every agent gets
-    /// [`UnboundCalls::Session`], the behaviour from before per-exec identity.
-    fn unbound_policy(&self, _agent: &str) -> UnboundCalls {
-        UnboundCalls::default()
+    /// What tool calls of unbound callers get, for `agent`:
+    /// `agents.<agent>.policy.unboundCalls` (default `deny` once the agent has a
+    /// `policy`); an agent without a `policy` keeps the behaviour from before per-exec
+    /// identity ([`UnboundCalls::Session`]).
+    fn unbound_policy(&self, agent: &str) -> UnboundCalls {
+        match self
+            .config
+            .agents
+            .get(agent)
+            .and_then(|a| a.policy.as_ref())
+            .map(|p| p.unbound_calls)
+        {
+            Some(crate::policy::UnboundCalls::Deny) => UnboundCalls::Deny,
+            Some(crate::policy::UnboundCalls::Session) | None => UnboundCalls::Session,
+        }
     }
 
     /// A caller whose `BEIGE_EXEC_ID` names another exec than its own: one
@@ -1583,6 +1609,59 @@ fn truncate_output(output: &mut String) {
 }
 
 /// The audit `args` of a core tool, as in the original.
+/// `out` with `footer` after its text (in its last text block, or a new one).
+pub(crate) fn with_footer(mut out: ToolOutput, footer: &str) -> ToolOutput {
+    match out.content.iter_mut().rev().find_map(|b| match b {
+        crate::tools::ContentBlock::Text { text } => Some(text),
+        crate::tools::ContentBlock::Image { .. } => None,
+    }) {
+        Some(text) => {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(footer);
+        }
+        None => out.content.push(crate::tools::ContentBlock::Text {
+            text: footer.to_string(),
+        }),
+    }
+    out
+}
+
+/// `[beige] 1 call waiting for approval: <id> gh pr merge 41` and the like, for the
+/// requests an exec's scripts raised; `None` when they raised none.
+fn approvals_footer(asked: &[beige_client::approvals::Approval]) -> Option<String> {
+    use beige_client::approvals::ApprovalStatus as S;
+    let line = |a: &beige_client::approvals::Approval| format!("{} {}", a.id, a.call_line());
+    let waiting: Vec<String> = asked
+        .iter()
+        .filter(|a| a.status == S::Pending)
+        .map(line)
+        .collect();
+    let mut out = Vec::new();
+    match waiting.len() {
+        0 => {}
+        1 => out.push(format!(
+            "[beige] 1 call waiting for approval: {}",
+            waiting[0]
+        )),
+        n => out.push(format!(
+            "[beige] {n} calls waiting for approval: {}",
+            waiting.join("; ")
+        )),
+    }
+    for a in asked.iter().filter(|a| a.status == S::Denied) {
+        let by = a.decided_by.as_deref().unwrap_or("?");
+        let why = a
+            .decision_reason
+            .as_deref()
+            .map(|r| format!(": \"{r}\""))
+            .unwrap_or_default();
+        out.push(format!("[beige] {} denied by {by}{why}", line(a)));
+    }
+    (!out.is_empty()).then(|| out.join("\n"))
+}
+
 /// A call as one line for messages: `exec git push`, `kv set k v`.
 fn call_line(tool: &str, args: &[String]) -> String {
     std::iter::once(tool)

@@ -16,6 +16,7 @@ use beige_core::llm::LlmProvider;
 use beige_core::plugin::{SessionInfo, ToolCall};
 use beige_core::store::{SqliteStore, Store};
 use beige_core::Sessions as _;
+use beige_core::{Admin as _, Gateway as _};
 use beige_core::{BeigeHome, GatewayBuilder, GatewayFull, LocalGateway};
 use beige_testkit::anthropic::{text_response, MessageStream};
 use beige_testkit::llm::{FakeLlmServer, Part, Reply};
@@ -52,6 +53,7 @@ struct Harness {
     config: TelegramConfig,
     channel: Arc<TelegramChannel>,
     run: Option<JoinHandle<Result<(), ChannelError>>>,
+    sandbox: Arc<MemorySandbox>,
 }
 
 impl Harness {
@@ -60,6 +62,17 @@ impl Harness {
     }
 
     async fn build(models: Models, channel: Value, with_plugin: bool) -> Option<Self> {
+        Self::build_with(models, channel, with_plugin, json!({})).await
+    }
+
+    /// `patch` is merged into the gateway config: its `agent` object into agent `a`,
+    /// every other key at the top level.
+    async fn build_with(
+        models: Models,
+        channel: Value,
+        with_plugin: bool,
+        patch: Value,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let home = BeigeHome::new(dir.path().join("home"));
         std::fs::create_dir_all(home.root()).unwrap();
@@ -102,10 +115,23 @@ impl Harness {
         if with_plugin {
             cfg["plugins"] = json!({"telegram": {"config": tg_config.clone()}});
         }
+        if let Value::Object(patch) = patch {
+            for (k, v) in patch {
+                if k == "agent" {
+                    if let (Some(a), Value::Object(extra)) = (cfg["agents"]["a"].as_object_mut(), v)
+                    {
+                        a.extend(extra);
+                    }
+                } else {
+                    cfg[k] = v;
+                }
+            }
+        }
         let config: Config = serde_json::from_value(cfg).unwrap();
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(home.db_path()).unwrap());
+        let sandbox = Arc::new(MemorySandbox::new());
         let mut builder = GatewayBuilder::new(config, home)
-            .sandbox(Arc::new(MemorySandbox::new()))
+            .sandbox(sandbox.clone())
             .store(store.clone());
         if let Models::Scripted(list) = models {
             for p in list {
@@ -126,6 +152,7 @@ impl Harness {
             config,
             channel,
             run: None,
+            sandbox,
         };
         h.start();
         Some(h)
@@ -940,4 +967,232 @@ async fn a_rate_limited_model_gives_the_user_something_to_do() {
         m.visible
     );
     assert!(!m.visible.contains("sk-"), "{}", m.visible);
+}
+
+/// Agent `a` asks before `git push`; approvals wait long enough for a test to answer.
+fn ask_on_push(extra: Value) -> Value {
+    let mut patch = json!({
+        "agent": {"policy": {"rules": [
+            {"id": "push", "tool": "exec", "pattern": ["git", "push"], "decision": "ask",
+             "justification": "publishes work outside the sandbox"},
+        ]}},
+        "approvals": {"holdSeconds": 30, "timeoutSeconds": 60},
+    });
+    if let (Some(p), Value::Object(extra)) = (patch["approvals"].as_object_mut(), extra) {
+        p.extend(extra);
+    }
+    patch
+}
+
+/// Whether `m` was sent as an approval request (its first text), whatever it says now.
+fn is_request(m: &SentMessage) -> bool {
+    m.history
+        .first()
+        .is_some_and(|t| t.starts_with("🔐 Approval needed"))
+}
+
+/// The approval request number `after` (0-based) shown in `chat`, as sent.
+async fn approval_message(h: &Harness, chat: i64, after: usize) -> SentMessage {
+    within("an approval request with buttons", async {
+        h.tg.wait_until(|t| t.messages_in(chat).iter().filter(|m| is_request(m)).count() > after)
+            .await
+    })
+    .await;
+    h.tg.messages_in(chat)
+        .into_iter()
+        .filter(is_request)
+        .nth(after)
+        .unwrap()
+}
+
+fn button(m: &SentMessage, letter: char) -> String {
+    m.buttons
+        .concat()
+        .into_iter()
+        .map(|(_, data)| data)
+        .find(|d| d.ends_with(&format!(":{letter}")))
+        .unwrap_or_else(|| panic!("no '{letter}' button on {m:?}"))
+}
+
+#[tokio::test]
+async fn an_exec_that_needs_approval_waits_for_the_button_and_runs_exactly_that_call() {
+    let model = scripted()
+        .then_tool("t1", "exec", json!({"command": "git push origin main"}))
+        .then_text("pushed")
+        .then_tool("t2", "exec", json!({"command": "git push origin other"}))
+        .then_text("asked about other");
+    let requests = model.clone();
+    let Some(h) = Harness::build_with(
+        Models::Scripted(vec![model]),
+        json!({}),
+        false,
+        ask_on_push(json!({})),
+    )
+    .await
+    else {
+        return;
+    };
+    let sandbox = h.sandbox.clone();
+    h.tg.send_text(USER, USER, "push it");
+    let asked = approval_message(&h, USER, 0).await;
+    assert!(
+        asked.visible.contains("exec git push origin main"),
+        "{}",
+        asked.visible
+    );
+    assert!(asked
+        .visible
+        .contains("rule push: publishes work outside the sandbox"));
+    // Nothing ran while it waited.
+    assert!(!sandbox.executed("a").iter().any(|c| c.contains("git push")));
+    for data in asked.buttons.concat().iter().map(|(_, d)| d) {
+        assert!(data.len() <= 64 && data.starts_with("ap:"), "{data}");
+    }
+    // A stranger's press is refused and changes nothing.
+    h.tg.press_button(USER, STRANGER, asked.message_id, &button(&asked, 'o'));
+    within("the stranger's answer", async {
+        h.tg.wait_until(|t| {
+            t.callback_answers()
+                .iter()
+                .any(|(_, a)| a.contains("cannot approve"))
+        })
+        .await
+    })
+    .await;
+    assert!(!sandbox.executed("a").iter().any(|c| c.contains("git push")));
+
+    h.tg.press_button(USER, USER, asked.message_id, &button(&asked, 'o'));
+    h.reply_containing(USER, "pushed").await;
+    let ran: Vec<String> = sandbox
+        .executed("a")
+        .into_iter()
+        .filter(|c| c.contains("git push"))
+        .collect();
+    assert_eq!(ran, vec!["git push origin main".to_string()]);
+    let edited =
+        h.tg.messages_in(USER)
+            .into_iter()
+            .find(|m| m.message_id == asked.message_id)
+            .unwrap();
+    assert!(
+        edited
+            .visible
+            .starts_with(&format!("✅ Approved (once) by telegram:{USER}")),
+        "{}",
+        edited.visible
+    );
+    assert!(
+        edited.buttons.is_empty(),
+        "the buttons go once it is decided"
+    );
+
+    // Another call is another request: deny it, and the model reads who denied it.
+    h.tg.send_text(USER, USER, "push other");
+    let second = approval_message(&h, USER, 1).await;
+    assert!(
+        second.visible.contains("git push origin other"),
+        "{}",
+        second.visible
+    );
+    assert_ne!(button(&second, 'o'), button(&asked, 'o'));
+    h.tg.press_button(USER, USER, second.message_id, &button(&second, 'd'));
+    h.reply_containing(USER, "asked about other").await;
+    assert!(!sandbox
+        .executed("a")
+        .iter()
+        .any(|c| c.contains("origin other")));
+    let seen = requests.requests();
+    let last = serde_json::to_string(&seen.last().unwrap().messages).unwrap();
+    assert!(
+        last.contains(&format!("was denied by telegram:{USER}")),
+        "{last}"
+    );
+    // The audit names the approver and the steps.
+    let audit = std::fs::read_to_string(h.gw.home().audit_log_path()).unwrap_or_default();
+    for phase in ["\"requested\"", "\"decided\"", "\"consumed\""] {
+        assert!(audit.contains(phase), "{phase} not audited");
+    }
+    assert!(audit.contains(&format!("\"approver\":\"telegram:{USER}\"")));
+}
+
+#[tokio::test]
+async fn an_approval_nobody_answers_expires_and_the_model_is_told() {
+    let model = scripted()
+        .then_tool("t1", "exec", json!({"command": "git push origin main"}))
+        .then_text("gave up");
+    let requests = model.clone();
+    let Some(h) = Harness::build_with(
+        Models::Scripted(vec![model]),
+        json!({}),
+        false,
+        ask_on_push(json!({"timeoutSeconds": 1})),
+    )
+    .await
+    else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    h.tg.send_text(USER, USER, "push it");
+    let asked = approval_message(&h, USER, 0).await;
+    h.reply_containing(USER, "gave up").await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let last = serde_json::to_string(&requests.requests().last().unwrap().messages).unwrap();
+    assert!(last.contains("expired before anyone answered"), "{last}");
+    let edited =
+        h.tg.messages_in(USER)
+            .into_iter()
+            .find(|m| m.message_id == asked.message_id)
+            .unwrap();
+    assert!(
+        edited.visible.starts_with("⌛ Expired"),
+        "{}",
+        edited.visible
+    );
+}
+
+#[tokio::test]
+async fn an_unattended_prompt_is_denied_at_once_and_the_owner_is_told() {
+    let model = scripted()
+        .then_tool("t1", "exec", json!({"command": "git push origin main"}))
+        .then_text("could not push");
+    let requests = model.clone();
+    let Some(h) = Harness::build_with(
+        Models::Scripted(vec![model]),
+        json!({}),
+        false,
+        ask_on_push(json!({"notify": [{"channel": "telegram", "chatId": USER.to_string()}]})),
+    )
+    .await
+    else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    // A plain prompt (no approvals stream), with BEIGE_* looking attended changes nothing.
+    let events =
+        h.gw.prompt(beige_core::PromptRequest::new("a", "api:a:nightly", "push"))
+            .await
+            .unwrap()
+            .collect_all()
+            .await;
+    assert!(started.elapsed() < Duration::from_secs(10), "it waited");
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, beige_core::api::AgentEvent::Done { .. })));
+    let sandbox = h.sandbox.clone();
+    assert!(!sandbox.executed("a").iter().any(|c| c.contains("git push")));
+    let last = serde_json::to_string(&requests.requests().last().unwrap().messages).unwrap();
+    assert!(last.contains("this run is unattended"), "{last}");
+    let report =
+        h.tg.wait_for_message(|m| m.chat_id == USER && m.visible.contains("needed approval"))
+            .await;
+    assert!(
+        report.visible.contains("'exec git push origin main'"),
+        "{}",
+        report.visible
+    );
+    assert!(report.visible.contains("rule push"), "{}", report.visible);
+    assert!(
+        h.gw.approvals(None).await.unwrap().is_empty(),
+        "no request waits"
+    );
 }
