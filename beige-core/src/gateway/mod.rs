@@ -1075,8 +1075,14 @@ impl Inner {
             ))),
             AskOutcome::Pending { approval } if script => Err(Refusal {
                 message: format!(
-                    "{}: pending approval {}: {line}{rule}; re-run after approval",
-                    meta.tool, approval.id
+                    "{}: pending approval {}: {line}{}; re-run after approval",
+                    meta.tool,
+                    approval.id,
+                    approval
+                        .rule
+                        .as_deref()
+                        .map(|r| format!(" (rule '{r}')"))
+                        .unwrap_or_default()
                 ),
                 exit_code: EXIT_APPROVAL_PENDING,
             }),

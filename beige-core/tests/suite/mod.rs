@@ -1,4 +1,5 @@
 mod agent;
+mod approvals;
 mod budgets;
 mod core_tools;
 mod egress;
