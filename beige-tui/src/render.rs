@@ -681,6 +681,12 @@ fn render_composer(app: &App, frame: &mut Frame<'_>, area: Rect) {
     } else if let Some(r) = &app.running {
         let what = if r.cancelling {
             "cancelling…".to_string()
+        } else if app.approval_target().is_some() {
+            if app.composer.is_empty() {
+                "waiting for your approval · y/s/h/a/n answer".to_string()
+            } else {
+                "waiting for your approval · empty the input to answer".to_string()
+            }
         } else if let Some(tool) = &r.tool {
             format!("running {tool} · Ctrl+C cancels")
         } else {

@@ -203,3 +203,23 @@ fn a_decision_made_elsewhere_updates_the_card_and_frees_the_keys() {
     assert!(effects.is_empty());
     assert_eq!(app.composer.text(), "y");
 }
+
+#[test]
+fn the_call_is_shown_as_data() {
+    let mut a = approval("APESCAPE00000001");
+    assert_eq!(
+        beige_tui::render::approval_call(&a),
+        "exec git push origin main"
+    );
+    a.args = vec![
+        "rm".into(),
+        "a b".into(),
+        String::new(),
+        "x\u{202e}y".into(),
+        "\u{1b}[2J".into(),
+    ];
+    assert_eq!(
+        beige_tui::render::approval_call(&a),
+        r#"exec rm "a b" "" "x\u{202e}y" "\u{1b}[2J""#
+    );
+}
