@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use beige_client::approvals::{Approval, ApprovalStatus};
 use beige_client::llm::{Block, Message, Role, ToolResultPart, Usage};
 use beige_client::session::SessionRecord;
 use beige_client::{AgentInfo, AllowedModel};
@@ -72,6 +73,36 @@ pub struct ErrorCell {
     pub hint: Option<String>,
 }
 
+/// One approval request of the running prompt, as the gateway last described it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalCell {
+    /// The request (its status, who decided, …) as the latest event or answer had it.
+    pub approval: Approval,
+    /// A decision was sent and its answer has not come back yet: what was sent
+    /// (`approve once`, `deny`, …).
+    pub sending: Option<String>,
+    /// Why the last decision failed (the gateway's 403/409 text, unreachable, …).
+    pub error: Option<String>,
+    /// The prompt ended while the request was still pending here: nothing to answer.
+    pub closed: bool,
+}
+
+impl ApprovalCell {
+    pub fn new(approval: Approval) -> Self {
+        Self {
+            approval,
+            sending: None,
+            error: None,
+            closed: false,
+        }
+    }
+
+    /// Still waiting for this TUI's answer: pending, not being sent, prompt running.
+    pub fn answerable(&self) -> bool {
+        self.approval.status == ApprovalStatus::Pending && self.sending.is_none() && !self.closed
+    }
+}
+
 /// One entry of the transcript.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {
@@ -86,6 +117,8 @@ pub enum Cell {
         text: String,
     },
     Tool(ToolCell),
+    /// A call waiting for (or given) a human's approval.
+    Approval(Box<ApprovalCell>),
     Error(ErrorCell),
     /// A note from the TUI itself (new session, switched agent, …).
     Info(String),
@@ -271,6 +304,22 @@ impl App {
             message: message.into(),
             hint,
         }));
+    }
+
+    /// The index of the approval card the approval keys act on: the oldest answerable
+    /// one.
+    pub fn approval_target(&self) -> Option<usize> {
+        self.cells
+            .iter()
+            .position(|c| matches!(c, Cell::Approval(a) if a.answerable()))
+    }
+
+    /// The approval card of request `id`.
+    pub fn approval_mut(&mut self, id: &str) -> Option<&mut ApprovalCell> {
+        self.cells.iter_mut().rev().find_map(|c| match c {
+            Cell::Approval(a) if a.approval.id == id => Some(a.as_mut()),
+            _ => None,
+        })
     }
 
     /// Rows of the transcript area on the current terminal (for paging).

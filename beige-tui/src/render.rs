@@ -6,6 +6,7 @@
 //! clamp scrolling with the same numbers. Colours are the terminal's named ones plus
 //! modifiers (bold, dim, italic, reversed), never RGB, so light themes work too.
 
+use beige_client::approvals::{Approval, ApprovalStatus};
 use beige_client::session::SessionRecord;
 use ratatui::layout::{Constraint, Layout, Position, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -13,7 +14,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
 
-use crate::app::{App, Cell, Connection, ErrorCell, Modal, ToolCell, ToolStatus};
+use crate::app::{App, ApprovalCell, Cell, Connection, ErrorCell, Modal, ToolCell, ToolStatus};
 use crate::commands::{COMMANDS, KEYS};
 use crate::markdown;
 use crate::update::short_id;
@@ -105,9 +106,13 @@ pub fn transcript_lines(app: &App, width: u16) -> Vec<Line<'static>> {
         return welcome(app, width);
     }
     let last_tool = app.cells.iter().rposition(|c| matches!(c, Cell::Tool(_)));
+    let target = app.approval_target();
     let mut out: Vec<Line<'static>> = Vec::new();
     for (i, cell) in app.cells.iter().enumerate() {
-        let lines = cell_lines(app, cell, width, Some(i) == last_tool);
+        let lines = match cell {
+            Cell::Approval(a) => approval_lines(app, a, width, Some(i) == target),
+            _ => cell_lines(app, cell, width, Some(i) == last_tool),
+        };
         if lines.is_empty() {
             continue;
         }
@@ -199,6 +204,7 @@ fn cell_lines(app: &App, cell: &Cell, width: usize, last_tool: bool) -> Vec<Line
             out
         }
         Cell::Tool(t) => tool_lines(app, t, width, last_tool),
+        Cell::Approval(a) => approval_lines(app, a, width, false),
         Cell::Error(e) => error_lines(e, width),
         Cell::Info(text) => wrap_spans(
             &[Span::styled(sanitize(text), dim())],
@@ -364,6 +370,178 @@ fn tool_lines(app: &App, t: &ToolCell, width: usize, last_tool: bool) -> Vec<Lin
     out
 }
 
+/// The call of an approval request as data, never as markup: the tool and its
+/// arguments separated by spaces (`exec git push origin main`, like
+/// [`Approval::call_line`]), with every argument that is empty or holds spaces, quotes,
+/// backslashes or characters that do not print quoted and escaped (`"a b"`, `"\u{202e}"`),
+/// so `rm "a b"` cannot pass for `rm a b`.
+pub fn approval_call(a: &Approval) -> String {
+    let mut line = sanitize(&a.tool);
+    for arg in &a.args {
+        line.push(' ');
+        let plain = !arg.is_empty()
+            && arg.chars().all(|c| {
+                !c.is_whitespace() && !matches!(c, '"' | '\'' | '\\') && c.escape_debug().len() == 1
+            });
+        if plain {
+            line.push_str(arg);
+        } else {
+            line.push_str(&format!("{arg:?}"));
+        }
+    }
+    line
+}
+
+/// `expires_at` (RFC 3339) as a local time of day, or as given when it does not parse.
+pub fn expiry(at: &str, offset_secs: i32) -> String {
+    let Ok(t) = chrono::DateTime::parse_from_rfc3339(at) else {
+        return sanitize(at);
+    };
+    let utc = t.with_timezone(&chrono::Utc);
+    match chrono::FixedOffset::east_opt(offset_secs) {
+        Some(o) => utc.with_timezone(&o).format("%H:%M:%S").to_string(),
+        None => utc.format("%H:%M:%S").to_string(),
+    }
+}
+
+/// An approval card: the call, where and why it asks, the id and expiry, then the keys
+/// (on the card they act on, `target`) or how it was decided.
+fn approval_lines(app: &App, c: &ApprovalCell, width: usize, target: bool) -> Vec<Line<'static>> {
+    let a = &c.approval;
+    let yellow = Style::default()
+        .fg(Color::Yellow)
+        .add_modifier(Modifier::BOLD);
+    let green = Style::default().fg(Color::Green);
+    let red = Style::default().fg(Color::Red);
+    let (icon, icon_style) = match a.status {
+        ApprovalStatus::Pending if c.closed => ("◌", dim()),
+        ApprovalStatus::Pending => ("?", yellow),
+        ApprovalStatus::Approved | ApprovalStatus::Consumed => ("✓", green),
+        ApprovalStatus::Denied => ("⊘", red),
+        ApprovalStatus::Expired => ("◌", dim()),
+    };
+    let indent = [Span::raw("    ")];
+    let bar = [Span::styled("    │ ", dim())];
+    let mut head = vec![
+        Span::raw("  "),
+        Span::styled(icon.to_string(), icon_style),
+        Span::raw(" "),
+        Span::styled(
+            if a.status == ApprovalStatus::Pending && !c.closed {
+                "approval needed"
+            } else {
+                "approval"
+            }
+            .to_string(),
+            bold(),
+        ),
+    ];
+    if a.agent != app.agent {
+        head.push(Span::styled(
+            format!(" · agent {}", sanitize(&a.agent)),
+            dim(),
+        ));
+    }
+    let mut out = vec![Line::from(head)];
+    out.extend(hard_wrap(&approval_call(a), bold(), width, &bar, &bar));
+    let mut detail = |label: &str, text: &str, style: Style| {
+        out.extend(wrap_spans(
+            &[
+                Span::styled(format!("{label} "), dim()),
+                Span::styled(sanitize(text).replace('\n', " ⏎ "), style),
+            ],
+            width,
+            &bar,
+            &bar,
+        ));
+    };
+    if let Some(cwd) = &a.cwd {
+        detail("cwd", cwd, Style::default());
+    }
+    if let Some(rule) = &a.rule {
+        detail("rule", rule, Style::default());
+    }
+    let italic = Style::default().add_modifier(Modifier::ITALIC);
+    match &a.justification {
+        Some(j) => detail("why", j, italic),
+        None if !a.reason.is_empty() => detail("why", &a.reason, italic),
+        None => {}
+    }
+    let mut id = format!("id {}", sanitize(&a.id));
+    if let Some(exec) = &a.exec {
+        id.push_str(&format!(" · exec {}", sanitize(exec)));
+    }
+    if a.status == ApprovalStatus::Pending {
+        id.push_str(&format!(
+            " · expires {}",
+            expiry(&a.expires_at, app.utc_offset_secs)
+        ));
+    }
+    out.extend(wrap_spans(&[Span::styled(id, dim())], width, &bar, &bar));
+    let by = a
+        .decided_by
+        .as_deref()
+        .map(|b| format!(" by {}", sanitize(b)))
+        .unwrap_or_default();
+    let scope = a.scope.map(|s| s.as_str()).unwrap_or("once");
+    let status: Vec<Span<'static>> = match a.status {
+        ApprovalStatus::Pending => match (&c.sending, c.closed) {
+            (Some(what), _) => vec![Span::styled(format!("sending: {what}…"), dim())],
+            (None, true) => vec![Span::styled(
+                "the answer ended before a decision".to_string(),
+                dim(),
+            )],
+            (None, false) if target => {
+                let mut keys = Vec::new();
+                for (k, what) in [
+                    ("y", "once"),
+                    ("s", "session"),
+                    ("h", "1 h"),
+                    ("a", "always"),
+                    ("n", "deny"),
+                ] {
+                    if !keys.is_empty() {
+                        keys.push(Span::raw("  "));
+                    }
+                    keys.push(Span::styled(format!("[{k}]"), yellow));
+                    keys.push(Span::raw(format!(" {what}")));
+                }
+                keys
+            }
+            (None, false) => vec![Span::styled(
+                "waiting — answer the request above first".to_string(),
+                dim(),
+            )],
+        },
+        ApprovalStatus::Approved => vec![Span::styled(format!("approved ({scope}){by}"), green)],
+        ApprovalStatus::Consumed => vec![Span::styled(
+            format!("approved ({scope}){by} · used"),
+            green,
+        )],
+        ApprovalStatus::Denied => {
+            let mut text = format!("denied{by}");
+            if let Some(r) = &a.decision_reason {
+                text.push_str(&format!(": {}", sanitize(r)));
+            }
+            vec![Span::styled(text, red)]
+        }
+        ApprovalStatus::Expired => vec![Span::styled(
+            "expired — nobody answered in time".to_string(),
+            dim(),
+        )],
+    };
+    if let Some(e) = &c.error {
+        out.extend(wrap_spans(
+            &[Span::styled(format!("✗ {}", sanitize(e)), red)],
+            width,
+            &indent,
+            &indent,
+        ));
+    }
+    out.extend(wrap_spans(&status, width, &indent, &indent));
+    out
+}
+
 fn width_of(s: &str) -> usize {
     width(s)
 }
@@ -503,6 +681,12 @@ fn render_composer(app: &App, frame: &mut Frame<'_>, area: Rect) {
     } else if let Some(r) = &app.running {
         let what = if r.cancelling {
             "cancelling…".to_string()
+        } else if app.approval_target().is_some() {
+            if app.composer.is_empty() {
+                "waiting for your approval · y/s/h/a/n answer".to_string()
+            } else {
+                "waiting for your approval · empty the input to answer".to_string()
+            }
         } else if let Some(tool) = &r.tool {
             format!("running {tool} · Ctrl+C cancels")
         } else {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use beige_client::session::SettingsPatch;
-use beige_client::{Gateway, GatewayError, GatewayFull, PromptRequest, Sessions};
+use beige_client::{Admin, Gateway, GatewayError, GatewayFull, Principal, PromptRequest, Sessions};
 use crossterm::event::{
     DisableBracketedPaste, DisableMouseCapture, EnableBracketedPaste, EnableMouseCapture, Event,
     EventStream, KeyboardEnhancementFlags, PopKeyboardEnhancementFlags,
@@ -131,7 +131,9 @@ impl Controller {
                 let tx = self.tx.clone();
                 self.tasks.retain(|t| !t.is_finished());
                 self.tasks.push(tokio::spawn(async move {
-                    let request = PromptRequest::new(agent, session_key, message);
+                    // Attended: the gateway streams approval requests to the TUI, which
+                    // answers them (instead of denying such calls at once).
+                    let request = PromptRequest::new(agent, session_key, message).attended();
                     match gw.prompt(request).await {
                         Ok(mut stream) => {
                             while let Some(event) = stream.next().await {
@@ -231,6 +233,21 @@ impl Controller {
                     })
                     .map_err(f)
             }),
+            Effect::DecideApproval { id, decision } => {
+                let tx = self.tx.clone();
+                self.tasks.retain(|t| !t.is_finished());
+                self.tasks.push(tokio::spawn(async move {
+                    // Over HTTP the gateway names the approver after the API token.
+                    let msg = match gw.decide_approval(&id, decision, Principal::ApiToken).await {
+                        Ok(approval) => Msg::ApprovalAnswered(approval),
+                        Err(e) => Msg::ApprovalFailed {
+                            id,
+                            failure: failure(&e),
+                        },
+                    };
+                    let _ = tx.send(msg);
+                }));
+            }
             Effect::Probe => self.spawn("reach the gateway", async move {
                 gw.agents()
                     .await

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use beige_client::approvals::{Approval, ApprovalDecision, ApprovalStatus, Scope};
 use beige_client::events::{hint_for, AgentEvent};
 use beige_client::llm::{ErrorKind, Message};
 use beige_client::session::{SessionRecord, SessionSettings};
@@ -16,7 +17,8 @@ use beige_client::{AgentInfo, AllowedModel};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseEventKind};
 
 use crate::app::{
-    session_key, tool_status, App, Cell, Connection, Modal, Running, ToolCell, ToolStatus,
+    session_key, tool_status, App, ApprovalCell, Cell, Connection, Modal, Running, ToolCell,
+    ToolStatus,
 };
 use crate::commands::{self, Command};
 
@@ -124,6 +126,13 @@ pub enum Msg {
         attempt: u32,
         error: String,
     },
+    /// The gateway took a decision on an approval request: the request as it is now.
+    ApprovalAnswered(Approval),
+    /// A decision on approval request `id` was refused or did not arrive.
+    ApprovalFailed {
+        id: String,
+        failure: Failure,
+    },
     /// A request failed; `action` says what was tried ("load the sessions").
     Failed {
         action: String,
@@ -170,6 +179,12 @@ pub enum Effect {
         agent: String,
         session_key: String,
         on: bool,
+    },
+    /// Send a human's decision on approval request `id` → `ApprovalAnswered` or
+    /// `ApprovalFailed`.
+    DecideApproval {
+        id: String,
+        decision: ApprovalDecision,
     },
     /// Check that the gateway answers → `Connected` or `Failed` (unreachable).
     Probe,
@@ -329,6 +344,27 @@ pub fn update(app: &mut App, msg: Msg) -> Vec<Effect> {
             app.connection = Connection::Reconnecting { attempt, error };
             Vec::new()
         }
+        Msg::ApprovalAnswered(approval) => {
+            let follow = app.scroll == 0;
+            upsert_approval(app, approval);
+            if follow {
+                app.scroll = 0;
+            }
+            Vec::new()
+        }
+        Msg::ApprovalFailed { id, failure } => {
+            if let Some(card) = app.approval_mut(&id) {
+                card.sending = None;
+                // Decided elsewhere (or expired) meanwhile: the refusal says nothing new.
+                if card.approval.status == ApprovalStatus::Pending {
+                    card.error = Some(approval_error(&failure));
+                }
+            }
+            if failure.unreachable {
+                return go_reconnecting(app, &failure.message);
+            }
+            Vec::new()
+        }
         Msg::Failed { action, failure } => {
             if failure.unreachable {
                 return go_reconnecting(app, &failure.message);
@@ -414,12 +450,79 @@ pub fn short_id(id: &str) -> String {
     id.chars().take(10).collect()
 }
 
+/// Show `approval` in its card (a new card when there is none yet); a decision in
+/// flight for it is over.
+fn upsert_approval(app: &mut App, approval: Approval) {
+    match app.approval_mut(&approval.id) {
+        Some(card) => {
+            if approval.status != ApprovalStatus::Pending {
+                card.sending = None;
+                card.error = None;
+            }
+            card.approval = approval;
+        }
+        None => {
+            stop_streaming_text(app);
+            app.cells
+                .push(Cell::Approval(Box::new(ApprovalCell::new(approval))));
+        }
+    }
+}
+
+/// What a failed decision shows on its card.
+fn approval_error(f: &Failure) -> String {
+    let what = match f.status {
+        Some(403) => "not allowed to decide this request",
+        Some(404) => "the gateway no longer knows this request",
+        Some(409) => "the gateway refused the decision (already decided, or another call)",
+        _ if f.unreachable => "the gateway is unreachable",
+        _ => "the decision failed",
+    };
+    format!("{what}: {}", f.message)
+}
+
+/// The decision an approval key stands for, and how the card says it is being sent.
+pub fn approval_key(c: char) -> Option<(ApprovalDecision, &'static str)> {
+    Some(match c {
+        'y' => (ApprovalDecision::approve(Scope::Once), "approve once"),
+        's' => (
+            ApprovalDecision::approve(Scope::Session),
+            "approve for the session",
+        ),
+        'h' => (
+            ApprovalDecision {
+                duration_seconds: Some(3600),
+                ..ApprovalDecision::approve(Scope::Duration)
+            },
+            "approve for 1 h",
+        ),
+        'a' => (ApprovalDecision::approve(Scope::Always), "approve always"),
+        'n' => (ApprovalDecision::deny(None), "deny"),
+        _ => return None,
+    })
+}
+
+/// An approval key on an empty composer: decide the oldest answerable card.
+fn decide(app: &mut App, c: char) -> Option<Vec<Effect>> {
+    let (decision, label) = approval_key(c)?;
+    let index = app.approval_target()?;
+    let Some(Cell::Approval(card)) = app.cells.get_mut(index) else {
+        return None;
+    };
+    card.sending = Some(label.to_string());
+    card.error = None;
+    let id = card.approval.id.clone();
+    let decision = decision.with_digest(card.approval.call_digest.clone());
+    Some(vec![Effect::DecideApproval { id, decision }])
+}
+
 fn finish_prompt(app: &mut App) {
     app.running = None;
     for cell in &mut app.cells {
         match cell {
             Cell::Assistant { streaming, .. } => *streaming = false,
             Cell::Tool(t) if t.status == ToolStatus::Running => t.status = ToolStatus::Interrupted,
+            Cell::Approval(a) if a.approval.status == ApprovalStatus::Pending => a.closed = true,
             _ => {}
         }
     }
@@ -538,6 +641,9 @@ fn on_event(app: &mut App, event: AgentEvent) -> bool {
                 })),
             }
         }
+        AgentEvent::ApprovalRequest { approval } | AgentEvent::ApprovalDecided { approval } => {
+            upsert_approval(app, approval);
+        }
         AgentEvent::ModelSwitched { from, to, reason } => {
             stop_streaming_text(app);
             app.fallback = (to != app.model()).then(|| to.clone());
@@ -644,6 +750,15 @@ fn on_key(app: &mut App, key: KeyEvent) -> Vec<Effect> {
     }
     let alt = key.modifiers.contains(KeyModifiers::ALT);
     let shift = key.modifiers.contains(KeyModifiers::SHIFT);
+    // y/s/h/a/n answer the oldest pending approval card — only on an empty composer, so
+    // a message being typed is never cut short, and the key never reaches the composer.
+    if let KeyCode::Char(c) = key.code {
+        if !ctrl && !alt && app.composer.is_empty() {
+            if let Some(effects) = decide(app, c) {
+                return effects;
+            }
+        }
+    }
     match key.code {
         KeyCode::Enter if shift || alt || ctrl => {
             app.composer.newline();

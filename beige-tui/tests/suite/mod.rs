@@ -1,3 +1,4 @@
+mod approvals;
 mod fake;
 mod snapshots;
 mod update;

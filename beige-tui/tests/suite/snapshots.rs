@@ -10,7 +10,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use super::fake::{agent, model, session};
+use super::fake::{agent, approval, model, session};
 
 const SIZES: [(u16, u16); 2] = [(80, 24), (120, 40)];
 
@@ -436,4 +436,37 @@ fn tiny_terminals_do_not_panic() {
             terminal.draw(|f| render(&s, f)).unwrap();
         }
     }
+}
+
+/// An exec that waits for approval: the card with the call, cwd, rule, justification,
+/// id, expiry and the keys.
+fn approval_app() -> App {
+    let mut a = app();
+    send(&mut a, "Push the fix.");
+    events(
+        &mut a,
+        vec![
+            delta("I'll push it."),
+            AgentEvent::ApprovalRequest {
+                approval: approval("AP7Q2M4XK9R3T5VW"),
+            },
+        ],
+    );
+    a
+}
+
+#[test]
+fn approval_pending() {
+    snap("approval_pending", &approval_app());
+}
+
+#[test]
+fn approval_decided() {
+    let mut a = approval_app();
+    let mut decided = approval("AP7Q2M4XK9R3T5VW");
+    decided.status = beige_client::approvals::ApprovalStatus::Approved;
+    decided.scope = Some(beige_client::approvals::Scope::Once);
+    decided.decided_by = Some("api-token".into());
+    update(&mut a, Msg::ApprovalAnswered(decided));
+    snap("approval_decided", &a);
 }

@@ -82,6 +82,7 @@ fn texts(app: &App) -> Vec<String> {
             Cell::Assistant { text, .. } => format!("assistant: {text}"),
             Cell::Thinking { text } => format!("thinking: {text}"),
             Cell::Tool(t) => format!("tool: {} {:?}", t.name, t.status),
+            Cell::Approval(a) => format!("approval: {} {:?}", a.approval.id, a.approval.status),
             Cell::Error(e) => format!("error: {}", e.title),
             Cell::Info(t) => format!("info: {t}"),
         })
