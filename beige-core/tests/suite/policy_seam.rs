@@ -190,7 +190,7 @@ async fn socket(gw: &LocalGateway, tool: &str, args: &[&str]) -> ToolResponse {
 }
 
 #[tokio::test]
-async fn policy_ask_without_an_approver_is_refused_and_audited_denied() {
+async fn policy_ask_in_an_unattended_run_is_refused_at_once_and_audited_denied() {
     let policy = Arc::new(Recording {
         ask: Some("echo"),
         ..Default::default()
@@ -200,19 +200,18 @@ async fn policy_ask_without_an_approver_is_refused_and_audited_denied() {
     };
     let r = socket(&s.gw, "echo", &["hi"]).await;
     assert!(!r.success);
-    let expected = "Permission denied: tool 'echo' for agent 'a' needs approval, and this gateway has no approver: 'echo' talks to the world";
+    // No prompt attends the script's session: the ask is a denial, at once.
+    let expected = "Permission denied: 'echo hi' needs approval, but this run is unattended (a script in session 'socket:a' with no attended prompt running), so it was denied without waiting; the agent's owner was told. 'echo' talks to the world";
     assert_eq!(r.error.as_deref(), Some(expected));
-    assert_eq!(
-        no_approver_message("echo", "a", "'echo' talks to the world"),
-        expected
-    );
-    // One record: refused, with the reason, never started.
+    // Two records: the unattended denial reported, and the call refused, never started.
     let audit = audit_lines(&s.home);
-    assert_eq!(audit.len(), 1, "{audit:#?}");
-    assert_eq!(audit[0]["decision"], "denied");
-    assert_eq!(audit[0]["phase"], "finished");
-    assert_eq!(audit[0]["tool"], "echo");
-    assert_eq!(audit[0]["error"], expected);
+    assert_eq!(audit.len(), 2, "{audit:#?}");
+    assert_eq!(audit[0]["type"], "approval");
+    assert_eq!(audit[0]["approval"]["phase"], "unattended");
+    assert_eq!(audit[1]["decision"], "denied");
+    assert_eq!(audit[1]["phase"], "finished");
+    assert_eq!(audit[1]["tool"], "echo");
+    assert_eq!(audit[1]["error"], expected);
     // A tool the policy allows still runs.
     let r = socket(&s.gw, "secret", &["x"]).await;
     assert_eq!(r.output.as_deref(), Some("secret: x"));
@@ -480,7 +479,7 @@ async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
         .iter()
         .all(|r| r["decision"] == "allowed" && r["tool"] == "secret"));
 
-    // Asked without an approver: refused and audited once, denied.
+    // Asked in an unattended run: reported, refused and audited denied.
     let r = s.sandbox.call_tool("a", call("echo", &["hi"])).await;
     assert!(!r.success);
     assert!(
@@ -488,9 +487,10 @@ async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
         "{r:?}"
     );
     let audit = audit_lines(&s.home);
-    assert_eq!(audit.len(), 3, "{audit:#?}");
-    assert_eq!(audit[2]["decision"], "denied");
-    assert_eq!(audit[2]["tool"], "echo");
+    assert_eq!(audit.len(), 4, "{audit:#?}");
+    assert_eq!(audit[2]["approval"]["phase"], "unattended");
+    assert_eq!(audit[3]["decision"], "denied");
+    assert_eq!(audit[3]["tool"], "echo");
 
     // A request the endpoint could not parse: denied, attributed to the agent.
     s.sandbox
@@ -505,24 +505,24 @@ async fn a_plugin_call_through_the_sandbox_host_meets_policy_and_audit() {
         })
         .await;
     let audit = audit_lines(&s.home);
-    assert_eq!(audit.len(), 5, "{audit:#?}");
-    assert_eq!(audit[3]["decision"], "denied");
-    assert_eq!(audit[3]["tool"], "(unparsed)");
-    assert_eq!(audit[3]["agent"], "a");
-    assert_eq!(audit[3]["error"], "Invalid request: not JSON");
-    assert_eq!(audit[4]["tool"], "security.socket_limit");
-    assert_eq!(audit[4]["args"], json!(["limit=connections"]));
+    assert_eq!(audit.len(), 6, "{audit:#?}");
+    assert_eq!(audit[4]["decision"], "denied");
+    assert_eq!(audit[4]["tool"], "(unparsed)");
+    assert_eq!(audit[4]["agent"], "a");
+    assert_eq!(audit[4]["error"], "Invalid request: not JSON");
+    assert_eq!(audit[5]["tool"], "security.socket_limit");
+    assert_eq!(audit[5]["args"], json!(["limit=connections"]));
 
     // No sandbox for another agent: nothing reaches the gateway.
     let r = s.sandbox.call_tool("b", call("secret", &["x"])).await;
     assert!(!r.success);
-    assert_eq!(audit_lines(&s.home).len(), 5);
+    assert_eq!(audit_lines(&s.home).len(), 6);
 
     // Once the gateway stops, the sandbox is no longer served.
     s.gw.shutdown().await.unwrap();
     let r = s.sandbox.call_tool("a", call("secret", &["x"])).await;
     assert!(!r.success, "{r:?}");
-    assert_eq!(audit_lines(&s.home).len(), 5);
+    assert_eq!(audit_lines(&s.home).len(), 6);
 }
 
 /// A memory sandbox whose `exec` of `boom` cannot be carried out (the backend's error,
