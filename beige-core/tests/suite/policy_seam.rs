@@ -10,9 +10,7 @@ use beige_core::api::tools::{CoreToolCall, ToolContext};
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
-use beige_core::policy::{
-    no_approver_message, Approver, Decision, Policy, PolicyRequest, Principal, ToolKind,
-};
+use beige_core::policy::{Approver, Decision, Policy, PolicyRequest, Principal, ToolKind};
 use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 use beige_protocol::socket::{ToolRequest, ToolResponse};
