@@ -229,8 +229,8 @@ impl GatewayBuilder {
         self
     }
 
-    /// Settle the policy's `Ask` decisions with `approver` (without one, a call the
-    /// policy asks about is refused).
+    /// Settle the policy's `Ask` decisions with `approver` instead of the built-in
+    /// approvals broker (which asks a person on the run's channel).
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
         self.approver = Some(approver);
         self

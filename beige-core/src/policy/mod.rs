@@ -14,8 +14,10 @@
 //!
 //! - `Allow` runs the call;
 //! - `Deny` refuses it with the reason (audited `denied`);
-//! - `Ask` goes to the gateway's [`Approver`] (`GatewayBuilder::approver`), whose answer
-//!   is final; without one the call is refused, saying it needs approval.
+//! - `Ask` goes to the embedder's [`Approver`] (`GatewayBuilder::approver`) when one is
+//!   set, whose answer is final; otherwise to the gateway's approvals broker
+//!   (`crate::approvals`): a person on the run's channel decides, and a run nobody
+//!   attends is denied at once.
 //!
 //! [`Policy::exposes`] answers a separate question: which tools an agent *sees* — the
 //! launchers in its sandbox and the tools its system prompt lists. By default a tool is
@@ -344,7 +346,7 @@ impl<P: Policy + ?Sized> Policy for Arc<P> {
 }
 
 /// Settles a [`Decision::Ask`]: its answer is final (anything but `Allow` refuses the
-/// call, with the answer's reason). A gateway without one refuses every `Ask`.
+/// call, with the answer's reason). Without one, the gateway's approvals broker asks a person.
 #[async_trait]
 pub trait Approver: Send + Sync + Debug {
     /// The final decision on `request`, which the policy asked about for `reason`.
