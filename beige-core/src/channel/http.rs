@@ -911,7 +911,7 @@ fn wants_sse(headers: &HeaderMap) -> bool {
 }
 
 /// One `AgentEvent` as an SSE event: `event: <type>`, `data: <the event as JSON>`.
-fn sse_event(e: &AgentEvent) -> Event {
+fn sse_event<T: serde::Serialize>(e: &T) -> Event {
     let value = serde_json::to_value(e).unwrap_or_else(
         |err| json!({"type": "error", "message": format!("could not encode an event: {err}")}),
     );
@@ -972,15 +972,7 @@ async fn decide_approval(
 
 async fn approval_events(State(s): State<Shared>) -> ApiResult {
     let stream = s.gateway.approval_events().await?;
-    let events = stream.map(|e| {
-        let value = serde_json::to_value(&e).unwrap_or_default();
-        let kind = value
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("message")
-            .to_string();
-        Ok::<Event, Infallible>(Event::default().event(kind).data(value.to_string()))
-    });
+    let events = stream.map(|e| Ok::<Event, Infallible>(sse_event(&e)));
     let mut r = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
         .into_response();
