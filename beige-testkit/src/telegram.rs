@@ -390,17 +390,38 @@ impl FakeTelegram {
     }
 
     /// Wait for a message (as it is now) that satisfies `pred`, and return it.
+    ///
+    /// # Panics
+    ///
+    /// After [`Self::WAIT_LIMIT`] without such a message, listing the messages there are, so
+    /// a test that misses its message fails with the evidence instead of hanging.
     pub async fn wait_for_message(&self, pred: impl Fn(&SentMessage) -> bool) -> SentMessage {
         let mut rx = self.shared.version.subscribe();
-        loop {
-            if let Some(m) = self.messages().into_iter().find(|m| pred(m)) {
-                return m;
+        let wait = async {
+            loop {
+                if let Some(m) = self.messages().into_iter().find(|m| pred(m)) {
+                    return m;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
             }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        };
+        match tokio::time::timeout(Self::WAIT_LIMIT, wait).await {
+            Ok(m) => m,
+            Err(_) => panic!(
+                "no matching message within {:?}; the bot sent: {:#?}",
+                Self::WAIT_LIMIT,
+                self.messages()
+                    .iter()
+                    .map(|m| (m.chat_id, m.visible.clone()))
+                    .collect::<Vec<_>>()
+            ),
         }
     }
+
+    /// How long [`Self::wait_for_message`] waits before it fails the test.
+    pub const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 }
 
 /// Check `text` the way Telegram parses `parse_mode: "HTML"`. Returns the visible text.

@@ -158,6 +158,17 @@ impl Harness {
         Some(h)
     }
 
+    /// Wait until the channel is up (it has polled once): a gateway event raised before
+    /// that would race the channel's start.
+    async fn polling(&self) {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            self.tg.wait_until(|t| !t.calls_to("getUpdates").is_empty()),
+        )
+        .await
+        .expect("the Telegram channel never polled");
+    }
+
     fn start(&mut self) {
         let ch = self.channel.clone();
         let gw: Arc<dyn GatewayFull> = self.gw.clone();
@@ -1166,6 +1177,7 @@ async fn an_unattended_prompt_is_denied_at_once_and_the_owner_is_told() {
     else {
         return;
     };
+    h.polling().await;
     let started = std::time::Instant::now();
     // A plain prompt (no approvals stream), with BEIGE_* looking attended changes nothing.
     let events =

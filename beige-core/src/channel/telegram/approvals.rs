@@ -148,14 +148,7 @@ impl Ctx {
 
 /// Edit requests decided elsewhere, and report unattended denials to the notify chats,
 /// until the channel stops.
-pub(crate) async fn follow(ctx: Arc<Ctx>) {
-    let mut events = match ctx.gateway.approval_events().await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!(error = %e, "this gateway has no approval events; Telegram shows only its own");
-            return;
-        }
-    };
+pub(crate) async fn follow(ctx: Arc<Ctx>, mut events: beige_client::ApprovalEventStream) {
     while let Some(event) = events.next().await {
         match event {
             ApprovalEvent::ApprovalDecided { approval } => ctx.show_settled(&approval).await,

@@ -529,7 +529,14 @@ impl Channel for TelegramChannel {
             queues: Mutex::default(),
             approval_messages: Mutex::default(),
         });
-        spawn_until(&token, approvals::follow(ctx.clone()));
+        // Subscribe before the first update is polled, so no report raised from then on is
+        // missed by a follower task that has not been scheduled yet.
+        match ctx.gateway.approval_events().await {
+            Ok(events) => spawn_until(&token, approvals::follow(ctx.clone(), events)),
+            Err(e) => {
+                tracing::debug!(error = %e, "this gateway has no approval events; Telegram shows only its own")
+            }
+        }
         let (tx, mut rx) = mpsc::unbounded_channel();
         for r in recovered {
             let _ = tx.send(r);
