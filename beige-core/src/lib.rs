@@ -134,6 +134,7 @@ pub mod home;
 pub mod hooks;
 pub mod ident;
 pub mod llm;
+mod platform;
 pub mod plugin;
 pub mod policy;
 mod principal;

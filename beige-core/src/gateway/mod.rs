@@ -12,6 +12,7 @@
 #[cfg(feature = "egress")]
 pub(crate) mod egress;
 mod error;
+mod platform_host;
 mod prompt;
 mod sandbox_host;
 mod serve;
@@ -28,7 +29,7 @@ pub use serve::{
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -283,6 +284,8 @@ impl GatewayBuilder {
             }
         }
         let mut ordered: Vec<Arc<dyn Plugin>> = Vec::new();
+        // The platform tools reach the gateway through this once it is built.
+        let platform = crate::platform::HostSlot::default();
         let mut package_dirs = loaded.package_dirs;
         for (name, entry) in &config.plugins {
             if let Some(i) = extra.iter().position(|p| p.name() == name) {
@@ -293,6 +296,13 @@ impl GatewayBuilder {
                     .map_err(|e| SandboxError::host(&dir, e))?;
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
+            } else if let Some(plugin) = entry
+                .path
+                .is_none()
+                .then(|| crate::platform::builtin_plugin(name, &platform))
+                .flatten()
+            {
+                ordered.push(plugin);
             } else if let Some(plugin) = crate::channel::builtin_plugin(name, entry) {
                 ordered.push(plugin);
             }
@@ -507,6 +517,7 @@ impl GatewayBuilder {
             egress,
             execs: Arc::new(ExecRegistry::new()),
         });
+        platform.set(Arc::downgrade(&inner) as Weak<dyn crate::platform::Host>);
         // The backend serves the sandboxes' tool calls through the gateway, which it
         // holds without keeping alive.
         let report = inner
@@ -1521,6 +1532,7 @@ impl Inner {
             .call_config(&self.config, agent, &request.tool);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let tool_name = request.tool.clone();
+        let exec_id = caller.exec.as_ref().map(|e| e.as_str().to_string());
         let run = async move {
             let Some(registered) = registered else {
                 return Ok(ToolResult::fail(format!("Unknown tool: {tool_name}"), 1));
@@ -1534,6 +1546,7 @@ impl Inner {
                 workspace,
                 session,
                 config: tool_config,
+                exec: exec_id,
             };
             match tokio::time::timeout(limit, registered.tool.call(call)).await {
                 Ok(Ok(result)) => Ok(result),

@@ -643,6 +643,7 @@ mod tests {
             workspace: ws.path().to_path_buf(),
             session: Default::default(),
             config: serde_json::json!({}),
+            exec: None,
         };
         let r = tool
             .call(call(&["env | sort | cut -d= -f1; pwd; cat"], Some("sub")))

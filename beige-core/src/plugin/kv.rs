@@ -446,6 +446,7 @@ mod tests {
                     ..SessionInfo::default()
                 },
                 config: self.registry.call_config(&self.config, agent, "kv"),
+                exec: None,
             };
             self.registry
                 .tool("kv")
@@ -564,6 +565,7 @@ mod tests {
                 ..SessionInfo::default()
             },
             config: json!({}),
+            exec: None,
         };
         let err = kv
             .registry
@@ -641,6 +643,7 @@ mod tests {
                     ..SessionInfo::default()
                 },
                 config: json!({"maxKeys": "lots"}),
+                exec: None,
             })
             .await
             .unwrap_err();
@@ -702,6 +705,7 @@ mod tests {
                     ..SessionInfo::default()
                 },
                 config: json!({"maxBytes": -1}),
+                exec: None,
             })
             .await
             .unwrap_err();

@@ -75,6 +75,10 @@ pub struct ToolCall {
     pub session: SessionInfo,
     /// The plugin's config deep-merged with the agent's `pluginConfigs` entry.
     pub config: serde_json::Value,
+    /// The exec the caller belongs to, as the kernel attributed it (never what the
+    /// request claims); `None` for a caller outside every exec, and for calls the
+    /// gateway makes itself.
+    pub exec: Option<String>,
 }
 
 pub use crate::hooks::RegisteredHooks;

@@ -805,6 +805,7 @@ async fn the_telegram_tool_and_proactive_messages_use_the_outbox() {
         workspace: workspace.clone(),
         session,
         config: json!({"allowedChats": [-100777], "agentMapping": {"default": "a"}}),
+        exec: None,
     };
     let in_chat = SessionInfo {
         agent: "a".into(),
