@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 pub use beige_client::llm::ModelInfo;
 
-/// The date the prices of [`BUILTIN`] were last checked against the providers' lists.
+/// The date the built-in prices were last checked against the providers' lists.
 pub const PRICES_AS_OF: &str = "2025-06-01";
 
 /// One built-in entry; the longest matching id prefix wins, so dated ids
