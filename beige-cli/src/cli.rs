@@ -93,7 +93,7 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<EgressCommand>,
     },
-    /// Dry-run an agent's rules (agents.<a>.policy): would a tool call be allowed, need
+    /// Dry-run an agent's rules (`agents.<a>.policy`): would a tool call be allowed, need
     /// approval or be refused?
     Policy {
         #[command(subcommand)]
