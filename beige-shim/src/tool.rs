@@ -17,6 +17,13 @@
 //! reached, 126 protocol error. The gateway's codes pass through, e.g. 77 when a budget
 //! (`budgets.exec.toolCalls`) refused the call; `BEIGE_EXEC_ID` goes along as the
 //! request's advisory `execId`.
+//!
+//! A few tools take a file of text by path: `spawn --message-file PATH` and `schedule
+//! add … --prompt-file PATH` ([`FILE_FLAGS`]). The client reads that file **here, in the
+//! sandbox**, as the calling user, sends its bytes as the request's stdin and drops the
+//! flag and its path from the arguments, so the gateway never opens a path an agent named
+//! (`~/` is the sandbox's `$HOME`). A file that cannot be read (missing, not a regular
+//! file, over [`MAX_STDIN_BYTES`]) fails the call with exit code 2 before anything is sent.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -61,6 +68,13 @@ pub const EXIT_TIMEOUT: i32 = 124;
 pub const EXIT_UNREACHABLE: i32 = 125;
 /// The connection broke or the reply was not a tool response.
 pub const EXIT_PROTOCOL: i32 = 126;
+
+/// The flags whose value is a file read in the sandbox and sent as the request's stdin:
+/// `(tool, flag)` (platform.md §4). Only the first word of the tool's name counts, so
+/// `spawn` and `schedule` here; the flag may be given as `--flag PATH` or `--flag=PATH`,
+/// once, before any `--`.
+pub const FILE_FLAGS: &[(&str, &str)] =
+    &[("spawn", "--message-file"), ("schedule", "--prompt-file")];
 
 /// Session variables and the `sessionContext` fields they fill.
 const SESSION_KEY_ENV: &str = "BEIGE_SESSION_KEY";
@@ -122,11 +136,15 @@ pub fn run(tool: &OsStr, args: &[OsString]) -> i32 {
 /// Builds the request, exchanges it with the gateway and writes the result.
 fn call(tool: &str, args: &[OsString]) -> Result<i32, Failure> {
     let timeout = timeout_from_env()?;
-    let mut request = ToolRequest::new(tool, utf8_args(args)?);
+    let (args, file) = take_file_flag(tool, utf8_args(args)?)?;
+    let stdin = match file {
+        Some(path) => Some(read_flag_file(tool, &path)?),
+        None => read_stdin()?,
+    };
+    let mut request = ToolRequest::new(tool, args);
     request.session_context = session_context(env_string);
     request.cwd = current_relative_dir()?;
-    request.stdin =
-        read_stdin()?.map(|data| base64::engine::general_purpose::STANDARD.encode(data));
+    request.stdin = stdin.map(|data| base64::engine::general_purpose::STANDARD.encode(data));
 
     let socket = std::env::var_os(SOCKET_ENV)
         .filter(|v| !v.is_empty())
@@ -155,6 +173,103 @@ fn utf8_args(args: &[OsString]) -> Result<Vec<String>, Failure> {
             })
         })
         .collect()
+}
+
+/// `args` without the tool's file flag ([`FILE_FLAGS`]) and its value, and that value
+/// (`(flag, path)`), if the flag was given.
+fn take_file_flag(
+    tool: &str,
+    args: Vec<String>,
+) -> Result<(Vec<String>, Option<(&'static str, String)>), Failure> {
+    let Some(&(_, flag)) = FILE_FLAGS.iter().find(|(t, _)| *t == tool) else {
+        return Ok((args, None));
+    };
+    let mut kept = Vec::with_capacity(args.len());
+    let mut found: Option<String> = None;
+    let mut rest = args.into_iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--" {
+            kept.push(arg);
+            kept.extend(rest.by_ref());
+            break;
+        }
+        let value = if arg == flag {
+            Some(rest.next().ok_or_else(|| {
+                Failure::new(EXIT_USAGE, format!("{flag} needs a path after it."))
+            })?)
+        } else {
+            arg.strip_prefix(flag)
+                .and_then(|v| v.strip_prefix('='))
+                .map(str::to_owned)
+        };
+        match value {
+            Some(_) if found.is_some() => {
+                return Err(Failure::new(
+                    EXIT_USAGE,
+                    format!("{flag} is given twice; give one file."),
+                ))
+            }
+            Some(v) if v.is_empty() => {
+                return Err(Failure::new(
+                    EXIT_USAGE,
+                    format!("{flag} needs a path after it."),
+                ))
+            }
+            Some(v) => found = Some(v),
+            None => kept.push(arg),
+        }
+    }
+    Ok((kept, found.map(|path| (flag, path))))
+}
+
+/// `path` with a leading `~/` (or a lone `~`) taken as `home`.
+fn expand_home(path: &str, home: Option<&OsStr>) -> PathBuf {
+    match (path.strip_prefix('~'), home) {
+        (Some(""), Some(home)) => PathBuf::from(home),
+        (Some(rest), Some(home)) if rest.starts_with('/') => {
+            Path::new(home).join(rest.trim_start_matches('/'))
+        }
+        _ => PathBuf::from(path),
+    }
+}
+
+/// Read the file a [`FILE_FLAGS`] flag names, here in the sandbox: a regular file of at
+/// most [`MAX_STDIN_BYTES`]. Opened without blocking, so a FIFO cannot hang the call.
+fn read_flag_file(tool: &str, (flag, path): &(&'static str, String)) -> Result<Vec<u8>, Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+    let full = expand_home(path, home.as_deref());
+    let fail = |why: String| {
+        Failure::new(
+            EXIT_USAGE,
+            format!(
+                "cannot read {flag} {path} ({}): {why}; the file is read inside the sandbox, \
+                 and nothing was sent to {tool}.",
+                full.display()
+            ),
+        )
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&full)
+        .map_err(|err| fail(err.to_string()))?;
+    let meta = file.metadata().map_err(|err| fail(err.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("it is not a regular file".into()));
+    }
+    let limit = u64::try_from(MAX_STDIN_BYTES).unwrap_or(u64::MAX);
+    let mut data = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut data)
+        .map_err(|err| fail(err.to_string()))?;
+    if data.len() > MAX_STDIN_BYTES {
+        return Err(fail(format!(
+            "it is larger than {} MiB, the most a tool call may carry",
+            MAX_STDIN_BYTES / (1024 * 1024)
+        )));
+    }
+    Ok(data)
 }
 
 /// A variable's value when it is set, non-empty and UTF-8.
@@ -599,6 +714,96 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&session_context(exec_only).unwrap()).unwrap(),
             r#"{"execId":"x1f"}"#
+        );
+    }
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn file_flags_are_taken_out_of_the_arguments() {
+        let take = |tool: &str, a: &[&str]| take_file_flag(tool, strings(a));
+        let (args, file) = take("spawn", &["--target", "r", "--message-file", "~/m.txt"]).unwrap();
+        assert_eq!(args, strings(&["--target", "r"]));
+        assert_eq!(file, Some(("--message-file", "~/m.txt".to_string())));
+        let (args, file) = take(
+            "schedule",
+            &["add", "--prompt-file=p.md", "--cron", "0 8 * * *"],
+        )
+        .unwrap();
+        assert_eq!(args, strings(&["add", "--cron", "0 8 * * *"]));
+        assert_eq!(file, Some(("--prompt-file", "p.md".to_string())));
+        // Other tools, other flags and words after `--` are left alone.
+        let (args, file) = take("kv", &["set", "--message-file", "x"]).unwrap();
+        assert_eq!((args.len(), file), (3, None));
+        let (args, file) = take("spawn", &["--prompt-file", "x"]).unwrap();
+        assert_eq!((args.len(), file), (2, None));
+        let (args, file) = take("spawn", &["--", "--message-file", "x"]).unwrap();
+        assert_eq!((args.len(), file), (3, None));
+        for bad in [
+            &["--message-file"][..],
+            &["--message-file="],
+            &["--message-file", "a", "--message-file=b"],
+        ] {
+            let err = take("spawn", bad).unwrap_err();
+            assert_eq!(err.code, EXIT_USAGE, "{bad:?}");
+            assert!(err.message.contains("--message-file"), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn flag_files_are_read_here_or_the_call_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().as_os_str();
+        assert_eq!(
+            expand_home("~/.beige/config.json5", Some(home)),
+            dir.path().join(".beige/config.json5")
+        );
+        assert_eq!(expand_home("~", Some(home)), dir.path());
+        assert_eq!(
+            expand_home("~other/x", Some(home)),
+            PathBuf::from("~other/x")
+        );
+        assert_eq!(expand_home("~/x", None), PathBuf::from("~/x"));
+
+        let file = dir.path().join("m.txt");
+        std::fs::write(&file, "hello from the sandbox\n").unwrap();
+        let flag = |p: &Path| ("--message-file", p.to_str().unwrap().to_string());
+        assert_eq!(
+            read_flag_file("spawn", &flag(&file)).unwrap(),
+            b"hello from the sandbox\n"
+        );
+        let missing = read_flag_file("spawn", &flag(&dir.path().join("nope"))).unwrap_err();
+        assert_eq!(missing.code, EXIT_USAGE);
+        assert!(
+            missing.message.contains("cannot read --message-file"),
+            "{}",
+            missing.message
+        );
+        assert!(
+            missing.message.contains("nothing was sent to spawn"),
+            "{}",
+            missing.message
+        );
+        let not_file = read_flag_file("spawn", &flag(dir.path())).unwrap_err();
+        assert!(
+            not_file.message.contains("not a regular file"),
+            "{}",
+            not_file.message
+        );
+        // A FIFO with no writer fails at once instead of hanging.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = read_flag_file("spawn", &flag(&fifo)).unwrap_err();
+        assert!(
+            err.message.contains("not a regular file"),
+            "{}",
+            err.message
         );
     }
 

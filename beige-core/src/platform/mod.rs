@@ -13,7 +13,7 @@
 //! an agent named: files an agent hands a tool are read in the sandbox and arrive as the
 //! call's stdin.
 
-#![allow(dead_code)] // until the first platform tool lands on this seam
+pub(crate) mod sessions;
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -21,13 +21,36 @@ use async_trait::async_trait;
 
 use crate::config::Config;
 use crate::plugin::{Plugin, ToolError};
+use crate::store::{SessionRecord, StoredMessage};
 
 /// What a platform tool may ask of the gateway. Implemented by the gateway; each tool
 /// adds the operations it needs.
 #[async_trait]
 pub(crate) trait Host: Send + Sync {
     /// The configuration the gateway runs with.
+    #[allow(dead_code)] // for the schedule and spawn tools
     fn config(&self) -> &Config;
+
+    /// Every session of `agent`, newest (by creation) first, read through the store.
+    async fn agent_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, ToolError>;
+
+    /// The session of `agent` that `key_or_id` names: a session id, or a session key
+    /// (its current session, else the newest of the agent's with that key). `None` when
+    /// there is none **or it belongs to another agent**: the two are not told apart.
+    async fn agent_session(
+        &self,
+        agent: &str,
+        key_or_id: &str,
+    ) -> Result<Option<SessionRecord>, ToolError>;
+
+    /// The messages of `agent`'s session `id` in order (compacted ones too when
+    /// `include_compacted`); `None` when the session is missing or another agent's.
+    async fn agent_session_messages(
+        &self,
+        agent: &str,
+        id: &str,
+        include_compacted: bool,
+    ) -> Result<Option<Vec<StoredMessage>>, ToolError>;
 }
 
 /// Where a platform tool finds the gateway: empty while the gateway is being built,
@@ -60,7 +83,9 @@ impl HostSlot {
 
 /// The built-in platform plugin called `name`, if there is one, wired to `host`.
 pub(crate) fn builtin_plugin(name: &str, host: &HostSlot) -> Option<Arc<dyn Plugin>> {
-    // Each tool adds its arm here: `"sessions" => Some(Arc::new(SessionsPlugin::new(host.clone())))`.
-    let _ = (name, host);
-    None
+    // Each tool adds its arm here.
+    match name {
+        sessions::NAME => Some(Arc::new(sessions::SessionsPlugin::new(host.clone()))),
+        _ => None,
+    }
 }

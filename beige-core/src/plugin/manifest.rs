@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// Plugins built into the `beige` binary, enabled by name without a `path`.
-pub const BUILTIN: [&str; 2] = ["kv", "telegram"];
+pub const BUILTIN: [&str; 3] = ["kv", "telegram", "sessions"];
 
 /// The manifest file every plugin folder holds.
 pub const MANIFEST_FILE: &str = "plugin.json";
