@@ -22,6 +22,7 @@ mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
 mod serve;
+mod sessions_tool;
 mod support;
 mod telegram;
 mod tools_socket;
