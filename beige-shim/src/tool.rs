@@ -175,12 +175,15 @@ fn utf8_args(args: &[OsString]) -> Result<Vec<String>, Failure> {
         .collect()
 }
 
+/// A [`FILE_FLAGS`] flag as given: the flag and the path after it.
+type FlagFile = (&'static str, String);
+
 /// `args` without the tool's file flag ([`FILE_FLAGS`]) and its value, and that value
 /// (`(flag, path)`), if the flag was given.
 fn take_file_flag(
     tool: &str,
     args: Vec<String>,
-) -> Result<(Vec<String>, Option<(&'static str, String)>), Failure> {
+) -> Result<(Vec<String>, Option<FlagFile>), Failure> {
     let Some(&(_, flag)) = FILE_FLAGS.iter().find(|(t, _)| *t == tool) else {
         return Ok((args, None));
     };
@@ -235,7 +238,7 @@ fn expand_home(path: &str, home: Option<&OsStr>) -> PathBuf {
 
 /// Read the file a [`FILE_FLAGS`] flag names, here in the sandbox: a regular file of at
 /// most [`MAX_STDIN_BYTES`]. Opened without blocking, so a FIFO cannot hang the call.
-fn read_flag_file(tool: &str, (flag, path): &(&'static str, String)) -> Result<Vec<u8>, Failure> {
+fn read_flag_file(tool: &str, (flag, path): &FlagFile) -> Result<Vec<u8>, Failure> {
     use std::os::unix::fs::OpenOptionsExt;
     let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
     let full = expand_home(path, home.as_deref());

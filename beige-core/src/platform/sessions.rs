@@ -187,9 +187,13 @@ fn max_calls_per_exec(config: &Value) -> Result<u64, ToolError> {
     }
 }
 
-/// Calls per exec: `(agent, exec)` → calls so far, the oldest execs forgotten first.
+/// `(agent, exec id)`.
+type ExecKey = (String, String);
+
+/// Calls per exec: `(agent, exec)` → calls so far, and the execs in the order they
+/// first called, so the oldest are forgotten first.
 #[derive(Debug, Default)]
-struct ExecCalls(Mutex<(HashMap<(String, String), u64>, VecDeque<(String, String)>)>);
+struct ExecCalls(Mutex<(HashMap<ExecKey, u64>, VecDeque<ExecKey>)>);
 
 impl ExecCalls {
     /// Count one call of `exec`; `Err(calls so far)` when it already made `limit`.

@@ -443,12 +443,15 @@ async fn sessions_get_all_includes_compacted_messages() {
     assert!(text.contains("compacted ones included"), "{text}");
 }
 
+/// The calls a [`Recorder`] saw: arguments and stdin.
+type Seen = Arc<Mutex<Vec<(Vec<String>, Option<String>)>>>;
+
 /// A test tool under a platform tool's name (`spawn`, `schedule`): it records the
 /// arguments and stdin it was handed.
 #[derive(Debug)]
 struct Recorder {
     name: &'static str,
-    seen: Arc<Mutex<Vec<(Vec<String>, Option<String>)>>>,
+    seen: Seen,
 }
 
 #[async_trait]
@@ -473,7 +476,7 @@ impl Tool for Recorder {
 }
 
 #[derive(Debug)]
-struct RecorderPlugin(&'static str, Arc<Mutex<Vec<(Vec<String>, Option<String>)>>>);
+struct RecorderPlugin(&'static str, Seen);
 
 #[async_trait]
 impl Plugin for RecorderPlugin {
@@ -525,7 +528,7 @@ async fn message_file_in_sandbox() {
         &gw,
         "a",
         "mkdir -p ~/.beige && printf 'sandbox text only' > ~/.beige/config.json5 && \
-         spawn --target researcher --message-file ~/.beige/config.json5; echo rc=$?; \
+         spawn --target researcher --message-file '~/.beige/config.json5'; echo rc=$?; \
          schedule add --cron '0 8 * * *' --prompt-file=/workspace/.beige/config.json5; echo rc=$?",
     )
     .await;
@@ -547,7 +550,7 @@ async fn message_file_in_sandbox() {
     // Host paths mean nothing in the sandbox: the call fails there and is never sent.
     let cmd = format!(
         "spawn --target researcher --message-file {}; echo rc=$?; rm ~/.beige/config.json5; \
-         spawn --target researcher --message-file ~/.beige/config.json5; echo rc=$?; \
+         spawn --target researcher --message-file '~/.beige/config.json5'; echo rc=$?; \
          spawn --target researcher --message-file /dev/zero; echo rc=$?",
         host_file.display()
     );
