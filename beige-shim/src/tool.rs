@@ -95,6 +95,8 @@ pub const USAGE: &str = concat!(
     "  At most 8 MiB. BEIGE_TOOL_STDIN=1 always reads stdin (slow producers),\n",
     "  BEIGE_TOOL_STDIN=0 never does. In a `while read` loop, call tools with `< /dev/null`.\n",
     "  BEIGE_TOOL_TIMEOUT=<seconds> limits the wait for the reply (default: none).\n",
+    "  spawn --message-file PATH, schedule … --prompt-file PATH: the file is read here, in\n",
+    "  the sandbox (~/ is $HOME), and sent as stdin; the flag is not forwarded.\n",
     "  Own exit codes: 2 invalid invocation, 124 timeout, 125 gateway unreachable,\n",
     "  126 protocol error.",
 );

@@ -637,7 +637,7 @@ fn entries_without_a_path_are_reported_clearly() {
     let e = load_plugins(&c, &home).unwrap_err().to_string();
     assert!(
         e.starts_with(
-            "plugin 'wether': has no `path` and is not a built-in plugin (built-in: kv, telegram)"
+            "plugin 'wether': has no `path` and is not a built-in plugin (built-in: kv, telegram, sessions)"
         ),
         "{e}"
     );
