@@ -296,9 +296,7 @@ impl GatewayBuilder {
                     .map_err(|e| SandboxError::host(&dir, e))?;
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
-            } else if let Some(plugin) = entry
-                .path
-                .is_none()
+            } else if let Some(plugin) = crate::platform::serves(name, entry)
                 .then(|| crate::platform::builtin_plugin(name, &platform))
                 .flatten()
             {

@@ -81,11 +81,63 @@ impl HostSlot {
     }
 }
 
+/// The names of the platform tools, which are always built in.
+pub(crate) const NAMES: [&str; 3] = ["schedule", "spawn", "sessions"];
+
+/// Whether the gateway serves plugin entry `name` with its built-in platform tool: the
+/// entry has no `path`, or it names the original's toolkit (whose TypeScript `schedule`,
+/// `spawn` and `sessions` read host files on the agent's behalf, and are never loaded).
+pub(crate) fn serves(name: &str, entry: &crate::config::PluginEntry) -> bool {
+    NAMES.contains(&name)
+        && (entry.path.is_none()
+            || entry
+                .source
+                .as_deref()
+                .is_some_and(|s| s.starts_with(crate::plugin::TOOLKIT_NPM_SOURCE)))
+}
+
 /// The built-in platform plugin called `name`, if there is one, wired to `host`.
 pub(crate) fn builtin_plugin(name: &str, host: &HostSlot) -> Option<Arc<dyn Plugin>> {
     // Each tool adds its arm here.
     match name {
         sessions::NAME => Some(Arc::new(sessions::SessionsPlugin::new(host.clone()))),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PluginEntry;
+
+    fn entry(path: Option<&str>, source: Option<&str>) -> PluginEntry {
+        PluginEntry {
+            path: path.map(Into::into),
+            source: source.map(Into::into),
+            ..PluginEntry::default()
+        }
+    }
+
+    #[test]
+    fn the_toolkit_versions_are_never_loaded_but_served_built_in() {
+        let toolkit = "npm:@matthias-hausberger/beige-toolkit@0.4.1";
+        for name in NAMES {
+            assert!(serves(name, &entry(None, None)), "{name} without a path");
+            // An old install left a path to the TypeScript plugin, which read host files.
+            assert!(
+                serves(
+                    name,
+                    &entry(Some("/home/u/.beige/plugins/x"), Some(toolkit))
+                ),
+                "{name} from the toolkit"
+            );
+            // A plugin of the user's own under that name is theirs to load.
+            assert!(
+                !serves(name, &entry(Some("./my-plugin"), None)),
+                "{name} own"
+            );
+        }
+        assert!(!serves("kv", &entry(None, None)));
+        assert!(!serves("gh", &entry(Some("/x"), Some(toolkit))));
     }
 }

@@ -72,7 +72,7 @@ pub fn load_plugins(config: &Config, home: &BeigeHome) -> Result<LoadedPlugins, 
                 message: "the built-in telegram channel is not compiled in (cargo feature `telegram`); enable it in the dependency on beige-core, or remove plugins.telegram".into(),
             });
         }
-        if name == "telegram" && toolkit {
+        if (name == "telegram" && toolkit) || crate::platform::serves(name, entry) {
             continue;
         }
         let Some(dir) = &entry.path else {
