@@ -240,6 +240,26 @@ pub enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check the audit log's hash chain and signed checkpoints offline; names the first
+    /// changed, deleted, reordered or forged record
+    #[command(
+        after_help = "Exit status: 0 intact, 1 tampered, 2 unreadable or bad usage.\n\nExamples:\n  beige audit verify\n  beige audit verify --pubkey ~/audit.pub copy/audit.jsonl.2 copy/audit.jsonl.1 copy/audit.jsonl"
+    )]
+    Verify {
+        /// Log files in seq order, oldest first [default: <BEIGE_HOME>/logs/audit.jsonl.N
+        /// … .1, then audit.jsonl, checked against the head the gateway stored]
+        files: Vec<PathBuf>,
+        /// The public key (base64, as `beige audit pubkey` prints it) [default:
+        /// <BEIGE_HOME>/keys/audit_ed25519.pub; keep a copy off the host]
+        #[arg(long, value_name = "FILE")]
+        pubkey: Option<PathBuf>,
+        /// Print the report as JSON ({ok, firstBad: {file, line, seq, reason}, range,
+        /// records, checkpoints, warnings})
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the public key that verifies the audit log's checkpoints
+    Pubkey,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,4 +1,6 @@
-//! `beige audit tail [-f] [--agent A] [-n N] [--json]`: the audit log for people.
+//! `beige audit tail [-f] [--agent A] [-n N] [--json]`: the audit log for people;
+//! `beige audit verify` and `beige audit pubkey`: its hash chain checked offline
+//! ([`beige_core::audit::chain`]).
 //!
 //! Reads `<BEIGE_HOME>/logs/audit.jsonl` (and its newest rotated file when the current
 //! one holds too few records) directly — no gateway needed. Each finished call becomes
@@ -132,6 +134,91 @@ fn follow_file(path: &Path, agent: Option<&str>, json: bool) -> Result<()> {
         }
         std::thread::sleep(logfile::POLL);
     }
+}
+
+/// The public key file of `home`.
+fn pubkey_path(home: &BeigeHome) -> std::path::PathBuf {
+    home.root()
+        .join("keys")
+        .join(beige_core::audit::chain::PUBKEY_FILE)
+}
+
+/// `beige audit verify`: exit 0 intact, 1 tampered, 2 unreadable or bad usage.
+pub fn verify(
+    home: &BeigeHome,
+    files: &[std::path::PathBuf],
+    pubkey: Option<&Path>,
+    json: bool,
+) -> Result<()> {
+    use beige_core::audit::chain;
+    let key_path = pubkey.map_or_else(|| pubkey_path(home), Path::to_path_buf);
+    let public = match std::fs::read_to_string(&key_path) {
+        Ok(text) => Some(chain::parse_public_key(&text).ok_or_else(|| {
+            Exit::new(
+                2,
+                format!(
+                    "error: {} is not an audit public key (base64 of 32 bytes, as `beige audit pubkey` prints it)",
+                    key_path.display()
+                ),
+            )
+        })?),
+        Err(_) if pubkey.is_none() => None,
+        Err(e) => {
+            return Err(Exit::new(
+                2,
+                format!("error: cannot read the public key {}: {e}", key_path.display()),
+            )
+            .into())
+        }
+    };
+    let (files, head) = if files.is_empty() {
+        let path = home.audit_log_path();
+        let files = chain::log_files(&path);
+        if files.is_empty() {
+            return Err(Exit::new(
+                2,
+                format!(
+                    "error: no audit log at {} — it is written when an agent's tools are first called.",
+                    path.display()
+                ),
+            )
+            .into());
+        }
+        let head_path = path.with_file_name(chain::HEAD_FILE);
+        (files, chain::Head::read(&head_path))
+    } else {
+        (files.to_vec(), None)
+    };
+    let report = chain::verify(&files, public.as_ref(), head.as_ref());
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", chain::summary(&report));
+    }
+    if report.ok {
+        Ok(())
+    } else {
+        Err(Exit::silent(1).into())
+    }
+}
+
+/// `beige audit pubkey`.
+pub fn pubkey(home: &BeigeHome) -> Result<()> {
+    let path = pubkey_path(home);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Exit::new(
+            2,
+            format!(
+                "error: no audit public key at {} ({e}) — the gateway makes its key pair when it first starts.",
+                path.display()
+            ),
+        )
+    })?;
+    print!("{text}");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -110,6 +110,17 @@ pub fn run(cli: Cli) -> Result<()> {
                     json,
                 }),
         }) => audit::tail(&home, follow, agent.as_deref(), lines, json),
+        Some(Command::Audit {
+            command:
+                Some(AuditCommand::Verify {
+                    files,
+                    pubkey,
+                    json,
+                }),
+        }) => audit::verify(&home, &files, pubkey.as_deref(), json),
+        Some(Command::Audit {
+            command: Some(AuditCommand::Pubkey),
+        }) => audit::pubkey(&home),
         Some(Command::Doctor(args)) => block_on(doctor::run(&home, config, args.agent.as_deref())),
         Some(Command::Egress { command: None }) => print_help(&["egress"]),
         Some(Command::Egress {

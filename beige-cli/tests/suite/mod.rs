@@ -2,6 +2,7 @@
 //! (`home/`), the user's home (`user/`) and any config files, and a way to run the real
 //! binary there with a clean environment.
 
+mod audit;
 mod config;
 mod daemon;
 mod demo;

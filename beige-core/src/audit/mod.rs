@@ -22,6 +22,8 @@ use sha2::Digest as _;
 
 use crate::vocab::ToolKind;
 
+pub mod chain;
+
 /// `started` before a call runs, `finished` after (or at once for a denied call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -415,8 +417,16 @@ pub struct JsonlAudit {
     retention: Duration,
     max_age: Duration,
     secrets: Vec<String>,
+    /// What appending needs, under one lock so that file order is `seq` order.
+    state: Mutex<WriterState>,
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
     /// When the current file was begun (for rotation by age), once known.
-    begun: Mutex<Option<SystemTime>>,
+    begun: Option<SystemTime>,
+    /// The hash chain, when the log is chained ([`JsonlAudit::chained`]).
+    chain: Option<chain::ChainWriter>,
 }
 
 /// Shortest value treated as a secret (shorter ones would redact ordinary words).
@@ -475,8 +485,22 @@ impl JsonlAudit {
             retention: Duration::ZERO,
             max_age: Duration::ZERO,
             secrets: secret_list(secrets),
-            begun: Mutex::new(None),
+            state: Mutex::new(WriterState::default()),
         }
+    }
+
+    /// Chain the records ([`chain`]): each line gets `seq`, `prev` and `hash`, signed
+    /// checkpoints are written with `key`, and the head is kept in `head_path`.
+    /// `installation` names the chain (its genesis and its checkpoints' origin).
+    pub fn chained(
+        self,
+        key: chain::SigningKey,
+        installation: impl Into<String>,
+        head_path: impl Into<PathBuf>,
+    ) -> Self {
+        let writer = chain::ChainWriter::new(key, installation.into(), head_path.into());
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).chain = Some(writer);
+        self
     }
 
     /// Never delete a rotated file whose last record is younger than this
@@ -600,35 +624,88 @@ impl JsonlAudit {
         }
     }
 
-    fn append(&self, line: &str) -> std::io::Result<()> {
-        let mut begun = self.begun.lock().unwrap_or_else(|e| e.into_inner());
-        if self.due(&mut begun) {
+    /// Append `record` (redacted, as JSON); returns the line written for it.
+    fn append(&self, record: serde_json::Value) -> std::io::Result<String> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let WriterState { begun, chain } = &mut *state;
+        let mut text = String::new();
+        if self.due(begun) {
+            if let Some(c) = chain.as_mut() {
+                let closing = c.closing_lines();
+                if !closing.is_empty() {
+                    if let Err(e) = append_to(&self.path, closing.as_bytes()) {
+                        c.forget();
+                        return Err(e);
+                    }
+                }
+            }
             self.rotate();
             *begun = None;
+            if let Some(c) = chain.as_mut() {
+                text.push_str(&c.opening_lines());
+            }
         }
+        let line = match chain.as_mut() {
+            Some(c) => {
+                let (lines, own) = c.lines_for(&self.path, record)?;
+                text.push_str(&lines);
+                own
+            }
+            None => {
+                let line = record.to_string();
+                text.push_str(&line);
+                text.push('\n');
+                line
+            }
+        };
         // Opened per record, so a log that became unwritable is noticed at once.
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.path)?;
+            .open(&self.path)
+            .inspect_err(|_| {
+                if let Some(c) = chain.as_mut() {
+                    c.forget();
+                }
+            })?;
         if begun.is_none() && !self.max_age.is_zero() {
             let empty = f.metadata().map(|m| m.len() == 0).unwrap_or(true);
             if empty {
                 *begun = Some(SystemTime::now());
             }
         }
-        let mut buf = Vec::with_capacity(line.len() + 1);
-        buf.extend_from_slice(line.as_bytes());
-        buf.push(b'\n');
-        f.write_all(&buf)
+        match f.write_all(text.as_bytes()) {
+            Ok(()) => {
+                if let Some(c) = chain.as_mut() {
+                    c.committed();
+                }
+                Ok(line)
+            }
+            Err(e) => {
+                if let Some(c) = chain.as_mut() {
+                    c.forget();
+                }
+                Err(e)
+            }
+        }
     }
+}
+
+/// Append `bytes` to the file at `path`.
+fn append_to(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(bytes)
 }
 
 #[async_trait]
 impl AuditSink for JsonlAudit {
     async fn record(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let line = self.line(record);
-        self.append(&line).map_err(|source| AuditError::Write {
+        let mut v = serde_json::to_value(record).unwrap_or_default();
+        redact_value(&self.secrets, &mut v);
+        let line = self.append(v).map_err(|source| AuditError::Write {
             path: self.path.display().to_string(),
             source,
         })?;

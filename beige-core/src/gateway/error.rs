@@ -26,6 +26,7 @@ engine_errors! {
     ConfigError => Config,
     PluginError => Plugin,
     AuditError => Audit,
+    crate::audit::chain::ChainError => Audit,
     SkillError => Skill,
     StoreError => Store,
     DiskLow => DiskLow,

@@ -325,6 +325,14 @@ impl GatewayBuilder {
         let policy: Arc<dyn Policy> = self
             .policy
             .unwrap_or_else(|| Arc::new(ConfigPolicy::from_config(&config)));
+        // Containers are named and labelled by installation, never by the home's path.
+        let (installation, created) = home.ensure_installation_id()?;
+        if created {
+            tracing::info!(
+                path = %home.installation_id_path().display(),
+                "created the installation id of this BEIGE_HOME (it had none: made before installation ids, or by an embedder)"
+            );
+        }
         let sink: Arc<dyn AuditSink> = match self.audit {
             Some(a) => a,
             None => {
@@ -332,6 +340,9 @@ impl GatewayBuilder {
                 std::fs::create_dir_all(&logs).map_err(|e| SandboxError::host(&logs, e))?;
                 let days = u64::from(config.gateway.audit.retention_days);
                 let hours = u64::from(config.gateway.audit.rotate_after_hours);
+                // The log is a hash chain with signed checkpoints (`beige audit verify`).
+                let key =
+                    crate::audit::chain::SigningKey::load_or_create(&home.root().join("keys"))?;
                 Arc::new(
                     JsonlAudit::new(
                         home.audit_log_path(),
@@ -340,7 +351,12 @@ impl GatewayBuilder {
                         secrets_of(&config),
                     )
                     .retention(Duration::from_secs(days * 86_400))
-                    .max_age(Duration::from_secs(hours * 3_600)),
+                    .max_age(Duration::from_secs(hours * 3_600))
+                    .chained(
+                        key,
+                        installation.as_str(),
+                        logs.join(crate::audit::chain::HEAD_FILE),
+                    ),
                 )
             }
         };
@@ -358,14 +374,6 @@ impl GatewayBuilder {
             .await?
             .with_watchdog(self.watchdog);
 
-        // Containers are named and labelled by installation, never by the home's path.
-        let (installation, created) = home.ensure_installation_id()?;
-        if created {
-            tracing::info!(
-                path = %home.installation_id_path().display(),
-                "created the installation id of this BEIGE_HOME (it had none: made before installation ids, or by an embedder)"
-            );
-        }
         let writable = crate::config::WritableTrees::of_config(&config, &home);
         let mut specs = Vec::with_capacity(config.agents.len());
         for (name, agent) in &config.agents {

@@ -200,6 +200,7 @@ async fn the_model_writes_a_script_runs_it_and_answers() {
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| !beige_core::audit::chain::is_chain_record(v))
         .collect();
     let tools: Vec<(String, String)> = audit
         .iter()

@@ -40,6 +40,7 @@ fn audit(home: &BeigeHome) -> Vec<serde_json::Value> {
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| !beige_core::audit::chain::is_chain_record(v))
         .collect()
 }
 
