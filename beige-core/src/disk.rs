@@ -683,6 +683,8 @@ impl DiskGuard {
             args_truncated: None,
             egress: None,
             approval: None,
+            spawn: None,
+            parent_session: None,
             exec: None,
             attribution: None,
             decision,

@@ -27,6 +27,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::Egress => "EGRESS",
         AuditType::Budget => "BUDGET",
         AuditType::Approval => "APPROVAL",
+        AuditType::Spawn => "SPAWN",
     };
     let args = r
         .args

@@ -58,6 +58,8 @@ pub enum AuditType {
     /// `budget.<scope>.<key>` and `args` carry `scope=`, `key=`, `limit=`, `used=`,
     /// `sessionId=` and `turn=`.
     Budget,
+    /// A sub-agent's run (`phase: started | finished`), with its `spawn` object.
+    Spawn,
 }
 
 impl From<ToolKind> for AuditType {
@@ -167,6 +169,14 @@ pub struct AuditRecord {
     /// decided, refused, expired, consumed, unattended), with the approver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalAudit>,
+    /// On `type: spawn` records: `parent {agent, session, exec}`, `child {agent,
+    /// session}`, `depth`, `rights {tools, digest}`, and on `finished` records `status`
+    /// and `costMicros`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawn: Option<serde_json::Value>,
+    /// New in beige, on records of a sub-agent's calls: the session that spawned it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
 }
 
 /// The `approval` object of a `type: approval` record.
@@ -303,6 +313,8 @@ impl AuditRecord {
             args_truncated: None,
             egress: None,
             approval: None,
+            spawn: None,
+            parent_session: None,
             exec: None,
             attribution: None,
         }
@@ -907,6 +919,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Egress => "EGRESS",
         AuditType::Approval => "APPROVAL",
         AuditType::Budget => "BUDGET",
+        AuditType::Spawn => "SPAWN",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -1031,6 +1044,8 @@ mod tests {
             args_truncated: None,
             egress: None,
             approval: None,
+            spawn: None,
+            parent_session: None,
             exec: None,
             attribution: None,
         }

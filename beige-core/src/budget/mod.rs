@@ -36,6 +36,9 @@ pub enum Scope {
     AgentDay,
     /// One `exec` and what it starts.
     Exec,
+    /// A sub-agent's spawn budget (`pluginConfigs.spawn.targets.<NAME>.budget`), over
+    /// its own spending and its children's.
+    Spawn,
 }
 
 impl Scope {
@@ -46,6 +49,7 @@ impl Scope {
             Scope::Turn => "turn",
             Scope::AgentDay => "agent.day",
             Scope::Exec => "exec",
+            Scope::Spawn => "spawn",
         }
     }
 
@@ -55,6 +59,7 @@ impl Scope {
             Scope::Turn => "Turn",
             Scope::AgentDay => "Daily agent",
             Scope::Exec => "Exec",
+            Scope::Spawn => "Sub-agent",
         }
     }
 }
@@ -145,6 +150,13 @@ impl BudgetExhausted {
                 self.config_path()
             );
         }
+        if self.scope == Scope::Spawn {
+            return format!(
+                "Sub-agent budget of {} reached ({} used). Raise the target's budget in the parent agent's pluginConfigs.spawn.targets to continue.",
+                self.key.amount(self.limit),
+                self.key.used(self.used)
+            );
+        }
         format!(
             "{} budget of {} reached ({} used). Raise {} (or {}) to continue.",
             self.scope.label(),
@@ -160,7 +172,7 @@ impl BudgetExhausted {
         let wait = match self.scope {
             Scope::Session => " or start a new session (/new)",
             Scope::AgentDay => " or wait for the next day (UTC)",
-            Scope::Turn | Scope::Exec => " or ask for a smaller step",
+            Scope::Turn | Scope::Exec | Scope::Spawn => " or ask for a smaller step",
         };
         format!(
             "Raise {} in the gateway's config{wait}.",

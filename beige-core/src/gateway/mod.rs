@@ -16,6 +16,7 @@ mod platform_host;
 mod prompt;
 mod sandbox_host;
 mod serve;
+mod spawn;
 
 pub(crate) use beige_client::gateway::{
     Admin, AgentEventStream, AgentInfo, AllowedModel, Gateway, GatewayFull, Sessions,
@@ -270,6 +271,15 @@ impl GatewayBuilder {
         // External and command-tool plugins from their folders; one given to
         // `GatewayBuilder::plugin` with the same name wins.
         let mut extra = self.plugins;
+        // The built-in spawn tool (not one given in process under its name) checks its
+        // agents' `pluginConfigs.spawn` at load.
+        let spawn_built_in = !extra
+            .iter()
+            .any(|p| p.name() == crate::platform::spawn::NAME)
+            && config
+                .plugins
+                .get(crate::platform::spawn::NAME)
+                .is_some_and(|e| crate::platform::serves(crate::platform::spawn::NAME, e));
         let loaded = {
             // Entries provided in process (`GatewayBuilder::plugin`) need no folder.
             let mut folders = config.clone();
@@ -320,6 +330,9 @@ impl GatewayBuilder {
         .await?;
         let names: Vec<&str> = registry.tool_names().iter().map(String::as_str).collect();
         crate::config::validate_tools(&config, &config_file, &names)?;
+        if spawn_built_in {
+            crate::platform::spawn::validate_config(&config, &config_file)?;
+        }
         let skills = SkillSet::load(&config.skills, registry.skills().cloned())?;
 
         let policy: Arc<dyn Policy> = self
@@ -522,7 +535,10 @@ impl GatewayBuilder {
             #[cfg(feature = "egress")]
             egress,
             execs: Arc::new(ExecRegistry::new()),
+            spawn: spawn::SpawnState::default(),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = inner.me.set(Arc::downgrade(&inner));
         platform.set(Arc::downgrade(&inner) as Weak<dyn crate::platform::Host>);
         // The backend serves the sandboxes' tool calls through the gateway, which it
         // holds without keeping alive.
@@ -647,6 +663,10 @@ struct Inner {
     egress: Option<egress::GatewayEgress>,
     /// Every exec started, its session and root process: who a socket caller is.
     execs: Arc<ExecRegistry>,
+    /// Sub-agents: the children running and their rights.
+    spawn: spawn::SpawnState,
+    /// The gateway itself, for work a tool call starts (a sub-agent's prompt).
+    me: std::sync::OnceLock<Weak<Inner>>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]
@@ -952,6 +972,13 @@ impl Inner {
             args_truncated: None,
             egress: None,
             approval: None,
+            spawn: None,
+            // A sub-agent's calls name the session that spawned it.
+            parent_session: meta
+                .session
+                .as_deref()
+                .and_then(|k| self.child(k))
+                .map(|c| c.parent_key.clone()),
             exec: meta.exec.clone(),
             attribution: meta.attribution,
         }
@@ -1015,19 +1042,59 @@ impl Inner {
     /// goes to the embedder's approver when there is one, else to the approvals broker
     /// (denied at once in an unattended run). `Err` holds the refusal.
     async fn decide(&self, meta: &CallMeta<'_>) -> Result<(), Refusal> {
-        let request = PolicyRequest::new(meta.agent, meta.tool, meta.kind, &meta.args)
-            .with_session(meta.session.as_deref())
-            .with_channel(meta.channel.as_deref())
-            .with_model(meta.model.as_deref())
-            .with_principal(&meta.principal)
-            .with_exec(meta.exec.as_ref().map(|e| e.as_str()))
-            .with_cwd(meta.cwd.as_deref());
-        let decision = self.policy.check(&request).await;
+        // A sub-agent's call: its rights first (a tool its parent lacks is out), then
+        // its ancestors' rule sets with its own, strictest winning.
+        let child = match meta.session.as_deref() {
+            Some(key) => self.child_for_key(key).await,
+            None => None,
+        };
+        if let Some(child) = &child {
+            if meta.kind == ToolKind::Plugin && !child.rights.tools.contains(meta.tool) {
+                return Err(Refusal::denied(format!(
+                    "{}: not allowed for this sub-agent (parent lacks it)",
+                    meta.tool
+                )));
+            }
+        }
+        let request_of = |agent| {
+            PolicyRequest::new(agent, meta.tool, meta.kind, &meta.args)
+                .with_session(meta.session.as_deref())
+                .with_channel(meta.channel.as_deref())
+                .with_model(meta.model.as_deref())
+                .with_principal(&meta.principal)
+                .with_exec(meta.exec.as_ref().map(|e| e.as_str()))
+                .with_cwd(meta.cwd.as_deref())
+        };
+        let request = request_of(meta.agent);
+        let mut decision = self.policy.check(&request).await;
+        if let Some(child) = &child {
+            for ancestor in &child.rights.rule_agents {
+                if decision.is_deny() {
+                    break;
+                }
+                let theirs = self.policy.check(&request_of(ancestor)).await;
+                if theirs.is_deny() || (decision.is_allow() && !theirs.is_allow()) {
+                    decision = theirs;
+                }
+            }
+        }
         let reason = match decision {
             d if d.is_allow() => return Ok(()),
             d if d.is_deny() => return Err(Refusal::denied(d.into_reason())),
             ask => ask,
         };
+        // A sub-agent is unattended: nobody, its parent agent least, approves its asks.
+        if let Some(child) = &child {
+            let origin = format!(
+                "a sub-agent spawned by session '{}'; its parent agent cannot approve it",
+                child.parent_key
+            );
+            let result = self.ask_human(meta, reason, Some(&origin)).await;
+            if let Err(refusal) = &result {
+                child.note_denial(&refusal.message);
+            }
+            return result;
+        }
         if let Some(approver) = &self.approver {
             let d = approver.approve(&request, reason.reason()).await;
             return if d.is_allow() {
@@ -1036,12 +1103,18 @@ impl Inner {
                 Err(Refusal::denied(d.into_reason()))
             };
         }
-        self.ask_human(meta, reason).await
+        self.ask_human(meta, reason, meta.unattended.as_deref())
+            .await
     }
 
     /// An `Ask` with no embedder approver: the broker, or an at-once denial when no
     /// human is there to answer.
-    async fn ask_human(&self, meta: &CallMeta<'_>, ask: Decision) -> Result<(), Refusal> {
+    async fn ask_human(
+        &self,
+        meta: &CallMeta<'_>,
+        ask: Decision,
+        unattended: Option<&str>,
+    ) -> Result<(), Refusal> {
         let reason = ask.reason().to_string();
         let call = crate::approvals::CallFacts {
             agent: meta.agent.to_string(),
@@ -1064,7 +1137,7 @@ impl Inner {
             .as_deref()
             .map(|r| format!(", rule '{r}'"))
             .unwrap_or_default();
-        if let Some(origin) = &meta.unattended {
+        if let Some(origin) = unattended {
             self.approvals.report_unattended(&call, origin).await;
             return Err(Refusal::denied(format!(
                 "Permission denied: '{line}' needs approval, but this run is unattended ({origin}), so it was denied without waiting; the agent's owner was told. {reason}"

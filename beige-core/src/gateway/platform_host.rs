@@ -23,6 +23,22 @@ impl crate::platform::Host for Inner {
         &self.config
     }
 
+    async fn spawn(
+        &self,
+        request: crate::platform::spawn::SpawnRequest,
+    ) -> Result<crate::platform::spawn::SpawnReport, ToolError> {
+        self.run_spawn(request).await
+    }
+
+    async fn spawn_info(
+        &self,
+        agent: &str,
+        exec: Option<&str>,
+        config: &crate::platform::spawn::SpawnConfig,
+    ) -> Result<crate::plugin::ToolResult, ToolError> {
+        self.spawn_info_text(agent, exec, config).await
+    }
+
     async fn agent_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, ToolError> {
         let mut sessions = self
             .store

@@ -131,12 +131,21 @@ impl Inner {
         Ok(s)
     }
 
-    async fn prompt_tools(&self, agent: &str) -> Vec<PromptTool> {
+    /// The tools described to `agent`'s model; for a sub-agent only those of `only`
+    /// (its rights: a tool its parent lacks is left out).
+    async fn prompt_tools(
+        &self,
+        agent: &str,
+        only: Option<&std::collections::BTreeSet<String>>,
+    ) -> Vec<PromptTool> {
         let Some(a) = self.config.agents.get(agent) else {
             return Vec::new();
         };
         let mut tools = Vec::new();
         for t in &a.tools {
+            if only.is_some_and(|o| !o.contains(t)) {
+                continue;
+            }
             // A tool the policy does not expose is not described to the model either.
             if !self.policy.exposes(agent, t).await {
                 continue;
@@ -171,7 +180,7 @@ impl Inner {
 
     /// The tools block of an agent's system prompt.
     pub(crate) async fn tool_context(&self, agent: &str) -> String {
-        prompt::tool_context(&self.prompt_tools(agent).await)
+        prompt::tool_context(&self.prompt_tools(agent, None).await)
     }
 
     /// The skills block of an agent's system prompt.
@@ -181,8 +190,13 @@ impl Inner {
 
     /// The system prompt for an agent and session. The workspace's `AGENTS.md` is read
     /// off the runtime's threads, beneath a handle on the workspace (see `fsutil`).
-    pub(crate) async fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
-        let tools = self.prompt_tools(agent).await;
+    pub(crate) async fn system_prompt(
+        &self,
+        agent: &str,
+        session: &PromptSession,
+        only: Option<&std::collections::BTreeSet<String>>,
+    ) -> String {
+        let tools = self.prompt_tools(agent, only).await;
         let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let agents_md = tokio::task::spawn_blocking(move || prompt::read_agents_md(&workspace))
@@ -351,6 +365,8 @@ impl Inner {
             usage: *usage,
             cost_micros,
             unpriced: !info.priced,
+            // A sub-agent spends its parent's money: the parent's totals include it.
+            parent_session_id: session.parent_id.clone(),
         };
         self.ledger.record_usage(entry).await?;
         Ok(UsageTotals {
@@ -375,9 +391,11 @@ impl Inner {
     ) -> Result<Used, GatewayError> {
         let (needs_session, needs_day) = limits.needs_ledger();
         let session_totals = if needs_session {
+            // The session's sub-agents spend its money too.
             self.ledger
                 .usage_totals(LedgerFilter {
                     session_id: Some(session.id.clone()),
+                    with_children: true,
                     ..LedgerFilter::default()
                 })
                 .await?
@@ -496,6 +514,9 @@ impl Run<'_> {
 
         let session = inner.session_for(&agent_name, &key, &channel).await?;
         inner.register_prompt_session(&self.req);
+        // A sub-agent's session: its rights narrow the tools and add its ancestors'
+        // budgets.
+        let child = inner.child_of(&session).await?;
         let settings = inner.store.get_settings(&key).await?;
         let candidates = inner.candidates(&agent_name, settings.model_override.as_deref());
         let limits = Limits::for_agent(&inner.config, &agent_name);
@@ -519,6 +540,7 @@ impl Run<'_> {
                     chat_id: self.req.chat_id.clone(),
                     thread_id: self.req.thread_id.clone(),
                 },
+                child.as_ref().map(|c| &c.rights.tools),
             )
             .await;
 
@@ -582,6 +604,13 @@ impl Run<'_> {
                     .budget_use(&limits, &session, turn_used, started)
                     .await?;
                 if let Some(exhausted) = limits.exhausted(&agent_name, &used) {
+                    self.end_on_budget(&session, exchange, &turn_id, exhausted)
+                        .await?;
+                    return Ok(());
+                }
+            }
+            if let Some(child) = &child {
+                if let Some(exhausted) = inner.lineage_budget_exhausted(child).await? {
                     self.end_on_budget(&session, exchange, &turn_id, exhausted)
                         .await?;
                     return Ok(());
@@ -920,7 +949,7 @@ impl Run<'_> {
                     ),
                     w.key,
                 ),
-                Scope::Exec => false,
+                Scope::Exec | Scope::Spawn => false,
             };
             if !first {
                 continue;

@@ -176,6 +176,8 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 args_truncated: None,
                 egress: None,
                 approval: None,
+                spawn: None,
+                parent_session: None,
                 exec: None,
                 attribution: None,
             }

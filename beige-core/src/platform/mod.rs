@@ -14,6 +14,7 @@
 //! call's stdin.
 
 pub(crate) mod sessions;
+pub(crate) mod spawn;
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -28,8 +29,22 @@ use crate::store::{SessionRecord, StoredMessage};
 #[async_trait]
 pub(crate) trait Host: Send + Sync {
     /// The configuration the gateway runs with.
-    #[allow(dead_code)] // for the schedule and spawn tools
+    #[allow(dead_code)] // for the schedule tool
     fn config(&self) -> &Config;
+
+    /// Run one `spawn`: find the caller's session through its exec, check the target,
+    /// depth, budgets and concurrency, create (or continue) the child session with its
+    /// lineage and rights, run the child's prompt unattended and wait for its answer.
+    async fn spawn(&self, request: spawn::SpawnRequest) -> Result<spawn::SpawnReport, ToolError>;
+
+    /// `spawn --info` for the caller of `agent` in exec `exec`: its targets, the depth
+    /// left and the budget left.
+    async fn spawn_info(
+        &self,
+        agent: &str,
+        exec: Option<&str>,
+        config: &spawn::SpawnConfig,
+    ) -> Result<crate::plugin::ToolResult, ToolError>;
 
     /// Every session of `agent`, newest (by creation) first, read through the store.
     async fn agent_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, ToolError>;
@@ -101,6 +116,7 @@ pub(crate) fn builtin_plugin(name: &str, host: &HostSlot) -> Option<Arc<dyn Plug
     // Each tool adds its arm here.
     match name {
         sessions::NAME => Some(Arc::new(sessions::SessionsPlugin::new(host.clone()))),
+        spawn::NAME => Some(Arc::new(spawn::SpawnPlugin::new(host.clone()))),
         _ => None,
     }
 }

@@ -60,6 +60,21 @@ pub struct NewSession {
 
 pub use beige_client::session::SessionRecord;
 
+/// Where a sub-agent's session comes from (`spawn`, platform.md §2): stored with the
+/// child session in the operation that creates it, and read back by the gateway — never
+/// taken from anything a sandbox sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lineage {
+    /// The session of the caller that spawned this one.
+    pub parent_session_id: String,
+    /// How many spawns deep the session is: a child of a root session is at depth 1.
+    pub depth: u32,
+    /// The exec whose script called `spawn`, as the kernel attributed it.
+    pub invoked_by_exec: Option<String>,
+    /// The child's rights, computed at spawn (a `RightSet` as JSON).
+    pub rights: serde_json::Value,
+}
+
 /// One message to append, with what produced it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewMessage {
@@ -279,7 +294,7 @@ pub enum StoreError {
 }
 
 /// Sessions, their messages, and the settings and metadata of each session key: what
-/// the agent loop and the gateway's `Sessions` need (15 methods). Every method is one
+/// the agent loop and the gateway's `Sessions` need (17 methods). Every method is one
 /// atomic operation.
 #[async_trait]
 pub trait SessionStore: Send + Sync + Debug {
@@ -288,6 +303,20 @@ pub trait SessionStore: Send + Sync + Debug {
     /// Create a session and make it the current session of its key. The previous current
     /// session of the key is kept (for `/resume`).
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError>;
+
+    /// Create a sub-agent's session as [`SessionStore::create_session`] does, with
+    /// `parent_id` set to the lineage's parent and `lineage` stored with it, in one
+    /// transaction: the session never exists without its lineage.
+    /// [`StoreError::NotFound`] when the parent session does not exist.
+    async fn create_child_session(
+        &self,
+        new: NewSession,
+        lineage: Lineage,
+    ) -> Result<SessionRecord, StoreError>;
+
+    /// The lineage of session `id`; `None` for a session that was not spawned (or does
+    /// not exist).
+    async fn session_lineage(&self, id: &str) -> Result<Option<Lineage>, StoreError>;
 
     /// The current session of `key`, if the key has one.
     async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError>;
@@ -497,6 +526,9 @@ pub struct LedgerEntry {
     pub cost_micros: i64,
     /// The model had no price: the call counts at no cost.
     pub unpriced: bool,
+    /// The parent of the session, when it is a sub-agent's (`spawn`): the child's
+    /// spending is the parent's too.
+    pub parent_session_id: Option<String>,
 }
 
 /// Which ledger rows [`UsageLedger::usage_totals`] sums; every set field must match.
@@ -508,6 +540,9 @@ pub struct LedgerFilter {
     pub session_id: Option<String>,
     /// Only calls at or after this time (Unix ms).
     pub since_ms: Option<i64>,
+    /// With `session_id`: the calls of its sub-agents' sessions too, at any depth
+    /// (rows linked by `parent_session_id`).
+    pub with_children: bool,
 }
 
 /// The cost ledger: one row per model call, kept across restarts. What budgets and
@@ -583,6 +618,16 @@ macro_rules! forward_store {
         impl<S: SessionStore + ?Sized> SessionStore for $ptr {
             async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
                 (**self).create_session(new).await
+            }
+            async fn create_child_session(
+                &self,
+                new: NewSession,
+                lineage: Lineage,
+            ) -> Result<SessionRecord, StoreError> {
+                (**self).create_child_session(new, lineage).await
+            }
+            async fn session_lineage(&self, id: &str) -> Result<Option<Lineage>, StoreError> {
+                (**self).session_lineage(id).await
             }
             async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError> {
                 (**self).current_session(key).await

@@ -15,8 +15,8 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, Tran
 
 use super::{
     now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
-    NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings, SessionStore,
-    SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
+    Lineage, NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings,
+    SessionStore, SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
 use super::{
     LedgerEntry, LedgerFilter, UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow,
@@ -195,6 +195,22 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_by_agent ON usage(agent, ts);
     CREATE INDEX usage_by_session ON usage(session_id);
     CREATE INDEX usage_by_ts ON usage(ts);
+    "#,
+    // 4: sub-agents (`spawn`): the lineage of each child session, written with it, and
+    // the parent of the session a ledger row was spent in, so that a parent's totals
+    // include its children's. Self-contained: it touches no table of later versions.
+    r#"
+    CREATE TABLE session_lineage (
+        session_id        TEXT PRIMARY KEY NOT NULL REFERENCES sessions(id),
+        parent_session_id TEXT NOT NULL REFERENCES sessions(id),
+        depth             INTEGER NOT NULL,
+        invoked_by_exec   TEXT,
+        rights            TEXT NOT NULL,
+        created           INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX session_lineage_by_parent ON session_lineage(parent_session_id);
+    ALTER TABLE usage ADD COLUMN parent_session_id TEXT;
+    CREATE INDEX usage_by_parent ON usage(parent_session_id);
     "#,
 ];
 
@@ -499,6 +515,69 @@ fn load_session(conn: &Connection, id: &str) -> Result<Option<SessionRecord>, Fa
         .optional()?)
 }
 
+/// Insert a session (and its lineage, for a sub-agent's) and make it the current one of
+/// its key, in one transaction.
+fn insert_session(
+    conn: &mut Connection,
+    new: NewSession,
+    lineage: Option<Lineage>,
+) -> Result<SessionRecord, Fail> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if let Some(parent) = &new.parent_id {
+        if !session_exists(&tx, parent)? {
+            return Err(not_found(parent));
+        }
+    }
+    let now = now_ms();
+    let id = new_session_id();
+    tx.prepare_cached(
+        "INSERT INTO sessions (id, agent, key, parent_id, title, model, created, updated)
+         VALUES (?1, ?2, ?3, ?4, NULL, ?5, ?6, ?6)",
+    )?
+    .execute(params![
+        id,
+        new.agent,
+        new.key,
+        new.parent_id,
+        new.model,
+        now
+    ])?;
+    if let Some(l) = &lineage {
+        tx.prepare_cached(
+            "INSERT INTO session_lineage
+                 (session_id, parent_session_id, depth, invoked_by_exec, rights, created)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(params![
+            id,
+            l.parent_session_id,
+            i64::from(l.depth),
+            l.invoked_by_exec,
+            l.rights.to_string(),
+            now
+        ])?;
+    }
+    tx.prepare_cached(
+        "INSERT INTO session_keys (key, current_session, updated) VALUES (?1, ?2, ?3)
+         ON CONFLICT(key) DO UPDATE SET current_session = excluded.current_session,
+                                        updated = excluded.updated",
+    )?
+    .execute(params![new.key, id, now])?;
+    tx.commit()?;
+    Ok(SessionRecord {
+        id,
+        agent: new.agent,
+        key: new.key,
+        parent_id: new.parent_id,
+        title: None,
+        model: new.model,
+        created: now,
+        updated: now,
+        message_count: 0,
+        usage: Usage::default(),
+    })
+}
+
 fn session_exists(conn: &Connection, id: &str) -> Result<bool, Fail> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
@@ -565,46 +644,45 @@ fn new_session_id() -> String {
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
-        self.run(move |conn, _| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if let Some(parent) = &new.parent_id {
-                if !session_exists(&tx, parent)? {
-                    return Err(not_found(parent));
-                }
-            }
-            let now = now_ms();
-            let id = new_session_id();
-            tx.prepare_cached(
-                "INSERT INTO sessions (id, agent, key, parent_id, title, model, created, updated)
-                 VALUES (?1, ?2, ?3, ?4, NULL, ?5, ?6, ?6)",
-            )?
-            .execute(params![
-                id,
-                new.agent,
-                new.key,
-                new.parent_id,
-                new.model,
-                now
-            ])?;
-            tx.prepare_cached(
-                "INSERT INTO session_keys (key, current_session, updated) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(key) DO UPDATE SET current_session = excluded.current_session,
-                                                updated = excluded.updated",
-            )?
-            .execute(params![new.key, id, now])?;
-            tx.commit()?;
-            Ok(SessionRecord {
-                id,
-                agent: new.agent,
-                key: new.key,
-                parent_id: new.parent_id,
-                title: None,
-                model: new.model,
-                created: now,
-                updated: now,
-                message_count: 0,
-                usage: Usage::default(),
-            })
+        self.run(move |conn, _| insert_session(conn, new, None))
+            .await
+    }
+
+    async fn create_child_session(
+        &self,
+        mut new: NewSession,
+        lineage: Lineage,
+    ) -> Result<SessionRecord, StoreError> {
+        new.parent_id = Some(lineage.parent_session_id.clone());
+        self.run(move |conn, _| insert_session(conn, new, Some(lineage)))
+            .await
+    }
+
+    async fn session_lineage(&self, id: &str) -> Result<Option<Lineage>, StoreError> {
+        let id = id.to_string();
+        self.run(move |conn, path| {
+            let row: Option<(String, i64, Option<String>, String)> = conn
+                .prepare_cached(
+                    "SELECT parent_session_id, depth, invoked_by_exec, rights
+                     FROM session_lineage WHERE session_id = ?1",
+                )?
+                .query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            let Some((parent, depth, exec, rights)) = row else {
+                return Ok(None);
+            };
+            let rights = serde_json::from_str(&rights).map_err(|e| {
+                Fail::Store(corrupt(
+                    path,
+                    format!("the rights of session {id} are not valid JSON: {e}"),
+                ))
+            })?;
+            Ok(Some(Lineage {
+                parent_session_id: parent,
+                depth: u32::try_from(depth).unwrap_or(u32::MAX),
+                invoked_by_exec: exec,
+                rights,
+            }))
         })
         .await
     }
@@ -1018,8 +1096,8 @@ impl UsageLedger for SqliteStore {
             conn.prepare_cached(
                 "INSERT INTO usage (ts, agent, session_id, session_key, turn_id, model,
                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                     cost_micros, unpriced)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     cost_micros, unpriced, parent_session_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 e.ts,
@@ -1033,7 +1111,8 @@ impl UsageLedger for SqliteStore {
                 to_i64(e.usage.cache_read_tokens),
                 to_i64(e.usage.cache_write_tokens),
                 e.cost_micros,
-                e.unpriced
+                e.unpriced,
+                e.parent_session_id
             ])?;
             Ok(())
         })
@@ -1042,6 +1121,23 @@ impl UsageLedger for SqliteStore {
 
     async fn usage_totals(&self, f: LedgerFilter) -> Result<UsageTotals, StoreError> {
         self.run(move |conn, _| {
+            if let (Some(root), true) = (&f.session_id, f.with_children) {
+                // The session and every session below it, linked by the rows' parents.
+                let sql = format!(
+                    "WITH RECURSIVE tree(id) AS (
+                         SELECT ?2
+                         UNION
+                         SELECT u.session_id FROM usage u JOIN tree t ON u.parent_session_id = t.id
+                         WHERE u.session_id IS NOT NULL
+                     )
+                     SELECT {LEDGER_SUMS} FROM usage
+                     WHERE (?1 IS NULL OR agent = ?1) AND session_id IN (SELECT id FROM tree)
+                       AND (?3 IS NULL OR ts >= ?3)"
+                );
+                return Ok(conn
+                    .prepare_cached(&sql)?
+                    .query_row(params![f.agent, root, f.since_ms], |r| totals_row(r, 0))?);
+            }
             let sql = format!(
                 "SELECT {LEDGER_SUMS} FROM usage
                  WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR session_id = ?2)

@@ -110,6 +110,7 @@ contract!(
     kv_set_within_refuses_beyond_the_limits_and_keeps_the_data,
     concurrent_sets_cannot_overshoot_a_limit,
     the_ledger_sums_filters_and_groups_and_survives_a_restart,
+    child_sessions_keep_their_lineage_and_parents_count_their_spending,
 );
 
 // ---- helpers ----
@@ -1392,6 +1393,7 @@ fn ledger_row(
         usage,
         cost_micros: cost,
         unpriced: cost == 0,
+        parent_session_id: None,
     }
 }
 
@@ -1524,4 +1526,100 @@ async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>()
     let by_agent = store.usage_report(UsageQuery::default()).await.unwrap();
     assert_eq!(keys(&by_agent), ["a", "b"]);
     assert_eq!(by_agent.rows[1].totals.cost_micros, 49);
+}
+
+async fn child_sessions_keep_their_lineage_and_parents_count_their_spending<B: Backend>() {
+    let (_dir, backend) = B::temp_db();
+    let store = backend.open();
+    let root = store
+        .create_session(NewSession {
+            agent: "a".into(),
+            key: "telegram:1".into(),
+            ..NewSession::default()
+        })
+        .await
+        .unwrap();
+    let lineage = |parent: &str, depth| Lineage {
+        parent_session_id: parent.to_string(),
+        depth,
+        invoked_by_exec: Some("x_1".into()),
+        rights: json!({"tools": ["kv"], "maxDepth": 2}),
+    };
+    let child = store
+        .create_child_session(
+            NewSession {
+                agent: "r".into(),
+                key: "spawn:telegram:1:r:1".into(),
+                ..NewSession::default()
+            },
+            lineage(&root.id, 1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(child.parent_id.as_deref(), Some(root.id.as_str()));
+    let grandchild = store
+        .create_child_session(
+            NewSession {
+                agent: "r".into(),
+                key: "spawn:x:r:2".into(),
+                ..NewSession::default()
+            },
+            lineage(&child.id, 2),
+        )
+        .await
+        .unwrap();
+    let store = backend.open();
+    assert_eq!(
+        store.session_lineage(&grandchild.id).await.unwrap(),
+        Some(lineage(&child.id, 2))
+    );
+    assert_eq!(store.session_lineage(&root.id).await.unwrap(), None);
+    // A parent that does not exist: nothing is created.
+    let missing = store
+        .create_child_session(
+            NewSession {
+                agent: "r".into(),
+                key: "spawn:none".into(),
+                ..NewSession::default()
+            },
+            lineage("s_00000000000000ff", 1),
+        )
+        .await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound { .. })),
+        "{missing:?}"
+    );
+    assert_eq!(store.current_session("spawn:none").await.unwrap(), None);
+
+    let row = |agent: &str, session: &str, parent: Option<&str>, cost| LedgerEntry {
+        parent_session_id: parent.map(str::to_string),
+        ..ledger_row(agent, session, "p/m", 1, Usage::default(), cost)
+    };
+    for r in [
+        row("a", &root.id, None, 100),
+        row("r", &child.id, Some(&root.id), 20),
+        row("r", &grandchild.id, Some(&child.id), 3),
+        row("b", "s_other", None, 1000),
+    ] {
+        store.record_usage(r).await.unwrap();
+    }
+    let cost = |session: &str, with_children| {
+        let store = store.clone();
+        let session = session.to_string();
+        async move {
+            store
+                .usage_totals(LedgerFilter {
+                    session_id: Some(session),
+                    with_children,
+                    ..LedgerFilter::default()
+                })
+                .await
+                .unwrap()
+                .cost_micros
+        }
+    };
+    assert_eq!(cost(&root.id, false).await, 100);
+    assert_eq!(cost(&root.id, true).await, 123);
+    assert_eq!(cost(&child.id, true).await, 23);
+    assert_eq!(cost(&grandchild.id, true).await, 3);
 }

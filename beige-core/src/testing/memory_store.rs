@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use crate::llm::{Message, Role, Usage};
 use crate::store::{
     now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
-    NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings, SessionStore,
-    SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
+    Lineage, NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings,
+    SessionStore, SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
 use crate::store::{
     LedgerEntry, LedgerFilter, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals,
@@ -67,6 +67,44 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// Insert a session, with its lineage when it is a sub-agent's, as one step.
+    fn insert_session(
+        &self,
+        new: NewSession,
+        lineage: Option<Lineage>,
+    ) -> Result<SessionRecord, StoreError> {
+        let mut state = self.lock();
+        if let Some(parent) = &new.parent_id {
+            state.session(parent)?;
+        }
+        let now = now_ms();
+        let id = loop {
+            let id = format!("s_{:016x}", rand::random::<u64>());
+            if !state.sessions.contains_key(&id) {
+                break id;
+            }
+        };
+        state.session_rows += 1;
+        let session = Session {
+            row: state.session_rows,
+            agent: new.agent,
+            key: new.key.clone(),
+            parent_id: new.parent_id,
+            title: None,
+            model: new.model,
+            created: now,
+            updated: now,
+            messages: Vec::new(),
+        };
+        let record = session.record(&id);
+        state.sessions.insert(id.clone(), session);
+        if let Some(l) = lineage {
+            state.lineage.insert(id.clone(), l);
+        }
+        state.keys.entry(new.key).or_default().current = Some(id);
+        Ok(record)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // No method panics while holding the lock with the state half changed: every
         // check comes before the first write.
@@ -94,6 +132,8 @@ struct State {
     kv: BTreeMap<(String, String, String), String>,
     /// The cost ledger, in the order recorded.
     ledger: Vec<LedgerEntry>,
+    /// The lineage of sub-agents' sessions, by session id.
+    lineage: HashMap<String, Lineage>,
 }
 
 struct Session {
@@ -207,33 +247,20 @@ fn kv_key(plugin: &str, scope: &str, key: &str) -> (String, String, String) {
 #[async_trait]
 impl SessionStore for MemoryStore {
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
-        let mut state = self.lock();
-        if let Some(parent) = &new.parent_id {
-            state.session(parent)?;
-        }
-        let now = now_ms();
-        let id = loop {
-            let id = format!("s_{:016x}", rand::random::<u64>());
-            if !state.sessions.contains_key(&id) {
-                break id;
-            }
-        };
-        state.session_rows += 1;
-        let session = Session {
-            row: state.session_rows,
-            agent: new.agent,
-            key: new.key.clone(),
-            parent_id: new.parent_id,
-            title: None,
-            model: new.model,
-            created: now,
-            updated: now,
-            messages: Vec::new(),
-        };
-        let record = session.record(&id);
-        state.sessions.insert(id.clone(), session);
-        state.keys.entry(new.key).or_default().current = Some(id);
-        Ok(record)
+        self.insert_session(new, None)
+    }
+
+    async fn create_child_session(
+        &self,
+        mut new: NewSession,
+        lineage: Lineage,
+    ) -> Result<SessionRecord, StoreError> {
+        new.parent_id = Some(lineage.parent_session_id.clone());
+        self.insert_session(new, Some(lineage))
+    }
+
+    async fn session_lineage(&self, id: &str) -> Result<Option<Lineage>, StoreError> {
+        Ok(self.lock().lineage.get(id).cloned())
     }
 
     async fn current_session(&self, key: &str) -> Result<Option<SessionRecord>, StoreError> {
@@ -508,12 +535,32 @@ impl UsageLedger for MemoryStore {
     async fn usage_totals(&self, filter: LedgerFilter) -> Result<UsageTotals, StoreError> {
         let state = self.lock();
         let mut total = UsageTotals::default();
+        // With `with_children`: the session and every session below it, linked by the
+        // rows' parents.
+        let mut tree: HashSet<&str> = HashSet::new();
+        if let (Some(root), true) = (&filter.session_id, filter.with_children) {
+            tree.insert(root.as_str());
+            loop {
+                let before = tree.len();
+                for e in &state.ledger {
+                    if let (Some(s), Some(p)) = (&e.session_id, &e.parent_session_id) {
+                        if tree.contains(p.as_str()) {
+                            tree.insert(s.as_str());
+                        }
+                    }
+                }
+                if tree.len() == before {
+                    break;
+                }
+            }
+        }
         for e in state.ledger.iter().filter(|e| {
             filter.agent.as_ref().is_none_or(|a| *a == e.agent)
-                && filter
-                    .session_id
-                    .as_ref()
-                    .is_none_or(|s| Some(s) == e.session_id.as_ref())
+                && match (&filter.session_id, filter.with_children) {
+                    (None, _) => true,
+                    (Some(s), false) => Some(s) == e.session_id.as_ref(),
+                    (Some(_), true) => e.session_id.as_deref().is_some_and(|s| tree.contains(s)),
+                }
                 && filter.since_ms.is_none_or(|t| e.ts >= t)
         }) {
             total.add(&totals_of(e));
