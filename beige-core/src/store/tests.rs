@@ -1525,3 +1525,8 @@ async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>()
     assert_eq!(keys(&by_agent), ["a", "b"]);
     assert_eq!(by_agent.rows[1].totals.cost_micros, 49);
 }
+
+// ---- schedules ----
+
+#[path = "schedule_tests.rs"]
+mod schedules;

@@ -1,0 +1,1 @@
+//! Cron expressions in a time zone: the next fire instant in UTC.
