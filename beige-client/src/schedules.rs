@@ -344,3 +344,50 @@ pub struct ScheduleRun {
     /// Why it was not `ok`.
     pub error: Option<String>,
 }
+
+/// Who makes a schedule: its `owner` and `created_by`, set by the surface that takes the
+/// request from what it knows of the caller (never from the request's payload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleAuthor {
+    /// `config`, a user (`telegram:42`, `api`), or `agent:<name>`.
+    pub owner: String,
+    /// The principal, or `exec:<id> session:<key>` for an agent.
+    pub created_by: String,
+}
+
+impl ScheduleAuthor {
+    /// A schedule made by `principal` through a channel, the API or the embedder.
+    pub fn principal(principal: &crate::principal::Principal) -> Self {
+        use crate::principal::Principal;
+        let who = match principal {
+            Principal::Unverified => "unverified".to_string(),
+            Principal::Sandbox => "sandbox".to_string(),
+            Principal::User { channel, id } => format!("{channel}:{id}"),
+            Principal::ApiToken => "api".to_string(),
+            Principal::Embedder => "embedder".to_string(),
+        };
+        Self {
+            owner: who.clone(),
+            created_by: who,
+        }
+    }
+
+    /// A schedule an agent made for itself, from the exec and session of its call.
+    pub fn agent(agent: &str, exec: Option<&str>, session: Option<&str>) -> Self {
+        let mut by = Vec::new();
+        if let Some(e) = exec {
+            by.push(format!("exec:{e}"));
+        }
+        if let Some(s) = session {
+            by.push(format!("session:{s}"));
+        }
+        if by.is_empty() {
+            by.push(format!("agent:{agent}"));
+        }
+        Self {
+            owner: format!("agent:{agent}"),
+            created_by: by.join(" "),
+        }
+    }
+}
