@@ -147,6 +147,19 @@ pub enum GatewayError {
         /// The operation, e.g. `sandbox_status`.
         what: &'static str,
     },
+    /// No schedule has that id (HTTP 404).
+    #[error("no schedule '{id}'; list the schedules with `beige schedule list`")]
+    UnknownSchedule {
+        /// The id asked for.
+        id: String,
+    },
+    /// A schedule that cannot be made or changed as asked (HTTP 400): the message
+    /// names the field, what is wrong and what to do.
+    #[error("{message}")]
+    InvalidSchedule {
+        /// What is wrong.
+        message: String,
+    },
     /// A `RemoteGateway` could not be set up (bad URL, unreadable token file).
     #[error("cannot use the gateway at {url}: {message}")]
     RemoteSetup {

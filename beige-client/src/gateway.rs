@@ -24,6 +24,7 @@ use crate::hooks::HookName;
 use crate::llm::{Message, ModelInfo, ThinkingLevel};
 use crate::principal::Principal;
 use crate::prompt::PromptRequest;
+use crate::schedules::{ScheduleAuthor, ScheduleRun, ScheduleSpec, ScheduleView};
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
 use crate::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
@@ -249,6 +250,69 @@ pub trait Admin: Send + Sync {
     async fn usage(&self, _query: UsageQuery) -> Result<UsageReport, GatewayError> {
         Err(GatewayError::Unsupported { what: "usage" })
     }
+
+    /// Create a schedule (validated like a config entry: the agent exists, `tools` are
+    /// its own, the cron and zone parse); `author` says whose it is.
+    async fn add_schedule(
+        &self,
+        _spec: ScheduleSpec,
+        _author: ScheduleAuthor,
+    ) -> Result<ScheduleView, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "add_schedule",
+        })
+    }
+
+    /// Every schedule (of `agent` only, when given), by id.
+    async fn schedules(&self, _agent: Option<&str>) -> Result<Vec<ScheduleView>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "schedules" })
+    }
+
+    /// One schedule; [`GatewayError::UnknownSchedule`] when there is none.
+    async fn schedule(&self, _id: &str) -> Result<ScheduleView, GatewayError> {
+        Err(GatewayError::Unsupported { what: "schedule" })
+    }
+
+    /// Stop a schedule from firing until it is resumed (config schedules too).
+    async fn pause_schedule(&self, _id: &str) -> Result<ScheduleView, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "pause_schedule",
+        })
+    }
+
+    /// Let a paused schedule fire again, from the next instant after now.
+    async fn resume_schedule(&self, _id: &str) -> Result<ScheduleView, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "resume_schedule",
+        })
+    }
+
+    /// Cancel a schedule for good (its history is kept); a config schedule can only be
+    /// paused — remove it from the config instead.
+    async fn cancel_schedule(&self, _id: &str) -> Result<ScheduleView, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "cancel_schedule",
+        })
+    }
+
+    /// The latest `limit` runs of a schedule, newest first.
+    async fn schedule_history(
+        &self,
+        _id: &str,
+        _limit: usize,
+    ) -> Result<Vec<ScheduleRun>, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "schedule_history",
+        })
+    }
+
+    /// Fire a schedule now, once, outside its timetable; returns the claimed run (it runs
+    /// in the background; read it back with [`schedule_history`](Self::schedule_history)).
+    async fn run_schedule_now(&self, _id: &str) -> Result<ScheduleRun, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "run_schedule_now",
+        })
+    }
 }
 
 /// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
@@ -366,6 +430,38 @@ macro_rules! forward_gateway {
             }
             async fn usage(&self, query: UsageQuery) -> Result<UsageReport, GatewayError> {
                 (**self).usage(query).await
+            }
+            async fn add_schedule(
+                &self,
+                spec: ScheduleSpec,
+                author: ScheduleAuthor,
+            ) -> Result<ScheduleView, GatewayError> {
+                (**self).add_schedule(spec, author).await
+            }
+            async fn schedules(&self, agent: Option<&str>) -> Result<Vec<ScheduleView>, GatewayError> {
+                (**self).schedules(agent).await
+            }
+            async fn schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+                (**self).schedule(id).await
+            }
+            async fn pause_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+                (**self).pause_schedule(id).await
+            }
+            async fn resume_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+                (**self).resume_schedule(id).await
+            }
+            async fn cancel_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+                (**self).cancel_schedule(id).await
+            }
+            async fn schedule_history(
+                &self,
+                id: &str,
+                limit: usize,
+            ) -> Result<Vec<ScheduleRun>, GatewayError> {
+                (**self).schedule_history(id, limit).await
+            }
+            async fn run_schedule_now(&self, id: &str) -> Result<ScheduleRun, GatewayError> {
+                (**self).run_schedule_now(id).await
             }
         }
     )*};

@@ -18,6 +18,7 @@
 //! | [`approvals`] | [`Approval`](approvals::Approval), [`ApprovalDecision`](approvals::ApprovalDecision), [`ApprovalEvent`](approvals::ApprovalEvent), button codes |
 //! | [`gateway`] | the traits, their `Arc`/`Box` forwarding, [`AgentEventStream`], [`AgentInfo`], [`AllowedModel`] |
 //! | [`prompt`] | [`PromptRequest`] |
+//! | [`schedules`] | [`ScheduleSpec`](schedules::ScheduleSpec), [`ScheduleView`](schedules::ScheduleView), [`ScheduleRun`](schedules::ScheduleRun) and their vocabulary |
 //! | [`events`] | [`AgentEvent`], [`OutputStream`], [`hint_for`] |
 //! | [`llm`] | the message vocabulary: [`Message`], [`Block`], [`Role`], [`ToolResultPart`], [`Usage`], [`ErrorKind`], [`ModelInfo`], [`ThinkingLevel`] |
 //! | [`session`] | [`SessionRecord`], [`SessionSettings`], [`SettingsPatch`] |
@@ -67,6 +68,7 @@ pub mod principal;
 pub mod prompt;
 #[cfg(feature = "remote")]
 pub mod remote;
+pub mod schedules;
 pub mod session;
 pub mod status;
 #[cfg(feature = "test-util")]

@@ -139,6 +139,7 @@ pub mod plugin;
 pub mod policy;
 mod principal;
 pub mod sandbox;
+pub mod schedule;
 mod skills;
 #[cfg(feature = "docker")]
 mod socket;

@@ -1,7 +1,8 @@
-//! The store: everything the gateway must remember across restarts, behind five traits
+//! The store: everything the gateway must remember across restarts, behind six traits
 //! split by owner — [`SessionStore`] (the agent loop, `Sessions`), [`HealthStore`] (the
-//! router), [`ChannelState`] (channels), [`PluginData`] (plugins) and [`UsageLedger`]
-//! (the cost ledger budgets and `beige usage` read) — and [`Store`], all five in one
+//! router), [`ChannelState`] (channels), [`PluginData`] (plugins), [`UsageLedger`]
+//! (the cost ledger budgets and `beige usage` read) and [`ScheduleStore`] (the schedule
+//! engine: schedules and one run row per fire instant) — and [`Store`], all six in one
 //! value. `SqliteStore` (`<BEIGE_HOME>/beige.db`, cargo feature `sqlite`) is
 //! the implementation; `MemoryStore` (`beige_core::testing`, cargo feature `test-util`)
 //! the one in memory. [`Stores`] holds one part per owner, so they may live apart.
@@ -14,6 +15,7 @@
 //! and how settings resolve against channel defaults belong to the agent loop and the
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
+mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -31,6 +33,10 @@ use serde::{Deserialize, Serialize};
 use crate::llm::{Message, Usage};
 pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, UsageTotals};
 
+pub use schedule::{
+    Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
+    ScheduleStore, ScheduleView,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 
@@ -559,21 +565,34 @@ pub trait UsageLedger: Send + Sync + Debug {
     async fn usage_report(&self, query: UsageQuery) -> Result<UsageReport, StoreError>;
 }
 
-/// Durable state of the gateway: all five parts in one value (`SqliteStore`'s one file,
+/// Durable state of the gateway: all six parts in one value (`SqliteStore`'s one file,
 /// or `MemoryStore` of `beige_core::testing`). Implemented for every type that implements
-/// the five; shared as `Arc<dyn Store>` and callable from any task. To keep the parts in
+/// the six; shared as `Arc<dyn Store>` and callable from any task. To keep the parts in
 /// different places, give the gateway a [`Stores`].
 ///
 /// Rust 1.85 has no trait upcasting: to pass an `Arc<dyn Store>` where one part is
 /// wanted, wrap it once more (`Arc::new(store)`: `Arc<S>` implements each part `S`
 /// does), or take the part from [`Stores::from`].
-pub trait Store: SessionStore + HealthStore + ChannelState + PluginData + UsageLedger {}
+pub trait Store:
+    SessionStore + HealthStore + ChannelState + PluginData + UsageLedger + ScheduleStore
+{
+}
 
-impl<T: SessionStore + HealthStore + ChannelState + PluginData + UsageLedger + ?Sized> Store for T {}
+impl<
+        T: SessionStore
+            + HealthStore
+            + ChannelState
+            + PluginData
+            + UsageLedger
+            + ScheduleStore
+            + ?Sized,
+    > Store for T
+{
+}
 
 /// The store of a gateway, one part per owner: sessions for the agent loop and
 /// `Sessions`, health for the router, channel state for channels, plugin data for
-/// plugins, the ledger for budgets and `beige usage`. Usually all five are one store (`Stores::from(Arc::new(store))`); mix them
+/// plugins, the ledger for budgets and `beige usage`. Usually all six are one store (`Stores::from(Arc::new(store))`); mix them
 /// with struct update syntax:
 ///
 /// ```
@@ -595,6 +614,8 @@ pub struct Stores {
     pub data: Arc<dyn PluginData>,
     /// The cost ledger.
     pub usage: Arc<dyn UsageLedger>,
+    /// Schedules and their runs.
+    pub schedules: Arc<dyn ScheduleStore>,
 }
 
 /// One value that is the whole store (`Arc<SqliteStore>`, `Arc<dyn Store>`, …).
@@ -605,7 +626,8 @@ impl<T: Store + ?Sized + 'static> From<Arc<T>> for Stores {
             health: Arc::new(store.clone()),
             channels: Arc::new(store.clone()),
             data: Arc::new(store.clone()),
-            usage: Arc::new(store),
+            usage: Arc::new(store.clone()),
+            schedules: Arc::new(store),
         }
     }
 }

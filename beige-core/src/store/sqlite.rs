@@ -24,6 +24,10 @@ use super::{
 };
 use crate::llm::{Message, Role, Usage};
 
+// The `ScheduleStore` half, in its own file; a child module so it shares `run`.
+#[path = "sqlite_schedules.rs"]
+mod schedules;
+
 /// How long a call waits for a lock held by another connection before failing with
 /// [`StoreError::Locked`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -211,6 +215,52 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX session_lineage_by_parent ON session_lineage(parent_session_id);
     ALTER TABLE usage ADD COLUMN parent_session_id TEXT;
     CREATE INDEX usage_by_parent ON usage(parent_session_id);
+    "#,
+    // 5: schedules: the schedules and one run per fire instant. UNIQUE(schedule_id,
+    // fire_at) is what makes a second claim of an instant impossible. `spec` is the whole
+    // definition (JSON); the columns after it repeat parts of it for queries.
+    r#"
+    CREATE TABLE schedules (
+        id             TEXT PRIMARY KEY NOT NULL,
+        agent          TEXT NOT NULL,
+        owner          TEXT NOT NULL,
+        spec           TEXT NOT NULL,
+        tz             TEXT,
+        kind           TEXT NOT NULL,
+        payload        TEXT NOT NULL,
+        session_mode   TEXT NOT NULL,
+        deliver        TEXT,
+        missed         TEXT NOT NULL,
+        overlap        TEXT NOT NULL,
+        budget         TEXT,
+        tools          TEXT,
+        state          TEXT NOT NULL,
+        next_fire_at   INTEGER,
+        policy_version TEXT,
+        created_by     TEXT NOT NULL,
+        created        INTEGER NOT NULL,
+        updated        INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX schedules_by_agent ON schedules(agent, id);
+    CREATE INDEX schedules_due ON schedules(state, next_fire_at);
+
+    CREATE TABLE schedule_runs (
+        id           TEXT PRIMARY KEY NOT NULL,
+        schedule_id  TEXT NOT NULL REFERENCES schedules(id),
+        fire_at      INTEGER NOT NULL,
+        missed_count INTEGER NOT NULL DEFAULT 0,
+        status       TEXT NOT NULL,
+        claimed_by   TEXT NOT NULL,
+        started_at   INTEGER,
+        finished_at  INTEGER,
+        session_id   TEXT,
+        exec_id      TEXT,
+        cost_micros  INTEGER NOT NULL DEFAULT 0,
+        summary      TEXT,
+        error        TEXT,
+        UNIQUE (schedule_id, fire_at)
+    ) STRICT;
+    CREATE INDEX schedule_runs_by_status ON schedule_runs(status, fire_at);
     "#,
 ];
 

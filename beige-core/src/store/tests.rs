@@ -1623,3 +1623,7 @@ async fn child_sessions_keep_their_lineage_and_parents_count_their_spending<B: B
     assert_eq!(cost(&child.id, true).await, 23);
     assert_eq!(cost(&grandchild.id, true).await, 3);
 }
+// ---- schedules ----
+
+#[path = "schedule_tests.rs"]
+mod schedules;

@@ -17,6 +17,10 @@ use crate::store::{
     Lineage, NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings,
     SessionStore, SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
 };
+// The `ScheduleStore` half, in its own file; a child module so it shares the state.
+#[path = "memory_schedules.rs"]
+mod schedules;
+
 use crate::store::{
     LedgerEntry, LedgerFilter, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals,
 };
@@ -134,6 +138,8 @@ struct State {
     ledger: Vec<LedgerEntry>,
     /// The lineage of sub-agents' sessions, by session id.
     lineage: HashMap<String, Lineage>,
+    /// Schedules by id, and their runs.
+    schedules: schedules::Schedules,
 }
 
 struct Session {
@@ -219,6 +225,26 @@ impl State {
 
     fn record(&self, id: &str) -> Option<SessionRecord> {
         self.sessions.get(id).map(|s| s.record(id))
+    }
+
+    /// Queue `payload` on `channel` for sending now; its id.
+    fn enqueue(&mut self, channel: &str, payload: serde_json::Value) -> i64 {
+        self.outbox_ids += 1;
+        let id = self.outbox_ids;
+        let now = now_ms();
+        self.outbox.insert(
+            id,
+            OutboxItem {
+                id,
+                channel: channel.to_string(),
+                payload,
+                attempts: 0,
+                next_attempt_at: now,
+                last_error: None,
+                created: now,
+            },
+        );
+        id
     }
 
     fn next_message_id(&mut self) -> i64 {
@@ -640,23 +666,7 @@ impl ChannelState for MemoryStore {
         channel: &str,
         payload: serde_json::Value,
     ) -> Result<i64, StoreError> {
-        let mut state = self.lock();
-        state.outbox_ids += 1;
-        let id = state.outbox_ids;
-        let now = now_ms();
-        state.outbox.insert(
-            id,
-            OutboxItem {
-                id,
-                channel: channel.to_string(),
-                payload,
-                attempts: 0,
-                next_attempt_at: now,
-                last_error: None,
-                created: now,
-            },
-        );
-        Ok(id)
+        Ok(self.lock().enqueue(channel, payload))
     }
 
     async fn due_outbox(
