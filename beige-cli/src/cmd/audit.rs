@@ -25,6 +25,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::Egress => "EGRESS",
         AuditType::Budget => "BUDGET",
         AuditType::Approval => "APPROVAL",
+        AuditType::Schedule => "SCHEDULE",
     };
     let args = r
         .args

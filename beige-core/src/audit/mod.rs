@@ -35,6 +35,13 @@ pub enum Phase {
     Warning,
     /// On `type: budget` records: a budget was reached and the turn (or call) ended.
     Exhausted,
+    /// A schedule's fire instant was claimed (`type: schedule`).
+    Claimed,
+    /// A schedule's fire instant was recorded without running (missed, too late,
+    /// overlapping).
+    Skipped,
+    /// A schedule run cut off by a crash, found after the restart.
+    Interrupted,
 }
 
 /// `core_tool` or `tool`.
@@ -56,6 +63,10 @@ pub enum AuditType {
     /// `budget.<scope>.<key>` and `args` carry `scope=`, `key=`, `limit=`, `used=`,
     /// `sessionId=` and `turn=`.
     Budget,
+    /// A step of a schedule run (`phase: claimed | started | finished | skipped |
+    /// interrupted`); `tool` is the schedule id and `args` carry `run=`, `fireAt=`,
+    /// `status=`, `session=`, `exec=`.
+    Schedule,
 }
 
 impl From<ToolKind> for AuditType {
@@ -830,6 +841,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Egress => "EGRESS",
         AuditType::Approval => "APPROVAL",
         AuditType::Budget => "BUDGET",
+        AuditType::Schedule => "SCHEDULE",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -849,6 +861,9 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         (Phase::Started, _) => "allowed, started".to_string(),
         (Phase::Warning, _) => "warning".to_string(),
         (Phase::Exhausted, _) => "exhausted".to_string(),
+        (Phase::Claimed, _) => "claimed".to_string(),
+        (Phase::Skipped, _) => "skipped".to_string(),
+        (Phase::Interrupted, _) => "interrupted".to_string(),
         (Phase::Finished, _) => format!(
             "finished ({}ms){}",
             r.duration_ms.unwrap_or(0),

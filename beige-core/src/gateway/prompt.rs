@@ -181,8 +181,18 @@ impl Inner {
 
     /// The system prompt for an agent and session. The workspace's `AGENTS.md` is read
     /// off the runtime's threads, beneath a handle on the workspace (see `fsutil`).
-    pub(crate) async fn system_prompt(&self, agent: &str, session: &PromptSession) -> String {
-        let tools = self.prompt_tools(agent).await;
+    /// `key` is the session's: a schedule run's session describes only the schedule's
+    /// tools.
+    pub(crate) async fn system_prompt_in(
+        &self,
+        agent: &str,
+        session: &PromptSession,
+        key: Option<&str>,
+    ) -> String {
+        let mut tools = self.prompt_tools(agent).await;
+        if let Some(key) = key {
+            tools.retain(|t| crate::schedule::narrow::allows(key, &t.name));
+        }
         let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let agents_md = tokio::task::spawn_blocking(move || prompt::read_agents_md(&workspace))
@@ -512,13 +522,14 @@ impl Run<'_> {
             return Ok(());
         }
         let system = inner
-            .system_prompt(
+            .system_prompt_in(
                 &agent_name,
                 &PromptSession {
                     channel: channel.clone(),
                     chat_id: self.req.chat_id.clone(),
                     thread_id: self.req.thread_id.clone(),
                 },
+                Some(&self.req.session_key),
             )
             .await;
 
