@@ -391,3 +391,20 @@ impl ScheduleAuthor {
         }
     }
 }
+
+/// What the schedule engine announces on the gateway's event stream (delivery
+/// `"events"`): `{"type": "schedule_run_finished", "scheduleId": …, "agent": …, "run": …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ScheduleEvent {
+    /// A run ended (any final status).
+    ScheduleRunFinished {
+        /// The schedule.
+        #[serde(rename = "scheduleId")]
+        schedule_id: String,
+        /// Its agent.
+        agent: String,
+        /// The run as stored.
+        run: ScheduleRun,
+    },
+}

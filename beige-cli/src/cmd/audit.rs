@@ -28,6 +28,7 @@ pub fn render(r: &AuditRecord) -> String {
         AuditType::Budget => "BUDGET",
         AuditType::Approval => "APPROVAL",
         AuditType::Spawn => "SPAWN",
+        AuditType::Schedule => "SCHEDULE",
     };
     let args = r
         .args

@@ -37,6 +37,13 @@ pub enum Phase {
     Warning,
     /// On `type: budget` records: a budget was reached and the turn (or call) ended.
     Exhausted,
+    /// A schedule's fire instant was claimed (`type: schedule`).
+    Claimed,
+    /// A schedule's fire instant was recorded without running (missed, too late,
+    /// overlapping).
+    Skipped,
+    /// A schedule run cut off by a crash, found after the restart.
+    Interrupted,
 }
 
 /// `core_tool` or `tool`.
@@ -60,6 +67,10 @@ pub enum AuditType {
     Budget,
     /// A sub-agent's run (`phase: started | finished`), with its `spawn` object.
     Spawn,
+    /// A step of a schedule run (`phase: claimed | started | finished | skipped |
+    /// interrupted`); `tool` is the schedule id and `args` carry `run=`, `fireAt=`,
+    /// `status=`, `session=`, `exec=`.
+    Schedule,
 }
 
 impl From<ToolKind> for AuditType {
@@ -920,6 +931,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Approval => "APPROVAL",
         AuditType::Budget => "BUDGET",
         AuditType::Spawn => "SPAWN",
+        AuditType::Schedule => "SCHEDULE",
     };
     let mut ctx = String::new();
     for (k, v) in [
@@ -939,6 +951,9 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         (Phase::Started, _) => "allowed, started".to_string(),
         (Phase::Warning, _) => "warning".to_string(),
         (Phase::Exhausted, _) => "exhausted".to_string(),
+        (Phase::Claimed, _) => "claimed".to_string(),
+        (Phase::Skipped, _) => "skipped".to_string(),
+        (Phase::Interrupted, _) => "interrupted".to_string(),
         (Phase::Finished, _) => format!(
             "finished ({}ms){}",
             r.duration_ms.unwrap_or(0),

@@ -48,6 +48,10 @@ pub struct Config {
     /// and on tool calls per exec; `agents.<a>.budgets` overrides them key by key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<crate::budget::BudgetsConfig>,
+    /// New in beige: prompts and execs that fire once (`at`) or on a cron expression in
+    /// a time zone, each instant exactly once, by name (the name is the schedule's id).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub schedules: IndexMap<String, beige_client::schedules::ScheduleSpec>,
 }
 
 // `llm`: the LLM providers.

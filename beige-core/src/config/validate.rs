@@ -567,6 +567,36 @@ pub(crate) fn validate(
         validate_agent(config, file, home, resolver, &writable, name, agent)?;
     }
     validate_budgets(config, file)?;
+    validate_schedules(config, file)?;
+    Ok(())
+}
+
+/// `schedules.<name>`: valid names, and each spec valid under this config
+/// ([`crate::schedule::check_spec`]: the agent exists, `tools` are its own, …).
+fn validate_schedules(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    for (id, spec) in &config.schedules {
+        let at = KeyPath::root().key("schedules").key(id);
+        if !crate::schedule::is_valid_schedule_key(id) {
+            return Err(invalid(
+                file,
+                at,
+                format!("schedule name '{id}' is not valid; use 1-64 letters, digits, '_', '-' or '.', not starting with 'sch_'"),
+            ));
+        }
+        if let Err(p) = crate::schedule::check_spec(config, spec) {
+            let mut path = at;
+            for part in p.field.split('.').filter(|s| !s.is_empty()) {
+                path = match part.split_once('[') {
+                    Some((k, rest)) => {
+                        let i = rest.trim_end_matches(']').parse().unwrap_or(0);
+                        path.key(k).index(i)
+                    }
+                    None => path.key(part),
+                };
+            }
+            return Err(invalid(file, path, p.message));
+        }
+    }
     Ok(())
 }
 

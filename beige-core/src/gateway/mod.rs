@@ -103,9 +103,18 @@ pub struct GatewayBuilder {
     /// The approvals broker, made by the first build and kept by every reload so
     /// pending requests survive it.
     approvals: Arc<std::sync::Mutex<Option<Arc<crate::approvals::Approvals>>>>,
+    /// The clock the schedule engine reads (default: the system's).
+    schedule_clock: Option<Arc<dyn crate::schedule::Clock>>,
 }
 
 impl GatewayBuilder {
+    /// The clock the schedule engine fires by (tests set a [`crate::schedule::ManualClock`]);
+    /// default the system clock.
+    pub fn schedule_clock(mut self, clock: Arc<dyn crate::schedule::Clock>) -> Self {
+        self.schedule_clock = Some(clock);
+        self
+    }
+
     /// A builder for a gateway that runs `config` with its state under `home`. What is
     /// not injected takes its default: the providers of the config, the Docker sandbox,
     /// the store `<home>/beige.db`, the audit log in `<home>/logs`.
@@ -134,6 +143,7 @@ impl GatewayBuilder {
             #[cfg(feature = "egress")]
             egress_end: CancellationToken::new(),
             approvals: Arc::default(),
+            schedule_clock: None,
         }
     }
 
@@ -1539,6 +1549,15 @@ impl Inner {
             exec: caller.exec.clone(),
             attribution: Some(caller.method),
         };
+        // A schedule run's session may use only the schedule's tools.
+        if !crate::schedule::narrow::allows(&session.key, &request.tool) {
+            let msg = format!(
+                "{}: not allowed for this schedule run (the schedule's tools do not include it)",
+                request.tool
+            );
+            self.audit_denied(&meta, &msg).await;
+            return ToolResponse::error(msg, 1);
+        }
         // Claims lose: the exec found is the caller's, whatever the request says.
         let claimed = named.and_then(|c| c.exec_id.as_deref());
         match (&exec, claimed) {

@@ -190,13 +190,19 @@ impl Inner {
 
     /// The system prompt for an agent and session. The workspace's `AGENTS.md` is read
     /// off the runtime's threads, beneath a handle on the workspace (see `fsutil`).
-    pub(crate) async fn system_prompt(
+    /// `only`: a sub-agent's tools (the intersection with its parent's); `key` is the
+    /// session's: a schedule run's session describes only the schedule's tools.
+    pub(crate) async fn system_prompt_in(
         &self,
         agent: &str,
         session: &PromptSession,
         only: Option<&std::collections::BTreeSet<String>>,
+        key: Option<&str>,
     ) -> String {
-        let tools = self.prompt_tools(agent, only).await;
+        let mut tools = self.prompt_tools(agent, only).await;
+        if let Some(key) = key {
+            tools.retain(|t| crate::schedule::narrow::allows(key, &t.name));
+        }
         let skills = self.prompt_skills(agent);
         let workspace = self.config.agent_workspace(&self.home, agent);
         let agents_md = tokio::task::spawn_blocking(move || prompt::read_agents_md(&workspace))
@@ -533,7 +539,7 @@ impl Run<'_> {
             return Ok(());
         }
         let system = inner
-            .system_prompt(
+            .system_prompt_in(
                 &agent_name,
                 &PromptSession {
                     channel: channel.clone(),
@@ -541,6 +547,7 @@ impl Run<'_> {
                     thread_id: self.req.thread_id.clone(),
                 },
                 child.as_ref().map(|c| &c.rights.tools),
+                Some(&self.req.session_key),
             )
             .await;
 

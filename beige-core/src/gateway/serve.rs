@@ -10,6 +10,7 @@
 //! build, roll back on failure. It knows no specific channel and no process concerns (PID
 //! file, logs, exit codes): those stay in the binary.
 
+use beige_client::schedules::{ScheduleAuthor, ScheduleRun, ScheduleSpec, ScheduleView};
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
@@ -282,6 +283,8 @@ struct Shared {
     source: Option<Arc<dyn ConfigSource>>,
     outcomes: watch::Sender<Option<ReloadOutcome>>,
     reloads: AtomicU64,
+    /// The schedule engine (its tick task runs while `serve` does).
+    scheduler: Option<Arc<crate::schedule::engine::Scheduler>>,
 }
 
 /// The in-process gateway: built by [`GatewayBuilder::build`], served by
@@ -371,6 +374,17 @@ impl GatewayBuilder {
         }
         let engine = self.clone().build_engine().await?;
         let (outcomes, _) = watch::channel(None);
+        let clock = self
+            .schedule_clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::schedule::SystemClock));
+        let scheduler = self.store.as_ref().map(|stores| {
+            Arc::new(crate::schedule::engine::Scheduler::new(
+                stores.schedules.clone(),
+                stores.channels.clone(),
+                clock,
+            ))
+        });
         Ok(LocalGateway {
             shared: Arc::new(Shared {
                 home: self.home.clone(),
@@ -383,6 +397,7 @@ impl GatewayBuilder {
                 source,
                 outcomes,
                 reloads: AtomicU64::new(0),
+                scheduler,
             }),
         })
     }
@@ -661,6 +676,13 @@ impl LocalGateway {
             running.push((token, task));
         }
         drop(ended_tx);
+        // Schedules fire while the gateway serves.
+        let schedules_stop = CancellationToken::new();
+        let schedules_task = self
+            .shared
+            .scheduler
+            .clone()
+            .map(|s| tokio::spawn(s.run(self.clone(), schedules_stop.clone())));
 
         let mut failed = None;
         loop {
@@ -692,6 +714,10 @@ impl LocalGateway {
             }
         }
 
+        schedules_stop.cancel();
+        if let Some(task) = schedules_task {
+            let _ = tokio::time::timeout(CHANNEL_STOP, task).await;
+        }
         // Drain while the channels still serve the running streams.
         tokio::select! {
             _ = self.drain(shutdown.drain) => {}
@@ -882,9 +908,103 @@ impl Admin for LocalGateway {
     ) -> Result<crate::store::UsageReport, GatewayError> {
         self.engine().await.usage(query).await
     }
+    async fn add_schedule(
+        &self,
+        spec: ScheduleSpec,
+        author: ScheduleAuthor,
+    ) -> Result<ScheduleView, GatewayError> {
+        let s = self.scheduler()?;
+        let config = self.config();
+        let r = s
+            .add(&config, spec, author.owner, author.created_by)
+            .await
+            .map_err(manage_error)?;
+        s.view(r).await.map_err(manage_error)
+    }
+    async fn schedules(&self, agent: Option<&str>) -> Result<Vec<ScheduleView>, GatewayError> {
+        let s = self.scheduler()?;
+        let records = self
+            .shared
+            .stores
+            .as_ref()
+            .ok_or(GatewayError::Unsupported { what: "schedules" })?
+            .schedules
+            .list_schedules(agent)
+            .await?;
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            out.push(s.view(r).await.map_err(manage_error)?);
+        }
+        Ok(out)
+    }
+    async fn schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        let s = self.scheduler()?;
+        let r = s.get(id).await.map_err(manage_error)?;
+        s.view(r).await.map_err(manage_error)
+    }
+    async fn pause_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        let s = self.scheduler()?;
+        let r = s.pause(id).await.map_err(manage_error)?;
+        s.view(r).await.map_err(manage_error)
+    }
+    async fn resume_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        let s = self.scheduler()?;
+        let r = s.resume(id).await.map_err(manage_error)?;
+        s.view(r).await.map_err(manage_error)
+    }
+    async fn cancel_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        let s = self.scheduler()?;
+        let r = s.cancel(id).await.map_err(manage_error)?;
+        s.view(r).await.map_err(manage_error)
+    }
+    async fn schedule_history(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRun>, GatewayError> {
+        self.scheduler()?
+            .history(id, limit)
+            .await
+            .map_err(manage_error)
+    }
+    async fn run_schedule_now(&self, id: &str) -> Result<ScheduleRun, GatewayError> {
+        self.scheduler()?
+            .run_now(self, id)
+            .await
+            .map_err(manage_error)
+    }
+}
+
+fn manage_error(e: crate::schedule::engine::ManageError) -> GatewayError {
+    use crate::schedule::engine::ManageError;
+    match e {
+        ManageError::Unknown(id) => GatewayError::UnknownSchedule { id },
+        ManageError::Invalid(message) => GatewayError::InvalidSchedule { message },
+        ManageError::Store(e) => e.into(),
+    }
 }
 
 impl LocalGateway {
+    /// The audit sink of the engine serving now.
+    pub(crate) fn audit_sink(&self) -> Arc<dyn crate::audit::AuditSink> {
+        self.engine_now().inner.audit.clone()
+    }
+
+    fn scheduler(&self) -> Result<&Arc<crate::schedule::engine::Scheduler>, GatewayError> {
+        self.shared
+            .scheduler
+            .as_ref()
+            .ok_or(GatewayError::Unsupported { what: "schedules" })
+    }
+
+    /// Every `schedule_run_finished` event from now on (runs delivering to `"events"`);
+    /// what `GET /api/events` streams.
+    pub fn schedule_events(
+        &self,
+    ) -> Option<tokio::sync::broadcast::Receiver<beige_client::schedules::ScheduleEvent>> {
+        self.shared.scheduler.as_ref().map(|s| s.subscribe())
+    }
+
     /// Every approval step from now on (requests, decisions, unattended denials).
     pub async fn approval_receiver(
         &self,

@@ -8,6 +8,11 @@
 //! `beige_client::schedules`.
 
 pub mod cron;
+pub(crate) mod engine;
+pub(crate) mod narrow;
+mod spec;
+
+pub use spec::{check_spec, is_valid_schedule_key, SpecProblem};
 
 use std::sync::OnceLock;
 

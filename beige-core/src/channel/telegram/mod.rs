@@ -67,6 +67,19 @@ pub use outbox::CHANNEL;
 pub use poll::INBOX;
 pub use tool::TelegramPlugin;
 
+/// The outbox payload of one unprompted text message to `chat_id` (a schedule's result
+/// or report), for [`crate::store::ChannelState::enqueue_outbox`] on [`CHANNEL`]; the
+/// text is Markdown, split and rendered like an answer.
+pub(crate) fn outbox_text(chat_id: i64, text: &str) -> serde_json::Value {
+    let chunks = format::render_chunks(text, format::MAX_MESSAGE_LEN);
+    serde_json::to_value(outbox::OutItem::text(chat_id, None, chunks)).unwrap_or_default()
+}
+
+/// Wake the outbox sender after items were queued outside it.
+pub(crate) fn wake_outbox() {
+    outbox::wake();
+}
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
