@@ -23,6 +23,7 @@ pub(crate) use beige_client::gateway::{
 };
 pub(crate) use beige_client::{GatewayError, SandboxStatus};
 pub(crate) use prompt::PromptRequest;
+pub(crate) use serve::GatewaySlot;
 pub use serve::{
     ConfigFile, ConfigSource, LocalGateway, ReloadOutcome, ServeError, Shutdown, Snapshot,
     DEFAULT_DRAIN,
@@ -105,6 +106,8 @@ pub struct GatewayBuilder {
     approvals: Arc<std::sync::Mutex<Option<Arc<crate::approvals::Approvals>>>>,
     /// The clock the schedule engine reads (default: the system's).
     schedule_clock: Option<Arc<dyn crate::schedule::Clock>>,
+    /// Where the built-in `schedule` tool finds the finished gateway.
+    gateway_slot: GatewaySlot,
 }
 
 impl GatewayBuilder {
@@ -144,6 +147,7 @@ impl GatewayBuilder {
             egress_end: CancellationToken::new(),
             approvals: Arc::default(),
             schedule_clock: None,
+            gateway_slot: GatewaySlot::default(),
         }
     }
 
@@ -317,7 +321,7 @@ impl GatewayBuilder {
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
             } else if let Some(plugin) = crate::platform::serves(name, entry)
-                .then(|| crate::platform::builtin_plugin(name, &platform))
+                .then(|| crate::platform::builtin_plugin(name, &platform, &self.gateway_slot))
                 .flatten()
             {
                 ordered.push(plugin);
