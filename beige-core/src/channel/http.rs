@@ -481,6 +481,7 @@ const TABLE: &[(&str, &str, Handler)] = &[
         post(resume_schedule)
     }),
     ("POST", "/api/schedules/{id}/run", || post(run_schedule)),
+    ("GET", "/metrics", || get(metrics)),
 ];
 
 /// Every route the API serves, as `(method, path)` with `{param}` placeholders.
@@ -1054,6 +1055,20 @@ async fn schedule_runs(
     };
     let runs = s.gateway.schedule_history(&id, n).await?;
     Ok(Json(json!({ "runs": runs })).into_response())
+}
+
+/// `GET /metrics`: the gateway's metrics in the OpenMetrics text format, behind the
+/// token like every route but health; 501 unless `telemetry.metrics.enabled`.
+async fn metrics(State(s): State<Shared>) -> ApiResult {
+    let text = s.gateway.metrics().await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn approval_events(State(s): State<Shared>) -> ApiResult {

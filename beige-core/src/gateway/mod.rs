@@ -108,6 +108,8 @@ pub struct GatewayBuilder {
     schedule_clock: Option<Arc<dyn crate::schedule::Clock>>,
     /// Where the built-in `schedule` tool finds the finished gateway.
     gateway_slot: GatewaySlot,
+    /// The gateway's metrics, kept by every reload.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl GatewayBuilder {
@@ -148,6 +150,7 @@ impl GatewayBuilder {
             approvals: Arc::default(),
             schedule_clock: None,
             gateway_slot: GatewaySlot::default(),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         }
     }
 
@@ -396,6 +399,12 @@ impl GatewayBuilder {
                 bytes_per_minute: config.gateway.audit.budget_bytes_per_minute,
             },
         ));
+        // What was written is counted (tool calls by decision, records by type).
+        let audit: Arc<dyn AuditSink> = Arc::new(crate::metrics::ObservedAudit::new(
+            audit,
+            self.metrics.clone(),
+            config.plugins.keys().cloned(),
+        ));
 
         let router = build_router(&config, stores.health.clone(), self.providers)
             .await?
@@ -551,6 +560,7 @@ impl GatewayBuilder {
             execs: Arc::new(ExecRegistry::new()),
             spawn: spawn::SpawnState::default(),
             me: std::sync::OnceLock::new(),
+            metrics: self.metrics.clone(),
         });
         let _ = inner.me.set(Arc::downgrade(&inner));
         platform.set(Arc::downgrade(&inner) as Weak<dyn crate::platform::Host>);
@@ -681,6 +691,8 @@ struct Inner {
     spawn: spawn::SpawnState,
     /// The gateway itself, for work a tool call starts (a sub-agent's prompt).
     me: std::sync::OnceLock<Weak<Inner>>,
+    /// The gateway's metrics (shared with every reload).
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]

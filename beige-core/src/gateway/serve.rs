@@ -1005,6 +1005,33 @@ impl Admin for LocalGateway {
             .await
             .map_err(manage_error)
     }
+    async fn metrics(&self) -> Result<String, GatewayError> {
+        let engine = self.engine().await;
+        if !engine.config().metrics_enabled() {
+            return Err(GatewayError::Unsupported {
+                what: "metrics (set telemetry.metrics.enabled: true)",
+            });
+        }
+        let mut pending: std::collections::BTreeMap<String, usize> = engine
+            .config()
+            .agents
+            .keys()
+            .map(|a| (a.clone(), 0))
+            .collect();
+        for a in engine.approvals_broker().list(None) {
+            if a.status == beige_client::approvals::ApprovalStatus::Pending {
+                *pending.entry(a.agent).or_default() += 1;
+            }
+        }
+        let pending: Vec<(String, usize)> = pending.into_iter().collect();
+        engine
+            .inner
+            .metrics
+            .render(&pending)
+            .ok_or(GatewayError::Unsupported {
+                what: "metrics (this build has no `metrics` feature)",
+            })
+    }
 }
 
 fn manage_error(e: crate::schedule::engine::ManageError) -> GatewayError {

@@ -18,6 +18,7 @@ mod http_api;
 mod ident;
 mod layers;
 mod link;
+mod metrics;
 mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
