@@ -21,6 +21,7 @@ mod link;
 mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
+mod schedules;
 mod serve;
 mod sessions_tool;
 mod support;

@@ -1,0 +1,755 @@
+//! The schedule engine (platform.md §1, governance.md §3) in process, with real
+//! components: the gateway served by `LocalGateway::serve` (the engine's tick runs only
+//! while it serves), the SQLite store in a temp dir (a "restart" builds a new gateway on
+//! the same file), the fake Anthropic server and the fake Telegram Bot API server of
+//! beige-testkit on `127.0.0.1:0`, the audit log file of the home, and a
+//! `beige_core::schedule::ManualClock` for the time the engine fires by.
+//!
+//! Prompt schedules use the labelled `MemorySandbox`: their calls are decided by policy
+//! in the gateway before any sandbox is reached (an ask-ruled exec never gets there), so
+//! no sandbox behaviour is under test. The exec schedule runs in a real Docker sandbox.
+//! Waits poll the store through the gateway's schedule API; timeouts only bound a
+//! failure.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use beige_core::api::schedules::{RunStatus, ScheduleAuthor, ScheduleRun, ScheduleSpec};
+use beige_core::channel::telegram::{TelegramChannel, TelegramConfig};
+use beige_core::config::Config;
+use beige_core::schedule::ManualClock;
+use beige_core::store::{Claim, ScheduleRecord, ScheduleState, ScheduleStore, SqliteStore, Store};
+use beige_core::testing::MemorySandbox;
+use beige_core::{Admin as _, BeigeHome, GatewayBuilder, GatewayError, LocalGateway};
+use beige_core::{ServeError, Shutdown};
+use beige_testkit::anthropic::{text_response, tool_use_response};
+use beige_testkit::llm::{FakeLlmServer, Reply};
+use beige_testkit::telegram::FakeTelegram;
+
+use super::support::TestHome;
+use crate::docker_or_skip;
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// 2026-12-01T08:00:00Z: the hour the tests start in.
+const T0: i64 = 1_796_112_000_000;
+const HOUR: i64 = 3_600_000;
+const TOKEN: &str = "123456:TEST-schedule-token";
+/// The owner's Telegram chat (a private chat: the user's id).
+const OWNER: i64 = 4242;
+
+/// Bound a wait that should succeed; a hang fails the test instead of blocking it.
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(30), fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+fn merge(base: &mut Value, extra: &Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, e) => *b = e.clone(),
+    }
+}
+
+/// A home, its SQLite file, the engine's clock, the fake model and the fake Telegram.
+struct Rig {
+    _dir: tempfile::TempDir,
+    home: BeigeHome,
+    clock: Arc<ManualClock>,
+    llm: FakeLlmServer,
+    tg: FakeTelegram,
+}
+
+/// A gateway being served.
+struct Served {
+    gw: LocalGateway,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), ServeError>>,
+    sandbox: Arc<MemorySandbox>,
+}
+
+impl Served {
+    /// Stop serving and wait until the gateway has stopped (the engine's tick with it).
+    async fn stop(self) {
+        self.stop.cancel();
+        let ended = within("the gateway to stop", self.task).await;
+        ended.unwrap().unwrap();
+    }
+}
+
+impl Rig {
+    async fn new(now: i64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let home = BeigeHome::new(dir.path().join("home"));
+        std::fs::create_dir_all(home.root()).unwrap();
+        Self {
+            _dir: dir,
+            home,
+            clock: Arc::new(ManualClock::at(now)),
+            llm: FakeLlmServer::start().await,
+            tg: FakeTelegram::start(TOKEN).await,
+        }
+    }
+
+    /// Agent `a` on the fake model, with `patch` merged over the whole config.
+    fn config(&self, patch: Value) -> Config {
+        let mut cfg = json!({
+            "llm": {"providers": {"anthropic": {
+                "apiKey": "sk-ant-test-0123456789", "baseUrl": self.llm.url(),
+            }}},
+            "agents": {"a": {
+                "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                "tools": [],
+            }},
+        });
+        merge(&mut cfg, &patch);
+        serde_json::from_value(cfg).unwrap()
+    }
+
+    fn store(&self) -> Arc<SqliteStore> {
+        Arc::new(SqliteStore::open(self.home.db_path()).unwrap())
+    }
+
+    /// Build a gateway on the home's SQLite file and serve it; with `telegram`, the
+    /// Telegram channel (on the fake server, sharing the store) is served too.
+    async fn serve(&self, mut config: Config, telegram: bool) -> Served {
+        let store = self.store();
+        let sandbox = Arc::new(MemorySandbox::new());
+        let tg = json!({
+            "token": TOKEN,
+            "allowedUsers": [OWNER],
+            "agentMapping": {"default": "a"},
+            "apiBaseUrl": self.tg.url(),
+            "pollTimeout": 1,
+            "watchdogGrace": 1,
+        });
+        if telegram {
+            // The channel's plugin reads its config from `plugins.telegram.config`.
+            config.plugins.insert(
+                "telegram".into(),
+                serde_json::from_value(json!({"config": tg})).unwrap(),
+            );
+        }
+        let mut builder = GatewayBuilder::new(config, self.home.clone())
+            .sandbox(sandbox.clone())
+            .store(store.clone())
+            .schedule_clock(self.clock.clone());
+        if telegram {
+            let tg_config = TelegramConfig::from_value(&tg).unwrap();
+            let store: Arc<dyn Store> = store;
+            builder = builder.channel(Arc::new(TelegramChannel::new(tg_config, store).unwrap()));
+        }
+        let gw = builder.build().await.unwrap();
+        let stop = CancellationToken::new();
+        let shutdown = Shutdown::on(stop.clone()).drain(Duration::from_secs(1));
+        let task = tokio::spawn({
+            let gw = gw.clone();
+            async move { gw.serve(shutdown).await }
+        });
+        Served {
+            gw,
+            stop,
+            task,
+            sandbox,
+        }
+    }
+
+    /// The audit log's records of `type: "schedule"` about `schedule`.
+    fn schedule_audit(&self, schedule: &str) -> Vec<Value> {
+        audit_lines(&self.home)
+            .into_iter()
+            .filter(|r| r["type"] == "schedule" && r["tool"] == schedule)
+            .collect()
+    }
+}
+
+fn audit_lines(home: &BeigeHome) -> Vec<Value> {
+    std::fs::read_to_string(home.audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &Value| !beige_core::audit::chain::is_chain_record(v))
+        .collect()
+}
+
+/// An hourly cron schedule (in UTC) prompting agent `a`, with `extra` merged in.
+fn hourly(prompt: &str, extra: Value) -> Value {
+    let mut s = json!({"agent": "a", "cron": "0 * * * *", "tz": "UTC", "prompt": prompt});
+    merge(&mut s, &extra);
+    s
+}
+
+fn spec(v: Value) -> ScheduleSpec {
+    serde_json::from_value(v).unwrap()
+}
+
+fn api_author() -> ScheduleAuthor {
+    ScheduleAuthor {
+        owner: "api".into(),
+        created_by: "api".into(),
+    }
+}
+
+/// Poll the history of `id` until `done` holds; the history, newest first.
+async fn runs_until(
+    gw: &LocalGateway,
+    id: &str,
+    done: impl Fn(&[ScheduleRun]) -> bool,
+) -> Vec<ScheduleRun> {
+    within(&format!("the runs of schedule {id}"), async {
+        loop {
+            let runs = gw.schedule_history(id, 100).await.unwrap();
+            if done(&runs) {
+                return runs;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+/// Poll until schedule `id` is stored with `next_fire_at == next` (the config synced,
+/// or a fire claimed).
+async fn next_fire_is(gw: &LocalGateway, id: &str, next: i64) {
+    within(&format!("schedule {id} to fire next at {next}"), async {
+        loop {
+            if let Ok(v) = gw.schedule(id).await {
+                if v.next_fire_at == Some(next) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+fn at(runs: &[ScheduleRun], fire_at: i64) -> Option<&ScheduleRun> {
+    runs.iter().find(|r| r.fire_at == fire_at)
+}
+
+fn is_final_at(runs: &[ScheduleRun], fire_at: i64) -> bool {
+    at(runs, fire_at).is_some_and(|r| r.status.is_final())
+}
+
+/// The gateway is down across three hourly fires (09:00, 10:00, 11:00) and comes back
+/// at 11:30: `catchUp: "once"` (the original's name for `missed: "run-once"`) runs once
+/// for 11:00 with `missedCount: 3`; `catchUp: "skip"` records one `skipped` run saying
+/// why; `run-once` with `maxLateSeconds: 600` is 30 minutes late and skipped. The
+/// timetable then goes on as usual.
+#[tokio::test]
+async fn missed_fires() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "once": hourly("digest once", json!({"catchUp": "once"})),
+        "skip": hourly("digest skip", json!({"catchUp": "skip"})),
+        "late": hourly("digest late", json!({"missed": "run-once", "maxLateSeconds": 600})),
+    }}));
+    let first = rig.serve(config.clone(), false).await;
+    for id in ["once", "skip", "late"] {
+        next_fire_is(&first.gw, id, T0 + HOUR).await;
+    }
+    first.stop().await;
+
+    // Down from 08:00:30 to 11:30.
+    rig.clock.set(T0 + 3 * HOUR + 30 * 60_000);
+    rig.llm.push(text_response("caught up"));
+    let second = rig.serve(config.clone(), false).await;
+    let gw = &second.gw;
+    let once = runs_until(gw, "once", |r| is_final_at(r, T0 + 3 * HOUR)).await;
+    assert_eq!(once.len(), 1, "one run for three missed fires: {once:?}");
+    assert_eq!(once[0].fire_at, T0 + 3 * HOUR, "the latest missed instant");
+    assert_eq!(once[0].missed_count, 3);
+    assert_eq!(once[0].status, RunStatus::Ok, "{:?}", once[0]);
+    assert_eq!(once[0].summary.as_deref(), Some("caught up"));
+
+    let skip = runs_until(gw, "skip", |r| !r.is_empty()).await;
+    assert_eq!(skip.len(), 1, "{skip:?}");
+    assert_eq!(skip[0].status, RunStatus::Skipped);
+    assert_eq!(skip[0].missed_count, 3);
+    let why = skip[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("missed") && why.contains("skip"), "{why}");
+
+    let late = runs_until(gw, "late", |r| !r.is_empty()).await;
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0].status, RunStatus::Skipped);
+    let why = late[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("maxLateSeconds 600"), "{why}");
+
+    // Only the run-once schedule reached the model, once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rig.llm.request_count(), 1);
+    let prompt = rig.llm.requests()[0].raw_body.clone();
+    assert!(prompt.contains("digest once"), "{prompt}");
+    for id in ["once", "skip", "late"] {
+        next_fire_is(gw, id, T0 + 4 * HOUR).await;
+    }
+    // The audit says which: one claimed run with missedCount=3, two skipped fires.
+    let claimed: Vec<Value> = rig
+        .schedule_audit("once")
+        .into_iter()
+        .filter(|r| r["phase"] == "claimed")
+        .collect();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert!(
+        claimed[0]["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("missedCount=3")),
+        "{claimed:?}"
+    );
+    for id in ["skip", "late"] {
+        let skipped: Vec<Value> = rig
+            .schedule_audit(id)
+            .into_iter()
+            .filter(|r| r["phase"] == "skipped")
+            .collect();
+        assert_eq!(skipped.len(), 1, "{id}: {skipped:?}");
+    }
+
+    // On time again: 12:00 runs normally for all three, nothing missed.
+    for _ in 0..3 {
+        rig.llm.push(text_response("on time"));
+    }
+    rig.clock.set(T0 + 4 * HOUR);
+    for id in ["once", "skip", "late"] {
+        let runs = runs_until(gw, id, |r| is_final_at(r, T0 + 4 * HOUR)).await;
+        let noon = at(&runs, T0 + 4 * HOUR).unwrap();
+        assert_eq!(noon.status, RunStatus::Ok, "{id}: {noon:?}");
+        assert_eq!(noon.missed_count, 0, "{id}: {noon:?}");
+        assert_eq!(runs.len(), 2, "{id}: {runs:?}");
+    }
+    assert_eq!(rig.llm.request_count(), 4);
+    second.stop().await;
+}
+
+/// A run longer than the interval: the model never answers the 09:00 run, so at 10:00
+/// the run is still going and the 10:00 instant is recorded `skipped` (overlap) without
+/// reaching the model.
+#[tokio::test]
+async fn overlap_skip() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {"slow": hourly("take your time", json!({}))}}));
+    rig.llm.push(Reply::hang());
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "slow", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    within(
+        "the 09:00 run to reach the model",
+        rig.llm.wait_for_requests(1),
+    )
+    .await;
+    let runs = runs_until(gw, "slow", |r| {
+        at(r, T0 + HOUR).is_some_and(|r| r.status == RunStatus::Running)
+    })
+    .await;
+    assert_eq!(runs.len(), 1);
+
+    rig.clock.set(T0 + 2 * HOUR + 1_000);
+    let runs = runs_until(gw, "slow", |r| at(r, T0 + 2 * HOUR).is_some()).await;
+    let ten = at(&runs, T0 + 2 * HOUR).unwrap();
+    assert_eq!(ten.status, RunStatus::Skipped, "{ten:?}");
+    assert_eq!(ten.missed_count, 0, "on time, not missed: {ten:?}");
+    let why = ten.error.as_deref().unwrap_or_default();
+    assert!(why.contains("overlap"), "{why}");
+    let nine = at(&runs, T0 + HOUR).unwrap();
+    assert_eq!(nine.status, RunStatus::Running, "{nine:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        rig.llm.request_count(),
+        1,
+        "the skipped fire never prompted"
+    );
+    next_fire_is(gw, "slow", T0 + 3 * HOUR).await;
+    let skipped = rig
+        .schedule_audit("slow")
+        .into_iter()
+        .filter(|r| r["phase"] == "skipped")
+        .count();
+    assert_eq!(skipped, 1);
+    served.stop().await;
+}
+
+/// governance.md §3: a scheduled prompt whose exec needs approval is denied at once
+/// (no request waits, though `holdSeconds` is 30), the run is `blocked` — never `ok`,
+/// though the model answered — and the owner (`approvals.notify`) gets the report in the
+/// fake Telegram chat. Nothing reached the sandbox.
+#[tokio::test]
+async fn schedule_ask_is_deny() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({
+        "agents": {"a": {"policy": {"rules": [
+            {"id": "push", "tool": "exec", "pattern": ["git", "push"], "decision": "ask",
+             "justification": "publishes work outside the sandbox"},
+        ]}}},
+        "approvals": {"holdSeconds": 30, "notify": [{"channel": "telegram", "chatId": OWNER.to_string()}]},
+        "schedules": {"nightly-push": {
+            "agent": "a", "at": "2026-12-01T08:01:00Z", "prompt": "push the branch",
+        }},
+    }));
+    rig.llm.push(tool_use_response(&[(
+        "tu_1",
+        "exec",
+        json!({"command": "git push origin main"}),
+    )]));
+    rig.llm.push(text_response("I pushed it."));
+    let served = rig.serve(config, true).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "nightly-push", T0 + 60_000).await;
+
+    let started = std::time::Instant::now();
+    rig.clock.set(T0 + 60_000);
+    let runs = runs_until(gw, "nightly-push", |r| is_final_at(r, T0 + 60_000)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "denied at once, not after waiting: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(run.status, RunStatus::Blocked, "never ok: {run:?}");
+    let why = run.error.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("git push origin main") && why.contains("unattended"),
+        "{why}"
+    );
+    // The model was told the call was denied; nothing ran; no request waits.
+    assert_eq!(rig.llm.request_count(), 2);
+    let told = rig.llm.requests()[1].raw_body.clone();
+    assert!(told.contains("this run is unattended"), "{told}");
+    assert!(
+        !served
+            .sandbox
+            .executed("a")
+            .iter()
+            .any(|c| c.contains("git push")),
+        "{:?}",
+        served.sandbox.executed("a")
+    );
+    assert!(gw.approvals(Some("a")).await.unwrap().is_empty());
+    assert_eq!(
+        gw.schedule("nightly-push").await.unwrap().state,
+        ScheduleState::Done,
+        "a one-off is done after its fire"
+    );
+    // The owner gets the schedule's report through the outbox.
+    let report = within(
+        "the report in the owner's chat",
+        rig.tg.wait_for_message(|m| {
+            m.chat_id == OWNER
+                && m.visible.contains("nightly-push")
+                && m.visible.contains("blocked")
+        }),
+    )
+    .await;
+    assert!(
+        report.visible.contains("git push origin main"),
+        "{}",
+        report.visible
+    );
+    let finished: Vec<Value> = rig
+        .schedule_audit("nightly-push")
+        .into_iter()
+        .filter(|r| r["phase"] == "finished")
+        .collect();
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert!(finished[0]["args"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("status=blocked")));
+    served.stop().await;
+}
+
+/// Messages in `chat` whose visible text contains `needle`.
+fn count_in(tg: &FakeTelegram, chat: i64, needle: &str) -> usize {
+    tg.messages_in(chat)
+        .iter()
+        .filter(|m| m.visible.contains(needle))
+        .count()
+}
+
+/// A run's answer reaches the fake chat exactly once: when the gateway stops between the
+/// finish (answer queued in the outbox, in the finishing transaction) and the send, the
+/// next gateway sends it, once; a later restart sends nothing again, and no fire runs
+/// twice.
+#[tokio::test]
+async fn delivery_once() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {"digest": hourly(
+        "summarise",
+        json!({"deliver": {"channel": "telegram", "chatId": OWNER.to_string()}}),
+    )}}));
+    // First boot: no Telegram channel, so the answer stays queued.
+    rig.llm.push(text_response("Digest one: 3 open issues"));
+    let first = rig.serve(config.clone(), false).await;
+    next_fire_is(&first.gw, "digest", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    let runs = runs_until(&first.gw, "digest", |r| is_final_at(r, T0 + HOUR)).await;
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    first.stop().await;
+    assert_eq!(count_in(&rig.tg, OWNER, "Digest one"), 0);
+
+    // Second boot, with the channel: the queued answer goes out once.
+    let second = rig.serve(config.clone(), true).await;
+    within(
+        "the queued answer",
+        rig.tg.wait_until(|t| count_in(t, OWNER, "Digest one") > 0),
+    )
+    .await;
+    // A fire while serving: its answer, once too.
+    rig.llm.push(text_response("Digest two: all quiet"));
+    rig.clock.set(T0 + 2 * HOUR);
+    within(
+        "the second answer",
+        rig.tg.wait_until(|t| count_in(t, OWNER, "Digest two") > 0),
+    )
+    .await;
+    second.stop().await;
+
+    // Third boot: nothing is sent or run again.
+    let polls = rig.tg.calls_to("getUpdates").len();
+    let third = rig.serve(config, true).await;
+    within(
+        "the channel to poll",
+        rig.tg
+            .wait_until(|t| t.calls_to("getUpdates").len() > polls),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(count_in(&rig.tg, OWNER, "Digest one"), 1);
+    assert_eq!(count_in(&rig.tg, OWNER, "Digest two"), 1);
+    let runs = third.gw.schedule_history("digest", 100).await.unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|r| r.status == RunStatus::Ok), "{runs:?}");
+    assert_eq!(rig.llm.request_count(), 2);
+    third.stop().await;
+}
+
+/// An exec schedule runs in a real Docker sandbox through the gateway's core-tool path,
+/// with no HTTP channel (no channel at all) and no model: the audit log has the
+/// schedule's claimed, started and finished records and the exec's own record, in the
+/// run's session.
+#[tokio::test]
+async fn schedule_exec_no_http() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let mut config = t.config(&env, &[("a", json!({}))]);
+    config.schedules = serde_json::from_value(json!({"nightly-clean": {
+        "agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo cleaned-$((6*7))",
+    }}))
+    .unwrap();
+    let clock = Arc::new(ManualClock::at(T0 + 30_000));
+    let gw = GatewayBuilder::new(config, t.home.clone())
+        .shim(&env.shim)
+        .sandbox(Arc::new(t.docker().await))
+        .store(Arc::new(SqliteStore::open(t.home.db_path()).unwrap()))
+        .schedule_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(stop.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    next_fire_is(&gw, "nightly-clean", T0 + 60_000).await;
+    clock.set(T0 + 60_000);
+    let runs = runs_until(&gw, "nightly-clean", |r| is_final_at(r, T0 + 60_000)).await;
+    let run = &runs[0];
+    assert_eq!(run.status, RunStatus::Ok, "{run:?}");
+    let summary = run.summary.as_deref().unwrap_or_default();
+    assert!(summary.contains("cleaned-42"), "{summary}");
+
+    let audit = audit_lines(&t.home);
+    let phases: Vec<&str> = audit
+        .iter()
+        .filter(|r| r["type"] == "schedule" && r["tool"] == "nightly-clean")
+        .filter_map(|r| r["phase"].as_str())
+        .collect();
+    assert_eq!(phases, ["claimed", "started", "finished"], "{audit:#?}");
+    let exec: Vec<&Value> = audit
+        .iter()
+        .filter(|r| r["type"] == "core_tool" && r["tool"] == "exec")
+        .collect();
+    assert!(!exec.is_empty(), "{audit:#?}");
+    for r in &exec {
+        assert_eq!(r["args"], json!(["echo cleaned-$((6*7))"]), "{r}");
+        let session = r["session"].as_str().unwrap_or_default();
+        assert!(
+            session.starts_with("schedule:nightly-clean:20261201080100:"),
+            "{r}"
+        );
+        assert_eq!(r["channel"], "schedule", "{r}");
+    }
+    let finished = exec
+        .iter()
+        .find(|r| r["phase"] == "finished")
+        .expect("the exec's finished record");
+    assert_eq!(finished["decision"], "allowed", "{finished}");
+    stop.cancel();
+    within("the gateway to stop", task).await.unwrap().unwrap();
+}
+
+/// platform.md §1.2: a schedule never has more rights than its agent. A `tools` entry
+/// the agent lacks is refused, naming it; the tools a run's model is told of are the
+/// schedule's (narrower than the agent's); a tool the agent loses later is gone from
+/// the next run.
+#[tokio::test]
+async fn schedule_no_wider_rights() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({
+        "plugins": {"kv": {}, "sessions": {}},
+        "agents": {"a": {"tools": ["kv", "sessions"]}},
+    }));
+    let served = rig.serve(config.clone(), false).await;
+    let gw = &served.gw;
+    let refused = gw
+        .add_schedule(
+            spec(hourly("merge it", json!({"tools": ["kv", "gh"]}))),
+            api_author(),
+        )
+        .await;
+    match refused {
+        Err(GatewayError::InvalidSchedule { message }) => {
+            assert!(
+                message.contains("tools[1]") && message.contains("'gh'"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+    assert!(gw.schedules(Some("a")).await.unwrap().is_empty());
+
+    let made = gw
+        .add_schedule(
+            spec(hourly("use your tools", json!({"tools": ["kv"]}))),
+            api_author(),
+        )
+        .await
+        .unwrap();
+    assert!(made.id.starts_with("sch_"), "{}", made.id);
+    assert_eq!(made.next_fire_at, Some(T0 + HOUR));
+    rig.llm.push(text_response("first"));
+    rig.clock.set(T0 + HOUR);
+    let runs = runs_until(gw, &made.id, |r| is_final_at(r, T0 + HOUR)).await;
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    let told = rig.llm.requests()[0].raw_body.clone();
+    assert!(told.contains("### kv"), "the schedule's tool: {told}");
+    assert!(
+        !told.contains("### sessions"),
+        "the agent has it, the schedule does not: {told}"
+    );
+
+    // The agent loses kv: the schedule loses it too, though its spec still names it.
+    let mut fewer = config.clone();
+    if let Some(a) = fewer.agents.get_mut("a") {
+        a.tools = vec!["sessions".into()];
+    }
+    let outcome = gw.reload(fewer).await;
+    assert!(outcome.ok, "{outcome:?}");
+    rig.llm.push(text_response("second"));
+    rig.clock.set(T0 + 2 * HOUR);
+    let runs = runs_until(gw, &made.id, |r| is_final_at(r, T0 + 2 * HOUR)).await;
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    let told = rig.llm.requests()[1].raw_body.clone();
+    assert!(!told.contains("### kv"), "kv is gone: {told}");
+    assert!(!told.contains("### sessions"), "{told}");
+    served.stop().await;
+}
+
+/// The store route to the states a crash leaves (the CLI test SIGKILLs a real process
+/// instead): a run left `claimed` by an earlier boot starts once on the next start, one
+/// claimed too long ago (over `maxLateSeconds`) is skipped, and one left `running` is
+/// `interrupted` and reported, not run again — neither on this start nor the next.
+#[tokio::test]
+async fn recovery_after_a_crash() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let store = rig.store();
+    let record = |id: &str, prompt: &str| ScheduleRecord {
+        id: id.to_string(),
+        owner: "api".into(),
+        created_by: "api".into(),
+        policy_version: None,
+        state: ScheduleState::Active,
+        next_fire_at: Some(T0 + HOUR),
+        spec: spec(hourly(prompt, json!({}))),
+        created: T0 - 8 * HOUR,
+        updated: T0 - 8 * HOUR,
+    };
+    let claim = |id: &str, fire_at: i64| Claim {
+        run_id: format!("run_{id}"),
+        schedule_id: id.to_string(),
+        fire_at,
+        missed_count: 0,
+        claimed_by: "boot_dead".into(),
+        next_fire_at: Some(T0 + HOUR),
+        status: RunStatus::Claimed,
+        error: None,
+        now: fire_at,
+    };
+    for (id, fire_at) in [("claimed", T0), ("running", T0), ("stale", T0 - 7 * HOUR)] {
+        store
+            .put_schedule(record(id, &format!("prompt of {id}")))
+            .await
+            .unwrap();
+        let run = store.claim_run(claim(id, fire_at)).await.unwrap();
+        assert!(run.is_some(), "{id}");
+    }
+    assert!(store.start_run("run_running", T0 + 1_000).await.unwrap());
+    drop(store);
+
+    rig.llm.push(text_response("recovered"));
+    let config = rig.config(json!({}));
+    let served = rig.serve(config.clone(), false).await;
+    let gw = &served.gw;
+    let claimed = runs_until(gw, "claimed", |r| is_final_at(r, T0)).await;
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0].id, "run_claimed");
+    assert_eq!(claimed[0].status, RunStatus::Ok, "{claimed:?}");
+    assert_eq!(claimed[0].summary.as_deref(), Some("recovered"));
+    assert!(claimed[0].claimed_by == "boot_dead", "the claim is kept");
+
+    let running = runs_until(gw, "running", |r| is_final_at(r, T0)).await;
+    assert_eq!(running.len(), 1, "{running:?}");
+    assert_eq!(running[0].status, RunStatus::Interrupted, "{running:?}");
+    let why = running[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("not run again"), "{why}");
+
+    let stale = runs_until(gw, "stale", |r| is_final_at(r, T0 - 7 * HOUR)).await;
+    assert_eq!(stale[0].status, RunStatus::Skipped, "{stale:?}");
+    let why = stale[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("maxLateSeconds"), "{why}");
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rig.llm.request_count(), 1, "only the claimed run prompted");
+    let prompt = rig.llm.requests()[0].raw_body.clone();
+    assert!(prompt.contains("prompt of claimed"), "{prompt}");
+    let interrupted = rig
+        .schedule_audit("running")
+        .into_iter()
+        .filter(|r| r["phase"] == "interrupted")
+        .count();
+    assert_eq!(interrupted, 1);
+    served.stop().await;
+
+    // Another start finds nothing open: nothing runs again.
+    let again = rig.serve(config, false).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for id in ["claimed", "running", "stale"] {
+        let runs = again.gw.schedule_history(id, 100).await.unwrap();
+        assert_eq!(runs.len(), 1, "{id}: {runs:?}");
+        assert!(runs[0].status.is_final(), "{id}: {runs:?}");
+    }
+    assert_eq!(rig.llm.request_count(), 1);
+    again.stop().await;
+}
