@@ -542,10 +542,16 @@ async fn delivery_once() {
 async fn schedule_exec_no_http() {
     let env = docker_or_skip!();
     let t = TestHome::new();
-    let mut config = t.config(&env, &[("a", json!({}))]);
-    config.schedules = serde_json::from_value(json!({"nightly-clean": {
-        "agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo cleaned-$((6*7))",
-    }}))
+    // Opaque commands (`$((…))`, `;`) are allowed: only the push rule asks.
+    let policy = json!({"opaqueExec": "allow", "rules": [
+        {"id": "push", "tool": "exec", "pattern": ["git", "push"], "decision": "ask"},
+    ]});
+    let mut config = t.config(&env, &[("a", json!({"policy": policy}))]);
+    config.schedules = serde_json::from_value(json!({
+        "nightly-clean": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo cleaned-$((6*7))"},
+        "nightly-fail": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo broken; exit 3"},
+        "nightly-push": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "git push origin main"},
+    }))
     .unwrap();
     let clock = Arc::new(ManualClock::at(T0 + 30_000));
     let gw = GatewayBuilder::new(config, t.home.clone())
@@ -580,10 +586,10 @@ async fn schedule_exec_no_http() {
     let exec: Vec<&Value> = audit
         .iter()
         .filter(|r| r["type"] == "core_tool" && r["tool"] == "exec")
+        .filter(|r| r["args"] == json!(["echo cleaned-$((6*7))"]))
         .collect();
     assert!(!exec.is_empty(), "{audit:#?}");
     for r in &exec {
-        assert_eq!(r["args"], json!(["echo cleaned-$((6*7))"]), "{r}");
         let session = r["session"].as_str().unwrap_or_default();
         assert!(
             session.starts_with("schedule:nightly-clean:20261201080100:"),
@@ -593,9 +599,23 @@ async fn schedule_exec_no_http() {
     }
     let finished = exec
         .iter()
-        .find(|r| r["phase"] == "finished")
+        .find(|r| r["phase"] == "finished" && r["args"] == json!(["echo cleaned-$((6*7))"]))
         .expect("the exec's finished record");
     assert_eq!(finished["decision"], "allowed", "{finished}");
+
+    // A non-zero exit is `failed`, an exec needing approval `blocked` at once.
+    let failed = runs_until(&gw, "nightly-fail", |r| is_final_at(r, T0 + 60_000)).await;
+    assert_eq!(failed[0].status, RunStatus::Failed, "{failed:?}");
+    let summary = failed[0].summary.as_deref().unwrap_or_default();
+    assert!(
+        summary.contains("broken") && summary.contains('3'),
+        "{summary}"
+    );
+    let blocked = runs_until(&gw, "nightly-push", |r| is_final_at(r, T0 + 60_000)).await;
+    assert_eq!(blocked[0].status, RunStatus::Blocked, "{blocked:?}");
+    let why = blocked[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("unattended"), "{why}");
+    assert!(gw.approvals(Some("a")).await.unwrap().is_empty());
     stop.cancel();
     within("the gateway to stop", task).await.unwrap().unwrap();
 }
@@ -752,4 +772,181 @@ async fn recovery_after_a_crash() {
     }
     assert_eq!(rig.llm.request_count(), 1);
     again.stop().await;
+}
+
+/// `overlap: "queue"` keeps one waiting run: the 10:00 fire waits (`claimed`) while the
+/// 09:00 run goes and starts when it ends; the 11:00 fire, with one already waiting, is
+/// skipped.
+#[tokio::test]
+async fn overlap_queue_keeps_one_waiting_run() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "queued": hourly("one at a time", json!({"overlap": "queue"})),
+    }}));
+    rig.llm
+        .push(text_response("nine o'clock").pause_at(1, Duration::from_secs(3)));
+    rig.llm.push(text_response("ten o'clock"));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "queued", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    within(
+        "the 09:00 run to reach the model",
+        rig.llm.wait_for_requests(1),
+    )
+    .await;
+    runs_until(gw, "queued", |r| {
+        at(r, T0 + HOUR).is_some_and(|r| r.status == RunStatus::Running)
+    })
+    .await;
+    rig.clock.set(T0 + 2 * HOUR + 1_000);
+    let runs = runs_until(gw, "queued", |r| at(r, T0 + 2 * HOUR).is_some()).await;
+    assert_eq!(
+        at(&runs, T0 + 2 * HOUR).unwrap().status,
+        RunStatus::Claimed,
+        "waits behind the running one: {runs:?}"
+    );
+    rig.clock.set(T0 + 3 * HOUR + 1_000);
+    let runs = runs_until(gw, "queued", |r| at(r, T0 + 3 * HOUR).is_some()).await;
+    let eleven = at(&runs, T0 + 3 * HOUR).unwrap();
+    assert_eq!(eleven.status, RunStatus::Skipped, "{eleven:?}");
+    assert!(
+        eleven
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("overlap"),
+        "{eleven:?}"
+    );
+
+    let runs = runs_until(gw, "queued", |r| is_final_at(r, T0 + 2 * HOUR)).await;
+    let nine = at(&runs, T0 + HOUR).unwrap();
+    let ten = at(&runs, T0 + 2 * HOUR).unwrap();
+    assert_eq!(nine.status, RunStatus::Ok, "{nine:?}");
+    assert_eq!(ten.status, RunStatus::Ok, "{ten:?}");
+    assert_eq!(ten.summary.as_deref(), Some("ten o'clock"));
+    assert!(
+        ten.started_at >= nine.finished_at,
+        "the queued run started after the first ended: {runs:?}"
+    );
+    assert_eq!(rig.llm.request_count(), 2);
+    served.stop().await;
+}
+
+/// `budget.wallSeconds` ends a run that takes longer (`budget_exhausted`), and the run
+/// really stops: the tool call the model sends after the limit is never carried out.
+#[tokio::test]
+async fn a_run_over_its_wall_budget_is_stopped() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "bounded": hourly("be quick", json!({"budget": {"wallSeconds": 1}})),
+    }}));
+    rig.llm.push(
+        tool_use_response(&[("tu_1", "exec", json!({"command": "echo after-the-budget"}))])
+            .pause_at(1, Duration::from_secs(3)),
+    );
+    rig.llm.push(text_response("done late"));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "bounded", T0 + HOUR).await;
+    let started = std::time::Instant::now();
+    rig.clock.set(T0 + HOUR);
+    let runs = runs_until(gw, "bounded", |r| is_final_at(r, T0 + HOUR)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let run = &runs[0];
+    assert_eq!(run.status, RunStatus::BudgetExhausted, "{run:?}");
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("wallSeconds 1"),
+        "{run:?}"
+    );
+    // Past the model's slow answer: its tool call never ran, no further model call.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !served
+            .sandbox
+            .executed("a")
+            .iter()
+            .any(|c| c.contains("after-the-budget")),
+        "{:?}",
+        served.sandbox.executed("a")
+    );
+    assert_eq!(rig.llm.request_count(), 1);
+    served.stop().await;
+}
+
+/// The management API: a paused schedule does not fire and, resumed, goes on from the
+/// next instant after now (no catch-up); `run now` runs an extra fire at once; a config
+/// schedule cannot be cancelled, one made through the API can, and a cancelled schedule
+/// fires no more. Results to `deliver: "events"` are published once each.
+#[tokio::test]
+async fn pause_resume_run_now_and_cancel() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "cfg": hourly("from the config", json!({"deliver": "events"})),
+    }}));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    let mut events = gw.schedule_events().unwrap();
+    next_fire_is(gw, "cfg", T0 + HOUR).await;
+
+    let paused = gw.pause_schedule("cfg").await.unwrap();
+    assert_eq!(paused.state, ScheduleState::Paused);
+    rig.clock.set(T0 + HOUR + 5_000);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(gw.schedule_history("cfg", 10).await.unwrap().is_empty());
+    let resumed = gw.resume_schedule("cfg").await.unwrap();
+    assert_eq!(resumed.state, ScheduleState::Active);
+    assert_eq!(resumed.next_fire_at, Some(T0 + 2 * HOUR), "no catch-up");
+
+    rig.llm.push(text_response("ran now"));
+    let run = gw.run_schedule_now("cfg").await.unwrap();
+    assert_eq!(run.fire_at, T0 + HOUR + 5_000);
+    let runs = runs_until(gw, "cfg", |r| is_final_at(r, T0 + HOUR + 5_000)).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    assert_eq!(
+        gw.schedule("cfg").await.unwrap().next_fire_at,
+        Some(T0 + 2 * HOUR)
+    );
+    let event = within("the schedule_run_finished event", events.recv())
+        .await
+        .unwrap();
+    let event = serde_json::to_value(event).unwrap();
+    assert_eq!(event["type"], "schedule_run_finished", "{event}");
+    assert_eq!(event["scheduleId"], "cfg", "{event}");
+    assert_eq!(event["run"]["summary"], "ran now", "{event}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(events.try_recv().is_err(), "published once");
+
+    let refused = gw.cancel_schedule("cfg").await;
+    assert!(
+        matches!(&refused, Err(GatewayError::InvalidSchedule { message }) if message.contains("only be paused")),
+        "{refused:?}"
+    );
+    let made = gw
+        .add_schedule(spec(hourly("from the API", json!({}))), api_author())
+        .await
+        .unwrap();
+    assert_eq!(made.owner, "api");
+    let cancelled = gw.cancel_schedule(&made.id).await.unwrap();
+    assert_eq!(cancelled.state, ScheduleState::Cancelled);
+    assert!(gw.run_schedule_now(&made.id).await.is_err());
+    rig.llm.push(text_response("ten"));
+    rig.clock.set(T0 + 2 * HOUR);
+    runs_until(gw, "cfg", |r| is_final_at(r, T0 + 2 * HOUR)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(gw.schedule_history(&made.id, 10).await.unwrap().is_empty());
+    assert_eq!(rig.llm.request_count(), 2);
+    assert!(matches!(
+        gw.schedule("sch_nothere00").await,
+        Err(GatewayError::UnknownSchedule { .. })
+    ));
+    served.stop().await;
 }
