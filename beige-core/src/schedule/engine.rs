@@ -756,6 +756,14 @@ pub(crate) fn session_key(record: &ScheduleRecord, run: &ScheduleRun) -> String 
     }
 }
 
+/// The schedule id of a run's session key (`schedule:<id>:…`); ids hold no `:`.
+pub(crate) fn schedule_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix("schedule:")?
+        .split(':')
+        .next()
+        .filter(|id| !id.is_empty())
+}
+
 /// Run one fire: the prompt or the exec, unattended, within the schedule's budget.
 async fn execute(gateway: &LocalGateway, record: &ScheduleRecord, run: &ScheduleRun) -> Outcome {
     let spec = &record.spec;
@@ -1098,6 +1106,10 @@ mod tests {
         let mut named = record.clone();
         named.spec.session = Some("digest".into());
         assert_eq!(session_key(&named, &run), "schedule:daily:digest");
+        assert_eq!(schedule_of_key(&key), Some("daily"));
+        assert_eq!(schedule_of_key("schedule:daily:digest"), Some("daily"));
+        assert_eq!(schedule_of_key("api:a:default"), None);
+        assert_eq!(schedule_of_key("schedule::x"), None);
         assert_eq!(tail("abcdef", 3), "def");
     }
 }

@@ -419,7 +419,8 @@ async fn schedule_ask_is_deny() {
     assert_eq!(run.status, RunStatus::Blocked, "never ok: {run:?}");
     let why = run.error.as_deref().unwrap_or_default();
     assert!(
-        why.contains("git push origin main") && why.contains("unattended"),
+        why.contains("git push origin main")
+            && why.contains("this run is unattended (schedule nightly-push)"),
         "{why}"
     );
     // The model was told the call was denied; nothing ran; no request waits.
@@ -614,7 +615,11 @@ async fn schedule_exec_no_http() {
     let blocked = runs_until(&gw, "nightly-push", |r| is_final_at(r, T0 + 60_000)).await;
     assert_eq!(blocked[0].status, RunStatus::Blocked, "{blocked:?}");
     let why = blocked[0].error.as_deref().unwrap_or_default();
-    assert!(why.contains("unattended"), "{why}");
+    assert!(
+        why.contains("'exec git push origin main' needs approval")
+            && why.contains("this run is unattended (schedule nightly-push)"),
+        "{why}"
+    );
     assert!(gw.approvals(Some("a")).await.unwrap().is_empty());
     stop.cancel();
     within("the gateway to stop", task).await.unwrap().unwrap();
