@@ -955,3 +955,107 @@ async fn pause_resume_run_now_and_cancel() {
     ));
     served.stop().await;
 }
+
+/// Session modes: `session: "new"` (the default) gives each run a fresh session —
+/// `schedule:<id>:<YYYYMMDDHHMMSS>:<rand4>` — while a named session is reused, so its
+/// second run's model sees the first run's exchange.
+#[tokio::test]
+async fn new_and_named_sessions() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "fresh": hourly("fresh prompt", json!({})),
+        "kept": hourly("kept prompt", json!({"session": "journal"})),
+    }}));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "kept", T0 + HOUR).await;
+    for hour in 1..=2 {
+        rig.llm.push(text_response(&format!("answer {hour}")));
+        rig.llm.push(text_response(&format!("answer {hour}")));
+        rig.clock.set(T0 + hour * HOUR);
+        for id in ["fresh", "kept"] {
+            runs_until(gw, id, |r| is_final_at(r, T0 + hour * HOUR)).await;
+        }
+    }
+    let fresh = gw.schedule_history("fresh", 10).await.unwrap();
+    let kept = gw.schedule_history("kept", 10).await.unwrap();
+    for r in fresh.iter().chain(&kept) {
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    }
+    let sessions = |runs: &[ScheduleRun]| -> Vec<String> {
+        runs.iter()
+            .map(|r| {
+                r.session_id
+                    .clone()
+                    .expect("a prompt run records its session")
+            })
+            .collect()
+    };
+    let (fresh_s, kept_s) = (sessions(&fresh), sessions(&kept));
+    assert_ne!(fresh_s[0], fresh_s[1], "a new session per run");
+    assert_eq!(kept_s[0], kept_s[1], "the named session is reused");
+
+    let bodies: Vec<String> = rig.llm.requests().into_iter().map(|r| r.raw_body).collect();
+    assert_eq!(bodies.len(), 4);
+    let second_kept: Vec<&String> = bodies
+        .iter()
+        .filter(|b| b.contains("kept prompt"))
+        .collect();
+    assert_eq!(second_kept.len(), 2);
+    assert_eq!(
+        second_kept[1].matches("kept prompt").count(),
+        2,
+        "the second run carries the first: {}",
+        second_kept[1]
+    );
+    let second_fresh: Vec<&String> = bodies
+        .iter()
+        .filter(|b| b.contains("fresh prompt"))
+        .collect();
+    assert_eq!(second_fresh.len(), 2);
+    assert_eq!(
+        second_fresh[1].matches("fresh prompt").count(),
+        1,
+        "a fresh session starts empty: {}",
+        second_fresh[1]
+    );
+    served.stop().await;
+}
+
+/// `budget.costUsd` ends a run whose model calls cost more (`budget_exhausted`, the cost
+/// recorded), with no further model call.
+#[tokio::test]
+async fn a_run_over_its_cost_budget_is_stopped() {
+    use beige_testkit::anthropic::MessageStream;
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({"schedules": {
+        "thrifty": hourly("spend little", json!({"budget": {"costUsd": 0.01}})),
+    }}));
+    // 100 000 input tokens of claude-sonnet-4-6: far over a cent.
+    rig.llm.push(
+        MessageStream::new()
+            .tool_use("tu_1", "read", json!({"path": "notes.txt"}))
+            .stop_reason("tool_use")
+            .usage(100_000, 10)
+            .reply(),
+    );
+    rig.llm.push(text_response("never asked for"));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "thrifty", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    let runs = runs_until(gw, "thrifty", |r| is_final_at(r, T0 + HOUR)).await;
+    let run = &runs[0];
+    assert_eq!(run.status, RunStatus::BudgetExhausted, "{run:?}");
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("costUsd 0.01"),
+        "{run:?}"
+    );
+    assert!(run.cost_micros > 10_000, "the cost is recorded: {run:?}");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(rig.llm.request_count(), 1, "no model call after the budget");
+    served.stop().await;
+}
