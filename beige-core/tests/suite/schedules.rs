@@ -191,6 +191,11 @@ fn spec(v: Value) -> ScheduleSpec {
     serde_json::from_value(v).unwrap()
 }
 
+/// `deliver: {channel: "telegram", chatId: <the owner's chat>}`.
+fn spec_deliver_owner() -> beige_core::api::schedules::Deliver {
+    serde_json::from_value(json!({"channel": "telegram", "chatId": OWNER.to_string()})).unwrap()
+}
+
 fn api_author() -> ScheduleAuthor {
     ScheduleAuthor {
         owner: "api".into(),
@@ -723,10 +728,11 @@ async fn recovery_after_a_crash() {
         now: fire_at,
     };
     for (id, fire_at) in [("claimed", T0), ("running", T0), ("stale", T0 - 7 * HOUR)] {
-        store
-            .put_schedule(record(id, &format!("prompt of {id}")))
-            .await
-            .unwrap();
+        let mut r = record(id, &format!("prompt of {id}"));
+        if id == "running" {
+            r.spec.deliver = Some(spec_deliver_owner());
+        }
+        store.put_schedule(r).await.unwrap();
         let run = store.claim_run(claim(id, fire_at)).await.unwrap();
         assert!(run.is_some(), "{id}");
     }
@@ -735,7 +741,7 @@ async fn recovery_after_a_crash() {
 
     rig.llm.push(text_response("recovered"));
     let config = rig.config(json!({}));
-    let served = rig.serve(config.clone(), false).await;
+    let served = rig.serve(config.clone(), true).await;
     let gw = &served.gw;
     let claimed = runs_until(gw, "claimed", |r| is_final_at(r, T0)).await;
     assert_eq!(claimed.len(), 1, "{claimed:?}");
@@ -765,6 +771,19 @@ async fn recovery_after_a_crash() {
         .filter(|r| r["phase"] == "interrupted")
         .count();
     assert_eq!(interrupted, 1);
+    // The interrupted run is reported to its delivery chat.
+    let report = within(
+        "the report of the interrupted run",
+        rig.tg.wait_for_message(|m| {
+            m.chat_id == OWNER && m.visible.contains("running") && m.visible.contains("interrupted")
+        }),
+    )
+    .await;
+    assert!(
+        report.visible.contains("not run again"),
+        "{}",
+        report.visible
+    );
     served.stop().await;
 
     // Another start finds nothing open: nothing runs again.
