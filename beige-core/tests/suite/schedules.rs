@@ -808,7 +808,7 @@ async fn overlap_queue_keeps_one_waiting_run() {
         "queued": hourly("one at a time", json!({"overlap": "queue"})),
     }}));
     rig.llm
-        .push(text_response("nine o'clock").pause_at(1, Duration::from_secs(3)));
+        .push(text_response("nine o'clock").pause_at(1, Duration::from_secs(8)));
     rig.llm.push(text_response("ten o'clock"));
     let served = rig.serve(config, false).await;
     let gw = &served.gw;
@@ -867,7 +867,7 @@ async fn a_run_over_its_wall_budget_is_stopped() {
     }}));
     rig.llm.push(
         tool_use_response(&[("tu_1", "exec", json!({"command": "echo after-the-budget"}))])
-            .pause_at(1, Duration::from_secs(3)),
+            .pause_at(1, Duration::from_secs(6)),
     );
     rig.llm.push(text_response("done late"));
     let served = rig.serve(config, false).await;
@@ -877,7 +877,7 @@ async fn a_run_over_its_wall_budget_is_stopped() {
     rig.clock.set(T0 + HOUR);
     let runs = runs_until(gw, "bounded", |r| is_final_at(r, T0 + HOUR)).await;
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
@@ -891,7 +891,7 @@ async fn a_run_over_its_wall_budget_is_stopped() {
         "{run:?}"
     );
     // Past the model's slow answer: its tool call never ran, no further model call.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(8).saturating_sub(started.elapsed())).await;
     assert!(
         !served
             .sandbox
