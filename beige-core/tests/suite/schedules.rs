@@ -1078,3 +1078,56 @@ async fn a_run_over_its_cost_budget_is_stopped() {
     assert_eq!(rig.llm.request_count(), 1, "no model call after the budget");
     served.stop().await;
 }
+
+/// The schedule's `tools` bind the scripts of its run too: while a run goes, a plugin
+/// call naming the run's session (the socket's guarded path) may use the schedule's
+/// tools only, though the agent has more; other sessions of the agent are not narrowed.
+#[tokio::test]
+async fn a_runs_scripts_call_only_the_schedules_tools() {
+    use beige_core::Sessions as _;
+    use beige_protocol::socket::{SessionContext, ToolRequest, ToolResponse};
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({
+        "plugins": {"kv": {}, "sessions": {}},
+        "agents": {"a": {"tools": ["kv", "sessions"]}},
+        "schedules": {"narrow": hourly("hold on", json!({"tools": ["kv"], "session": "work"}))},
+    }));
+    rig.llm.push(Reply::hang());
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "narrow", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    within("the run to reach the model", rig.llm.wait_for_requests(1)).await;
+    let key = "schedule:narrow:work";
+    assert!(
+        gw.sessions("a").await.unwrap().iter().any(|s| s.key == key),
+        "the run's session exists"
+    );
+    let call = |tool: &str, args: &[&str], session: &str| {
+        let mut request = ToolRequest::new(tool, args.iter().map(|s| s.to_string()).collect());
+        request.session_context = Some(SessionContext {
+            session_key: Some(session.to_string()),
+            ..Default::default()
+        });
+        let gw = gw.clone();
+        async move { gw.handle_tool_request("a", request).await }
+    };
+    let text = |r: &ToolResponse| serde_json::to_value(r).unwrap().to_string();
+    let refused = call("sessions", &["list"], key).await;
+    assert!(!refused.success, "{}", text(&refused));
+    assert!(
+        text(&refused).contains("not allowed for this schedule run"),
+        "{}",
+        text(&refused)
+    );
+    let allowed = call("kv", &["set", "k", "v"], key).await;
+    assert!(allowed.success, "{}", text(&allowed));
+    // The agent's own sessions keep all its tools.
+    let other = call("sessions", &["list"], "api:a:default").await;
+    assert!(
+        !text(&other).contains("not allowed for this schedule run"),
+        "{}",
+        text(&other)
+    );
+    served.stop().await;
+}
