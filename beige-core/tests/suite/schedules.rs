@@ -1131,3 +1131,58 @@ async fn a_runs_scripts_call_only_the_schedules_tools() {
     );
     served.stop().await;
 }
+
+/// The config's schedules follow a reload: a changed cron takes effect at once, a paused
+/// schedule stays paused though its entry changed, and a removed entry is cancelled
+/// (its history kept) and fires no more.
+#[tokio::test]
+async fn config_schedules_follow_a_reload() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let v1 = rig.config(json!({"schedules": {
+        "moved": hourly("moved", json!({})),
+        "held": hourly("held", json!({})),
+        "gone": hourly("gone", json!({})),
+    }}));
+    let served = rig.serve(v1, false).await;
+    let gw = &served.gw;
+    for id in ["moved", "held", "gone"] {
+        next_fire_is(gw, id, T0 + HOUR).await;
+    }
+    gw.pause_schedule("held").await.unwrap();
+
+    let v2 = rig.config(json!({"schedules": {
+        "moved": {"agent": "a", "cron": "30 * * * *", "tz": "UTC", "prompt": "moved"},
+        "held": hourly("held, reworded", json!({})),
+    }}));
+    assert!(gw.reload(v2).await.ok);
+    next_fire_is(gw, "moved", T0 + 30 * 60_000).await;
+    let held = gw.schedule("held").await.unwrap();
+    assert_eq!(held.state, ScheduleState::Paused, "{held:?}");
+    assert_eq!(held.spec.prompt.as_deref(), Some("held, reworded"));
+    let gone = within("the removed schedule to be cancelled", async {
+        loop {
+            let v = gw.schedule("gone").await.unwrap();
+            if v.state == ScheduleState::Cancelled {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(gone.next_fire_at, None);
+
+    rig.llm.push(text_response("half past"));
+    rig.clock.set(T0 + 30 * 60_000 + 1_000);
+    let runs = runs_until(gw, "moved", |r| is_final_at(r, T0 + 30 * 60_000)).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    assert_eq!(runs[0].missed_count, 0, "on time: {runs:?}");
+    // Past the old 09:00: neither the paused nor the removed one fires.
+    rig.clock.set(T0 + HOUR + 1_000);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(gw.schedule_history("moved", 10).await.unwrap().len(), 1);
+    assert!(gw.schedule_history("held", 10).await.unwrap().is_empty());
+    assert!(gw.schedule_history("gone", 10).await.unwrap().is_empty());
+    assert_eq!(rig.llm.request_count(), 1);
+    served.stop().await;
+}
