@@ -1186,3 +1186,54 @@ async fn config_schedules_follow_a_reload() {
     assert_eq!(rig.llm.request_count(), 1);
     served.stop().await;
 }
+
+/// The config's `schedules` entries are checked when the config is loaded, each problem
+/// named by its path: a tool the agent lacks, `missed` with its alias `catchUp`, a
+/// cron that does not parse, an unknown agent.
+#[test]
+fn config_schedule_entries_are_validated_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let load = |schedule: &str| {
+        let text = format!(
+            r#"{{
+              llm: {{ providers: {{ anthropic: {{ apiKey: "k" }} }} }},
+              plugins: {{ kv: {{}} }},
+              agents: {{ a: {{ model: {{ provider: "anthropic", model: "claude-sonnet-4-6" }}, tools: ["kv"] }} }},
+              schedules: {{ nightly: {schedule} }},
+            }}"#
+        );
+        Config::from_str_with_env(&text, &dir.path().join("config.json5"), &home, |_| None)
+    };
+    let ok = r#"{ agent: "a", cron: "0 8 * * 1-5", tz: "Europe/Berlin", prompt: "p", catchUp: "skip", tools: ["kv"] }"#;
+    let loaded = load(ok).unwrap();
+    assert_eq!(
+        loaded.config.schedules["nightly"].missed_policy(),
+        beige_core::api::schedules::Missed::Skip
+    );
+    for (schedule, path, needle) in [
+        (
+            r#"{ agent: "a", cron: "0 8 * * *", prompt: "p", tools: ["kv", "gh"] }"#,
+            "schedules.nightly.tools[1]",
+            "'gh'",
+        ),
+        (
+            r#"{ agent: "a", cron: "0 8 * * *", prompt: "p", missed: "skip", catchUp: "once" }"#,
+            "schedules.nightly.catchUp",
+            "missed",
+        ),
+        (
+            r#"{ agent: "a", cron: "0 25 * * *", prompt: "p" }"#,
+            "schedules.nightly.cron",
+            "25",
+        ),
+        (
+            r#"{ agent: "b", cron: "0 8 * * *", prompt: "p" }"#,
+            "schedules.nightly.agent",
+            "'b'",
+        ),
+    ] {
+        let e = load(schedule).unwrap_err().to_string();
+        assert!(e.contains(path) && e.contains(needle), "{schedule}: {e}");
+    }
+}
