@@ -1204,6 +1204,7 @@ fn config_schedule_entries_are_validated_by_path() {
             }}"#
         );
         Config::from_str_with_env(&text, &dir.path().join("config.json5"), &home, |_| None)
+            .map_err(|e| e.to_string())
     };
     let ok = r#"{ agent: "a", cron: "0 8 * * 1-5", tz: "Europe/Berlin", prompt: "p", catchUp: "skip", tools: ["kv"] }"#;
     let loaded = load(ok).unwrap();
@@ -1233,7 +1234,7 @@ fn config_schedule_entries_are_validated_by_path() {
             "'b'",
         ),
     ] {
-        let e = load(schedule).unwrap_err().to_string();
+        let e = load(schedule).unwrap_err();
         assert!(e.contains(path) && e.contains(needle), "{schedule}: {e}");
     }
 }
