@@ -1238,3 +1238,57 @@ fn config_schedule_entries_are_validated_by_path() {
         assert!(e.contains(path) && e.contains(needle), "{schedule}: {e}");
     }
 }
+
+/// An exec schedule that opted in with `onInterrupted: "rerun"` runs an instant cut off
+/// by a crash once more on the next start (the labelled `MemorySandbox` records the
+/// command; no sandbox behaviour is under test), and not again on the start after.
+#[tokio::test]
+async fn an_interrupted_exec_that_opted_in_is_rerun_once() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let store = rig.store();
+    let record = ScheduleRecord {
+        id: "sweep".into(),
+        owner: "api".into(),
+        created_by: "api".into(),
+        policy_version: None,
+        state: ScheduleState::Active,
+        next_fire_at: Some(T0 + HOUR),
+        spec: spec(json!({"agent": "a", "cron": "0 * * * *", "tz": "UTC",
+                          "exec": "sweep --all", "onInterrupted": "rerun"})),
+        created: T0 - HOUR,
+        updated: T0 - HOUR,
+    };
+    store.put_schedule(record).await.unwrap();
+    let claim = Claim {
+        run_id: "run_sweep".into(),
+        schedule_id: "sweep".into(),
+        fire_at: T0,
+        missed_count: 0,
+        claimed_by: "boot_dead".into(),
+        next_fire_at: Some(T0 + HOUR),
+        status: RunStatus::Claimed,
+        error: None,
+        now: T0,
+    };
+    assert!(store.claim_run(claim).await.unwrap().is_some());
+    assert!(store.start_run("run_sweep", T0 + 1_000).await.unwrap());
+    drop(store);
+
+    let config = rig.config(json!({}));
+    let served = rig.serve(config.clone(), false).await;
+    let runs = runs_until(&served.gw, "sweep", |r| is_final_at(r, T0)).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].status, RunStatus::Ok, "{runs:?}");
+    let ran = served.sandbox.executed("a");
+    assert_eq!(ran, ["sweep --all"], "{ran:?}");
+    served.stop().await;
+
+    let again = rig.serve(config, false).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(again.sandbox.executed("a").is_empty());
+    assert_eq!(
+        again.gw.schedule_history("sweep", 10).await.unwrap().len(),
+        1
+    );
+    again.stop().await;
+}
