@@ -24,7 +24,9 @@ use super::{failpoint, Clock};
 use crate::audit::{AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::Config;
 use crate::gateway::{Gateway, LocalGateway};
-use crate::store::{ChannelState, Claim, RunFinish, ScheduleRecord, ScheduleStore, StoreError};
+use crate::store::{
+    ChannelState, Claim, RunFinish, ScheduleRecord, ScheduleStore, StoreError, RERUN_PREFIX,
+};
 use crate::tools::{CoreToolCall, ToolContext, ToolOutcome};
 
 /// Outbox channel of `deliver: "events"` items, drained onto the event stream.
@@ -355,16 +357,40 @@ impl Scheduler {
             };
             match run.status {
                 RunStatus::Running => {
+                    let rerun_before = run.claimed_by.starts_with(RERUN_PREFIX);
                     let rerun = record.spec.on_interrupted == Some(OnInterrupted::Rerun)
-                        && record.spec.exec.is_some();
+                        && record.spec.exec.is_some()
+                        && !rerun_before;
                     if rerun {
-                        self.spawn_body(gateway.clone(), record, run);
+                        // Once: the run is marked rerun before it runs again, so a crash
+                        // during the rerun leaves it `interrupted` on the next start.
+                        match self.store.rerun_run(&run.id, &self.boot_id, now).await {
+                            Ok(true) => {
+                                let mut again = run.clone();
+                                again.claimed_by = format!("{RERUN_PREFIX}{}", self.boot_id);
+                                again.started_at = Some(now);
+                                self.audit(gateway, &record, &again, Phase::Started, None)
+                                    .await;
+                                self.spawn_body(gateway.clone(), record, again);
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::error!(run = %run.id, error = %e, "could not take over an interrupted run to rerun it");
+                            }
+                        }
                         continue;
                     }
-                    let error = format!(
-                        "the gateway stopped while this run was going (boot {}); it was not run again because it may have had effects",
-                        run.claimed_by
-                    );
+                    let error = if rerun_before {
+                        format!(
+                            "the gateway stopped while this run was going again after an interruption ({}); an instant is rerun once only",
+                            run.claimed_by
+                        )
+                    } else {
+                        format!(
+                            "the gateway stopped while this run was going (boot {}); it was not run again because it may have had effects",
+                            run.claimed_by
+                        )
+                    };
                     self.audit(gateway, &record, &run, Phase::Interrupted, Some(&error))
                         .await;
                     self.finish(

@@ -1241,7 +1241,8 @@ fn config_schedule_entries_are_validated_by_path() {
 
 /// An exec schedule that opted in with `onInterrupted: "rerun"` runs an instant cut off
 /// by a crash once more on the next start (the labelled `MemorySandbox` records the
-/// command; no sandbox behaviour is under test), and not again on the start after.
+/// command; no sandbox behaviour is under test), and not again on the start after —
+/// nor after a crash during the rerun.
 #[tokio::test]
 async fn an_interrupted_exec_that_opted_in_is_rerun_once() {
     let rig = Rig::new(T0 + 30_000).await;
@@ -1283,7 +1284,7 @@ async fn an_interrupted_exec_that_opted_in_is_rerun_once() {
     assert_eq!(ran, ["sweep --all"], "{ran:?}");
     served.stop().await;
 
-    let again = rig.serve(config, false).await;
+    let again = rig.serve(config.clone(), false).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(again.sandbox.executed("a").is_empty());
     assert_eq!(
@@ -1291,4 +1292,41 @@ async fn an_interrupted_exec_that_opted_in_is_rerun_once() {
         1
     );
     again.stop().await;
+
+    // A crash during the rerun (the run left `running`, marked rerun): the next start
+    // reports it `interrupted` and does not run it a third time.
+    let store = rig.store();
+    let claim = Claim {
+        run_id: "run_sweep_2".into(),
+        schedule_id: "sweep".into(),
+        fire_at: T0 + HOUR,
+        missed_count: 0,
+        claimed_by: "boot_dead_2".into(),
+        next_fire_at: Some(T0 + 2 * HOUR),
+        status: RunStatus::Claimed,
+        error: None,
+        now: T0 + HOUR,
+    };
+    assert!(store.claim_run(claim).await.unwrap().is_some());
+    assert!(store.start_run("run_sweep_2", T0 + HOUR).await.unwrap());
+    assert!(store
+        .rerun_run("run_sweep_2", "boot_dead_3", T0 + HOUR + 5_000)
+        .await
+        .unwrap());
+    drop(store);
+    rig.clock.set(T0 + HOUR + 60_000);
+    let third = rig.serve(config, false).await;
+    let runs = runs_until(&third.gw, "sweep", |r| is_final_at(r, T0 + HOUR)).await;
+    let cut = at(&runs, T0 + HOUR).unwrap();
+    assert_eq!(cut.status, RunStatus::Interrupted, "{cut:?}");
+    assert!(
+        cut.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("rerun once only"),
+        "{cut:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(third.sandbox.executed("a").is_empty());
+    third.stop().await;
 }
