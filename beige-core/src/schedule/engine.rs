@@ -51,6 +51,9 @@ pub(crate) struct Scheduler {
     events: broadcast::Sender<ScheduleEvent>,
     /// The `schedules` of the config last synced into the store (JSON).
     synced: Mutex<Option<String>>,
+    /// Held while `events` deliveries are published: the tick and a finishing run both
+    /// drain, and each item must go out once.
+    draining: tokio::sync::Mutex<()>,
 }
 
 /// A management call that failed.
@@ -79,6 +82,7 @@ impl Scheduler {
             in_flight: Mutex::new(HashMap::new()),
             events: broadcast::channel(256).0,
             synced: Mutex::new(None),
+            draining: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -678,6 +682,7 @@ impl Scheduler {
 
     /// Publish queued `events` deliveries, each once.
     async fn drain_events(&self) {
+        let _one_at_a_time = self.draining.lock().await;
         let Ok(items) = self.outbox.due_outbox(EVENTS_OUTBOX, i64::MAX, 100).await else {
             return;
         };

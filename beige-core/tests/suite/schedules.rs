@@ -1330,3 +1330,41 @@ async fn an_interrupted_exec_that_opted_in_is_rerun_once() {
     assert!(third.sandbox.executed("a").is_empty());
     third.stop().await;
 }
+
+/// Many runs delivering to `"events"` finish together: each `schedule_run_finished`
+/// is published exactly once, though the tick and every finishing run drain the queue.
+#[tokio::test]
+async fn events_of_runs_finishing_together_are_published_once() {
+    let rig = Rig::new(T0 + 30_000).await;
+    let ids: Vec<String> = (0..8).map(|i| format!("ev{i}")).collect();
+    let schedules: serde_json::Map<String, Value> = ids
+        .iter()
+        .map(|id| (id.clone(), hourly(id, json!({"deliver": "events"}))))
+        .collect();
+    let config = rig.config(json!({ "schedules": schedules }));
+    for _ in &ids {
+        rig.llm.push(text_response("done"));
+    }
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    let mut events = gw.schedule_events().unwrap();
+    for id in &ids {
+        next_fire_is(gw, id, T0 + HOUR).await;
+    }
+    rig.clock.set(T0 + HOUR);
+    for id in &ids {
+        runs_until(gw, id, |r| is_final_at(r, T0 + HOUR)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        let e = serde_json::to_value(e).unwrap();
+        seen.push(e["run"]["id"].as_str().unwrap_or_default().to_string());
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "every run's event: {seen:?}");
+    assert_eq!(seen.len(), ids.len(), "each once: {seen:?}");
+    served.stop().await;
+}
