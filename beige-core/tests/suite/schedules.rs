@@ -1368,3 +1368,39 @@ async fn events_of_runs_finishing_together_are_published_once() {
     assert_eq!(seen.len(), ids.len(), "each once: {seen:?}");
     served.stop().await;
 }
+
+/// A run counts against its agent's budgets too: over the agent's session token budget,
+/// the run ends `budget_exhausted` with the budget's message, not `ok` or `failed`.
+#[tokio::test]
+async fn a_run_over_its_agents_budget_is_budget_exhausted() {
+    use beige_testkit::anthropic::MessageStream;
+    let rig = Rig::new(T0 + 30_000).await;
+    let config = rig.config(json!({
+        "budgets": {"session": {"tokens": 1000}},
+        "schedules": {"hungry": hourly("read everything", json!({}))},
+    }));
+    rig.llm.push(
+        MessageStream::new()
+            .tool_use("tu_1", "read", json!({"path": "notes.txt"}))
+            .stop_reason("tool_use")
+            .usage(5_000, 10)
+            .reply(),
+    );
+    rig.llm.push(text_response("never asked for"));
+    let served = rig.serve(config, false).await;
+    let gw = &served.gw;
+    next_fire_is(gw, "hungry", T0 + HOUR).await;
+    rig.clock.set(T0 + HOUR);
+    let runs = runs_until(gw, "hungry", |r| is_final_at(r, T0 + HOUR)).await;
+    let run = &runs[0];
+    assert_eq!(run.status, RunStatus::BudgetExhausted, "{run:?}");
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("budgets.session.tokens"),
+        "{run:?}"
+    );
+    assert_eq!(rig.llm.request_count(), 1);
+    served.stop().await;
+}
