@@ -37,6 +37,8 @@ const LATE_MS: i64 = 60_000;
 const TICK: Duration = Duration::from_secs(1);
 /// Characters of an answer or output kept in the run's summary and sent.
 const SUMMARY_CHARS: usize = 3_000;
+/// How the exec tool's answer begins when the command ran out of its timeout.
+const EXEC_TIMED_OUT: &str = "Error: timed out after ";
 
 /// The schedule engine of one gateway process (one boot id).
 #[derive(Debug)]
@@ -836,13 +838,24 @@ async fn run_exec(
         Ok(out) => {
             let text = out.joined_text();
             let summary = Some(tail(&text, SUMMARY_CHARS));
+            // The exec's timeout is the schedule's wallSeconds: running out of it is
+            // that budget, not a failure of the command.
+            let over_wall = wall.is_some() && text.starts_with(EXEC_TIMED_OUT);
             let status = match out.outcome() {
                 ToolOutcome::Denied => RunStatus::Blocked,
                 ToolOutcome::Failed => RunStatus::Failed,
+                _ if over_wall => RunStatus::BudgetExhausted,
                 _ if out.is_error => RunStatus::Failed,
                 _ => RunStatus::Ok,
             };
-            let error = (status != RunStatus::Ok).then(|| first_line(&text));
+            let error = match status {
+                RunStatus::Ok => None,
+                RunStatus::BudgetExhausted => Some(format!(
+                    "budget exhausted: the exec took longer than wallSeconds {} and was killed",
+                    wall.map(|w| w.as_secs()).unwrap_or_default()
+                )),
+                _ => Some(first_line(&text)),
+            };
             Outcome {
                 status,
                 summary,

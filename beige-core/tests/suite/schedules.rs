@@ -557,6 +557,8 @@ async fn schedule_exec_no_http() {
         "nightly-clean": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo cleaned-$((6*7))"},
         "nightly-fail": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "echo broken; exit 3"},
         "nightly-push": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "git push origin main"},
+        "nightly-slow": {"agent": "a", "at": "2026-12-01T08:01:00Z", "exec": "sleep 5; echo late",
+                         "budget": {"wallSeconds": 1}},
     }))
     .unwrap();
     let clock = Arc::new(ManualClock::at(T0 + 30_000));
@@ -626,6 +628,13 @@ async fn schedule_exec_no_http() {
         "{why}"
     );
     assert!(gw.approvals(Some("a")).await.unwrap().is_empty());
+    // An exec over `wallSeconds` is stopped by that budget.
+    let slow = runs_until(&gw, "nightly-slow", |r| is_final_at(r, T0 + 60_000)).await;
+    assert_eq!(slow[0].status, RunStatus::BudgetExhausted, "{slow:?}");
+    let why = slow[0].error.as_deref().unwrap_or_default();
+    assert!(why.contains("wallSeconds 1"), "{why}");
+    let summary = slow[0].summary.as_deref().unwrap_or_default();
+    assert!(!summary.contains("late"), "{summary}");
     stop.cancel();
     within("the gateway to stop", task).await.unwrap().unwrap();
 }
