@@ -48,8 +48,8 @@ pub(crate) struct Scheduler {
     clock: Arc<dyn Clock>,
     boot_id: String,
     wake: Notify,
-    /// Runs going now, per schedule (for `overlap`), and whether one waits (`queue`).
-    in_flight: Mutex<HashMap<String, (usize, bool)>>,
+    /// Per schedule: its runs going and waiting to start (for `overlap`).
+    in_flight: Mutex<HashMap<String, Flight>>,
     events: broadcast::Sender<ScheduleEvent>,
     /// The `schedules` of the config last synced into the store (JSON).
     synced: Mutex<Option<String>>,
@@ -493,11 +493,11 @@ impl Scheduler {
                 spec.max_late()
             ));
         }
-        let (going, queued) = self.flight(&record.id);
+        let flight = self.flight(&record.id);
         let mut queue = false;
-        if skip.is_none() && going > 0 {
+        if skip.is_none() && flight.going() > 0 {
             match spec.overlap_policy() {
-                Overlap::Queue if !queued => queue = true,
+                Overlap::Queue if !flight.queued => queue = true,
                 _ => {
                     skip = Some(
                         "overlap: the previous run was still going (overlap: skip)".to_string(),
@@ -540,22 +540,28 @@ impl Scheduler {
         Ok(())
     }
 
-    fn flight(&self, id: &str) -> (usize, bool) {
+    fn flight(&self, id: &str) -> Flight {
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
             .copied()
-            .unwrap_or((0, false))
+            .unwrap_or_default()
+    }
+
+    /// Change the flight of schedule `id` under the lock.
+    fn update<T>(&self, id: &str, change: impl FnOnce(&mut Flight) -> T) -> T {
+        let mut all = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        change(all.entry(id.to_string()).or_default())
     }
 
     fn set_queued(&self, id: &str, queued: bool) {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(id.to_string())
-            .or_default()
-            .1 = queued;
+        self.update(id, |f| f.queued = queued);
+    }
+
+    /// A run of schedule `id` ended (or never started).
+    fn release(&self, id: &str) {
+        self.update(id, |f| f.running = f.running.saturating_sub(1));
     }
 
     /// Start and run a claimed run in its own task (waiting for the previous run of the
@@ -566,16 +572,33 @@ impl Scheduler {
         record: ScheduleRecord,
         run: ScheduleRun,
     ) {
+        self.update(&record.id, |f| f.starting += 1);
         let this = self.clone();
         tokio::spawn(async move {
-            while this.flight(&record.id).0 > 0 {
+            // Take the schedule's one slot once the run going (if any) has ended.
+            loop {
+                let taken = this.update(&record.id, |f| {
+                    let free = f.running == 0;
+                    if free {
+                        f.starting = f.starting.saturating_sub(1);
+                        f.running += 1;
+                        f.queued = false;
+                    }
+                    free
+                });
+                if taken {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            this.set_queued(&record.id, false);
             match this.store.start_run(&run.id, this.now()).await {
                 Ok(true) => {}
-                Ok(false) => return,
+                Ok(false) => {
+                    this.release(&record.id);
+                    return;
+                }
                 Err(e) => {
+                    this.release(&record.id);
                     tracing::error!(run = %run.id, error = %e, "could not start a schedule run");
                     return;
                 }
@@ -594,22 +617,15 @@ impl Scheduler {
         record: ScheduleRecord,
         run: ScheduleRun,
     ) {
+        self.update(&record.id, |f| f.running += 1);
         let this = self.clone();
         tokio::spawn(async move { this.body(&gateway, &record, &run).await });
     }
 
+    /// Run a started run and finish it; the caller counted it `running`.
     async fn body(&self, gateway: &LocalGateway, record: &ScheduleRecord, run: &ScheduleRun) {
-        {
-            let mut f = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            f.entry(record.id.clone()).or_default().0 += 1;
-        }
         let outcome = execute(gateway, record, run).await;
-        {
-            let mut f = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = f.get_mut(&record.id) {
-                e.0 = e.0.saturating_sub(1);
-            }
-        }
+        self.release(&record.id);
         self.finish(gateway, record, run, outcome).await;
         self.wake.notify_one();
     }
@@ -734,6 +750,25 @@ impl Scheduler {
         if let Err(e) = sink.record(&r).await {
             tracing::warn!(error = %e, schedule = %record.id, "could not audit a schedule step");
         }
+    }
+}
+
+/// The runs of one schedule in this process: a run counts from the moment it is handed
+/// to [`Scheduler::spawn_run`] (`starting`), so a fire in between sees it; one run of a
+/// schedule goes at a time (`running` is 0 or 1).
+#[derive(Debug, Default, Clone, Copy)]
+struct Flight {
+    /// Runs going (started, or rerun).
+    running: usize,
+    /// Runs handed over to start, not started yet (waiting for the one going).
+    starting: usize,
+    /// A fire is waiting for the run going (`overlap: "queue"` keeps one).
+    queued: bool,
+}
+
+impl Flight {
+    fn going(&self) -> usize {
+        self.running + self.starting
     }
 }
 

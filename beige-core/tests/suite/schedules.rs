@@ -1413,3 +1413,59 @@ async fn a_run_over_its_agents_budget_is_budget_exhausted() {
     assert_eq!(rig.llm.request_count(), 1);
     served.stop().await;
 }
+
+/// A crash right after the 08:00 claim and a start at 10:30: recovery starts the claimed
+/// 08:00 run, and the missed 09:00 and 10:00 fires, due at the same start, do not run
+/// beside it — they are one `skipped` (overlap) run, as `overlap: "skip"` says.
+#[tokio::test]
+async fn a_recovered_run_and_a_missed_fire_do_not_overlap() {
+    let rig = Rig::new(T0 + 2 * HOUR + 30 * 60_000).await;
+    let store = rig.store();
+    store
+        .put_schedule(ScheduleRecord {
+            id: "busy".into(),
+            owner: "api".into(),
+            created_by: "api".into(),
+            policy_version: None,
+            state: ScheduleState::Active,
+            next_fire_at: Some(T0 + HOUR),
+            spec: spec(hourly("busy", json!({}))),
+            created: T0 - HOUR,
+            updated: T0 - HOUR,
+        })
+        .await
+        .unwrap();
+    let claim = Claim {
+        run_id: "run_busy".into(),
+        schedule_id: "busy".into(),
+        fire_at: T0,
+        missed_count: 0,
+        claimed_by: "boot_dead".into(),
+        next_fire_at: Some(T0 + HOUR),
+        status: RunStatus::Claimed,
+        error: None,
+        now: T0,
+    };
+    assert!(store.claim_run(claim).await.unwrap().is_some());
+    drop(store);
+    rig.llm.push(Reply::hang());
+    rig.llm.push(Reply::hang());
+
+    let served = rig.serve(rig.config(json!({})), false).await;
+    let gw = &served.gw;
+    let runs = runs_until(gw, "busy", |r| at(r, T0 + 2 * HOUR).is_some()).await;
+    let ten = at(&runs, T0 + 2 * HOUR).unwrap();
+    assert_eq!(ten.status, RunStatus::Skipped, "{runs:?}");
+    assert_eq!(ten.missed_count, 2, "{ten:?}");
+    assert!(
+        ten.error.as_deref().unwrap_or_default().contains("overlap"),
+        "{ten:?}"
+    );
+    runs_until(gw, "busy", |r| {
+        at(r, T0).is_some_and(|r| r.status == RunStatus::Running)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rig.llm.request_count(), 1, "one run at a time");
+    served.stop().await;
+}
