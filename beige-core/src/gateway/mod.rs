@@ -1320,7 +1320,8 @@ impl Inner {
             model: ctx.model.clone(),
             principal: ctx.principal.clone(),
             target: Target::Sandbox,
-            unattended: (!ctx.attended).then(|| unattended_origin(ctx.channel.as_deref())),
+            unattended: (!ctx.attended)
+                .then(|| unattended_origin(ctx.channel.as_deref(), ctx.session_key.as_deref())),
             cwd: None,
             stdin_sha256: None,
             exec: exec_id.clone(),
@@ -1803,8 +1804,14 @@ fn call_line(tool: &str, args: &[String]) -> String {
         .join(" ")
 }
 
-/// Why a call from a channel's run cannot reach a human.
-fn unattended_origin(channel: Option<&str>) -> String {
+/// Why a call from a channel's run cannot reach a human; a schedule's run names the
+/// schedule (governance.md §3).
+fn unattended_origin(channel: Option<&str>, session: Option<&str>) -> String {
+    if channel == Some("schedule") {
+        if let Some(id) = session.and_then(crate::schedule::engine::schedule_of_key) {
+            return format!("schedule {id}");
+        }
+    }
     match channel {
         Some("api") | None => "a prompt sent without an approvals stream".to_string(),
         Some(c) => format!("a {c} run with no approver attached"),

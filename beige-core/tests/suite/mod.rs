@@ -23,6 +23,7 @@ mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
 mod schedule_tool;
+mod schedules;
 mod serve;
 mod sessions_tool;
 mod support;
