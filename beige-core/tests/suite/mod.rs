@@ -23,6 +23,7 @@ mod policy_seam;
 mod sandbox_docker;
 mod serve;
 mod sessions_tool;
+mod spawn;
 mod support;
 mod telegram;
 mod tools_socket;
