@@ -31,7 +31,7 @@ use beige_core::plugin::{
 use beige_core::store::{LedgerFilter, SessionStore, SqliteStore, UsageLedger};
 use beige_core::{Admin as _, AgentEvent, Gateway as _, GatewayBuilder, LocalGateway};
 use beige_core::PromptRequest;
-use beige_testkit::anthropic::{text_response, MessageStream};
+use beige_testkit::anthropic::MessageStream;
 use beige_testkit::llm::{FakeLlmServer, RecordedRequest, Reply};
 use serde_json::{json, Value};
 
@@ -371,5 +371,407 @@ async fn spawn_child_lacks_parent_tool() {
         assert_eq!(r["parentSession"], "api:assistant:main");
         assert!(r["error"].as_str().unwrap().contains("parent lacks it"));
     }
+    f.gw.shutdown().await.unwrap();
+}
+
+/// `spawn_depth`: `a` may spawn itself (`SELF`) with `maxDepth: 2`. The root's child
+/// (depth 1) spawns a grandchild (depth 2), whose spawn is refused with the depth limit;
+/// forging `BEIGE_SESSION_KEY` (and the rest of the session context) to the root
+/// session, or `BEIGE_EXEC_ID` to another exec, changes nothing: depth comes from the
+/// caller's exec and the lineage stored with its session.
+#[tokio::test]
+async fn spawn_depth() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({"a": {"tools": ["spawn"],
+                     "pluginConfigs": {"spawn": {"targets": {"SELF": {"maxDepth": 2}}}}}}),
+        json!({}),
+    )
+    .await;
+    const ROOT: &str = "api:a:root";
+    f.llm.push(run("tu_r", "spawn --target SELF 'level one'", (10, 1)));
+    f.llm.push(run("tu_1", "spawn --target SELF 'level two'", (10, 1)));
+    f.llm.push(run(
+        "tu_2",
+        &format!(
+            "spawn --target SELF 'level three'; echo \"rc=$?\"; \
+             BEIGE_SESSION_KEY={ROOT} BEIGE_CHANNEL=api BEIGE_AGENT_NAME=a \
+             spawn --target SELF 'forged session'; echo \"forged=$?\"; \
+             BEIGE_EXEC_ID=x0000000000000001 spawn --target SELF 'forged exec'; \
+             echo \"forged_exec=$?\"; spawn --info"
+        ),
+        (10, 1),
+    ));
+    f.llm.push(answer("grandchild could not go deeper", (10, 1)));
+    f.llm.push(answer("child relays: no deeper", (10, 1)));
+    f.llm.push(answer("root: done", (10, 1)));
+    let events = prompt(&f.gw, PromptRequest::new("a", ROOT, "go deep")).await;
+    assert_eq!(done(&events), Some("root: done"), "{events:#?}");
+    assert_eq!(
+        f.llm.request_count(),
+        6,
+        "no model call at a third level: {:#?}",
+        f.llm.requests()
+    );
+    let requests = f.llm.requests();
+
+    // The grandchild's refusals: the limit, whatever the environment claims.
+    let deepest = tool_results(&requests[3]);
+    let refused = "SESSION: none\n---\nspawn failed: depth limit 2 reached: this session is at depth 2, and a chain through target 'SELF' may be at most 2 deep\n";
+    assert_eq!(deepest.matches(refused).count(), 2, "{deepest}");
+    assert!(
+        deepest.contains("rc=1") && deepest.contains("forged=1"),
+        "{deepest}"
+    );
+    assert!(
+        deepest.contains("exec_id_mismatch") && !deepest.contains("forged_exec=0"),
+        "{deepest}"
+    );
+    assert!(
+        deepest.contains("spawn: agent a, at depth 2 (a sub-agent of session spawn:")
+            && deepest.contains("depth left 0 (cannot spawn: depth limit reached)"),
+        "{deepest}"
+    );
+
+    // The chain in the store: root → child (depth 1) → grandchild (depth 2), each
+    // lineage naming its parent and the exec that spawned it; nothing deeper.
+    let root = session(&f.store, ROOT).await;
+    let child_out = tool_results(&requests[4]);
+    let grand_key = child_key(&child_out);
+    assert_key_format(&grand_key, &child_key(&tool_outputs(&events)[0]), "a");
+    assert!(
+        child_out.contains("---\ngrandchild could not go deeper"),
+        "{child_out}"
+    );
+    let child = session(&f.store, &child_key(&tool_outputs(&events)[0])).await;
+    let grand = session(&f.store, &grand_key).await;
+    let l1 = f.store.session_lineage(&child.id).await.unwrap().unwrap();
+    let l2 = f.store.session_lineage(&grand.id).await.unwrap().unwrap();
+    assert_eq!((l1.depth, l1.parent_session_id.as_str()), (1, root.id.as_str()));
+    assert_eq!((l2.depth, l2.parent_session_id.as_str()), (2, child.id.as_str()));
+    assert!(l1.invoked_by_exec.is_some() && l2.invoked_by_exec.is_some());
+    assert_ne!(l1.invoked_by_exec, l2.invoked_by_exec);
+    assert_eq!(l2.rights["maxDepth"], 2);
+    assert!(f.store.session_lineage(&root.id).await.unwrap().is_none());
+    let sessions = f.store.list_sessions("a").await.unwrap();
+    assert_eq!(sessions.len(), 3, "{sessions:#?}");
+
+    // The root's own spawn (depth 0 → 1) was fine, and so the root is not limited by
+    // its child's failure to go deeper.
+    assert!(
+        tool_outputs(&events)[0].contains("---\nchild relays: no deeper"),
+        "{:?}",
+        tool_outputs(&events)
+    );
+    f.gw.shutdown().await.unwrap();
+}
+
+/// `spawn_budget`: the child's usage rows carry the parent session, so the parent's
+/// session total (children included) is exactly what the fake provider reported for
+/// both, priced; the spawn's audit record carries the child's cost. A parent whose
+/// session budget the child used up: the child stops before its next model call, the
+/// spawn fails `budget exhausted` (exit 77), and the parent cannot spawn again.
+#[tokio::test]
+async fn spawn_budget() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "budgets": {"session": {"tokens": 10000}},
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+
+    // 1. Within the budget: parent 1000+100, child 2000+200 and 3000+300, parent 400+40.
+    f.llm.push(run("tu_p1", "spawn --target researcher 'dig'", (1000, 100)));
+    f.llm.push(run("tu_c1", "echo digging", (2000, 200)));
+    f.llm.push(answer("found it", (3000, 300)));
+    f.llm.push(answer("the researcher found it", (400, 40)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:one", "research this"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("the researcher found it"), "{events:#?}");
+    let key = child_key(&tool_outputs(&events)[0]);
+    let parent = session(&f.store, "api:assistant:one").await;
+    let child = session(&f.store, &key).await;
+    assert_eq!(child.agent, "researcher");
+    assert_eq!(child.parent_id.as_deref(), Some(parent.id.as_str()));
+    let totals = |session_id: &str, with_children: bool| {
+        f.store.usage_totals(LedgerFilter {
+            session_id: Some(session_id.to_string()),
+            with_children,
+            ..LedgerFilter::default()
+        })
+    };
+    // claude-sonnet-4-6: $3 / $15 per million input / output tokens.
+    let own = totals(&parent.id, false).await.unwrap();
+    assert_eq!(
+        (own.calls, own.input_tokens, own.output_tokens, own.cost_micros),
+        (2, 1400, 140, 1400 * 3 + 140 * 15)
+    );
+    let theirs = totals(&child.id, false).await.unwrap();
+    assert_eq!(
+        (
+            theirs.calls,
+            theirs.input_tokens,
+            theirs.output_tokens,
+            theirs.cost_micros
+        ),
+        (2, 5000, 500, 5000 * 3 + 500 * 15)
+    );
+    // The parent's total holds the child's, linked by the rows' parent session.
+    let tree = totals(&parent.id, true).await.unwrap();
+    assert_eq!(
+        (tree.calls, tree.input_tokens, tree.output_tokens, tree.cost_micros),
+        (4, 6400, 640, 6400 * 3 + 640 * 15)
+    );
+    // The researcher's agent total is the child's: it spent on its own agent's rows.
+    let by_agent = f
+        .store
+        .usage_totals(LedgerFilter {
+            agent: Some("researcher".into()),
+            ..LedgerFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_agent, theirs);
+    let finished: Vec<Value> = audit(&f.t)
+        .into_iter()
+        .filter(|r| r["type"] == "spawn" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(finished.len(), 1, "{finished:#?}");
+    assert_eq!(finished[0]["spawn"]["costMicros"], 5000 * 3 + 500 * 15);
+    assert_eq!(finished[0]["spawn"]["status"], "ok");
+
+    // 2. At the limit: the parent spent 1100 tokens, the child's first call 9000 more
+    // (10100 of 10000): the child's command runs, then it stops before asking the model
+    // again; the second spawn is refused before any child exists.
+    f.llm.push(run(
+        "tu_p2",
+        "spawn --target researcher 'dig deeper'; echo \"rc=$?\"; \
+         spawn --target researcher 'and again'; echo \"again=$?\"",
+        (1000, 100),
+    ));
+    f.llm.push(run("tu_c2", "echo child-ran", (8000, 1000)));
+    f.llm.push(answer("never asked for", (1, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:two", "research more"),
+    )
+    .await;
+    assert_eq!(f.llm.request_count(), 6, "the child stopped at the limit");
+    assert_eq!(f.llm.replies_left(), 1);
+    let out = tool_outputs(&events).join("\n");
+    let message = "Session budget of 10000 tokens reached (10100 used)";
+    assert_eq!(
+        out.matches("spawn failed: budget exhausted: ").count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(out.matches(message).count(), 2, "{out}");
+    assert!(out.contains("rc=77") && out.contains("again=77"), "{out}");
+    assert!(out.contains("SESSION: spawn:api:assistant:two:researcher:"), "{out}");
+    assert!(out.contains("SESSION: none\n"), "{out}");
+    assert!(
+        tool_results(&f.llm.requests()[5]).is_empty(),
+        "the child's tool ran but its result never went to the model"
+    );
+    // One child for this parent, none for the refused spawn; the parent's own next
+    // model call was refused by the same budget.
+    let two = session(&f.store, "api:assistant:two").await;
+    let children: Vec<_> = f
+        .store
+        .list_sessions("researcher")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.parent_id.as_deref() == Some(two.id.as_str()))
+        .collect();
+    assert_eq!(children.len(), 1, "{children:#?}");
+    assert!(
+        matches!(events.last(), Some(AgentEvent::Error { message: m, .. }) if m.contains(message)),
+        "{events:#?}"
+    );
+    let tree = totals(&two.id, true).await.unwrap();
+    assert_eq!((tree.calls, tree.tokens()), (2, 10100));
+    f.gw.shutdown().await.unwrap();
+}
+
+/// `spawn_unattended`: an ask rule of the parent (`kv set`) holds for the child, which
+/// runs unattended even though the parent's prompt is attended: its call is denied at
+/// once, the spawn fails with `child denied: …` naming why, and no approval waits for
+/// anyone (the parent agent least). The target on its own, without the rule, may.
+#[tokio::test]
+async fn spawn_unattended() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn", "kv"],
+                          "policy": {"rules": [{"id": "kv-set", "tool": "kv", "pattern": ["set"],
+                                                "decision": "ask", "justification": "writes shared state"}]},
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": ["kv"]},
+        }),
+        json!({"approvals": {"scriptHoldSeconds": 0}}),
+    )
+    .await;
+    let mut approvals = f.gw.approval_receiver().await;
+
+    f.llm.push(run("tu_p", "spawn --target researcher 'note it'", (10, 1)));
+    f.llm.push(run(
+        "tu_c",
+        "kv set note hello </dev/null 2>&1; echo \"set=$?\"; kv get note </dev/null; echo \"get=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("I could not write the note", (10, 1)));
+    f.llm.push(answer("the researcher was denied", (10, 1)));
+    let started = std::time::Instant::now();
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "note it").attended(),
+    )
+    .await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert_eq!(done(&events), Some("the researcher was denied"), "{events:#?}");
+
+    let child_saw = tool_results(&f.llm.requests()[2]);
+    let origin = "a sub-agent spawned by session 'api:assistant:main'; its parent agent cannot approve it";
+    assert!(
+        child_saw.contains(&format!(
+            "Permission denied: 'kv set note hello' needs approval, but this run is unattended ({origin})"
+        )),
+        "{child_saw}"
+    );
+    assert!(child_saw.contains("set=1"), "{child_saw}");
+    assert!(child_saw.contains("get=1"), "nothing was written: {child_saw}");
+
+    // The parent's output says why, and the spawn failed.
+    let out = tool_outputs(&events).join("\n");
+    assert!(out.starts_with("Exit code: 1\nSESSION: spawn:"), "{out}");
+    assert!(
+        out.contains("---\nspawn failed: child denied: Permission denied: 'kv set note hello' needs approval"),
+        "{out}"
+    );
+    assert!(!out.contains("I could not write the note"), "{out}");
+
+    // Nothing waits for a decision, and no request was raised on the parent's stream.
+    assert!(f.gw.approvals(None).await.unwrap().is_empty());
+    while let Ok(e) = approvals.try_recv() {
+        assert!(
+            !matches!(e, ApprovalEvent::ApprovalRequest { .. }),
+            "{e:?}"
+        );
+    }
+    let finished: Vec<Value> = audit(&f.t)
+        .into_iter()
+        .filter(|r| r["type"] == "spawn" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(finished[0]["spawn"]["status"], "denied");
+
+    // The researcher on its own has no such rule.
+    let own = exec(&f.gw, "researcher", "kv set note hello </dev/null; echo \"set=$?\"").await;
+    assert!(own.joined_text().contains("set=0"), "{}", own.joined_text());
+    f.gw.shutdown().await.unwrap();
+}
+
+/// `spawn_audit_links`: the `spawn` started and finished records name the parent (agent,
+/// session, the exec that called spawn) and the child (agent, session), the depth and
+/// the rights (tools and digest); the child's tool records carry `parentSession`; the
+/// lineage stored with the child names the same exec.
+#[tokio::test]
+async fn spawn_audit_links() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn", "kv"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {"maxDepth": 1}}}}},
+            "researcher": {"tools": ["kv", "gh"]},
+        }),
+        json!({}),
+    )
+    .await;
+    const PARENT: &str = "api:assistant:main";
+    f.llm.push(run("tu_p", "spawn --target researcher 'take a note'", (10, 1)));
+    f.llm.push(run("tu_c", "kv set note hello </dev/null", (10, 1)));
+    f.llm.push(answer("noted", (10, 1)));
+    f.llm.push(answer("the note is taken", (10, 1)));
+    let events = prompt(&f.gw, PromptRequest::new("assistant", PARENT, "note")).await;
+    assert_eq!(done(&events), Some("the note is taken"), "{events:#?}");
+    let outputs = tool_outputs(&events);
+    let key = child_key(&outputs[0]);
+    assert_eq!(outputs, [format!("Exit code: 0\nSESSION: {key}\n---\nnoted")]);
+
+    let records = audit(&f.t);
+    // The parent's call of spawn, from its exec.
+    let call = records
+        .iter()
+        .find(|r| r["tool"] == "spawn" && r["type"] != "spawn" && r["phase"] == "finished")
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    let parent_exec = call["exec"].as_str().unwrap().to_string();
+    assert_eq!(call["session"], PARENT);
+    assert!(call.get("parentSession").is_none(), "{call}");
+
+    let spawns: Vec<&Value> = records.iter().filter(|r| r["type"] == "spawn").collect();
+    assert_eq!(
+        spawns.iter().map(|r| r["phase"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["started", "finished"]
+    );
+    for r in &spawns {
+        assert_eq!(r["agent"], "assistant");
+        assert_eq!(r["session"], PARENT);
+        let s = &r["spawn"];
+        assert_eq!(
+            s["parent"],
+            json!({"agent": "assistant", "session": PARENT, "exec": parent_exec})
+        );
+        assert_eq!(s["child"], json!({"agent": "researcher", "session": key}));
+        assert_eq!(s["depth"], 1);
+        assert_eq!(s["rights"]["tools"], json!(["kv"]), "gh is the researcher's only");
+        assert_eq!(s["rights"]["digest"].as_str().unwrap().len(), 64);
+    }
+    assert_eq!(spawns[1]["spawn"]["status"], "ok");
+    assert_eq!(spawns[1]["spawn"]["costMicros"], 2 * (10 * 3 + 15));
+    assert!(spawns[0]["spawn"].get("status").is_none());
+
+    // The child's records: its exec and its kv call, in its session, naming the parent.
+    let child_records: Vec<&Value> = records.iter().filter(|r| r["session"] == key.as_str()).collect();
+    let tools: Vec<&str> = child_records
+        .iter()
+        .map(|r| r["tool"].as_str().unwrap())
+        .collect();
+    assert!(
+        tools.contains(&"exec") && tools.contains(&"kv"),
+        "{child_records:#?}"
+    );
+    for r in &child_records {
+        assert_eq!(r["parentSession"], PARENT, "{r}");
+        assert_eq!(r["agent"], "researcher", "{r}");
+    }
+    let child_exec = child_records
+        .iter()
+        .find(|r| r["tool"] == "kv")
+        .and_then(|r| r["exec"].as_str())
+        .unwrap();
+    assert_ne!(child_exec, parent_exec);
+    // The parent's own records name no parent.
+    assert!(records
+        .iter()
+        .filter(|r| r["session"] == PARENT)
+        .all(|r| r.get("parentSession").is_none()));
+
+    // The lineage names the same exec.
+    let child = session(&f.store, &key).await;
+    let lineage = f.store.session_lineage(&child.id).await.unwrap().unwrap();
+    assert_eq!(lineage.invoked_by_exec.as_deref(), Some(parent_exec.as_str()));
+    assert_eq!(lineage.rights["tools"], json!(["kv"]));
     f.gw.shutdown().await.unwrap();
 }
