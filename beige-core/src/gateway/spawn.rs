@@ -353,11 +353,18 @@ impl Inner {
         }))
     }
 
-    /// The rights of the caller: its own as a child, else its agent's tools.
+    /// The rights of the caller: its own as a child, else its agent's tools — those a
+    /// schedule's `tools` leave its run, when the caller is a narrowed schedule run
+    /// (platform.md §2.3: the parent's effective rights).
     async fn caller_rights(&self, agent: &str, caller: &Caller) -> RightSet {
         match &caller.child {
             Some(c) => c.rights.clone(),
-            None => RightSet::root(self.agent_tools(agent).await),
+            None => RightSet::root(
+                self.agent_tools(agent)
+                    .await
+                    .into_iter()
+                    .filter(|t| crate::schedule::narrow::allows(&caller.session.key, t)),
+            ),
         }
     }
 

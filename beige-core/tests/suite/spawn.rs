@@ -23,14 +23,15 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use beige_core::api::approvals::ApprovalEvent;
+use beige_core::api::schedules::{RunStatus, ScheduleAuthor, ScheduleSpec};
 use beige_core::audit::chain::is_chain_record;
 use beige_core::config::Config;
 use beige_core::plugin::{
     Plugin, PluginContext, PluginError, Registrar, Tool, ToolCall, ToolError, ToolResult,
 };
 use beige_core::store::{LedgerFilter, SessionStore, SqliteStore, UsageLedger};
-use beige_core::{Admin as _, AgentEvent, Gateway as _, GatewayBuilder, LocalGateway};
 use beige_core::PromptRequest;
+use beige_core::{Admin as _, AgentEvent, Gateway as _, GatewayBuilder, LocalGateway};
 use beige_testkit::anthropic::MessageStream;
 use beige_testkit::llm::{FakeLlmServer, RecordedRequest, Reply};
 use serde_json::{json, Value};
@@ -145,7 +146,10 @@ fn run(id: &str, command: &str, usage: (u64, u64)) -> Reply {
 
 /// A final answer, reporting `usage`.
 fn answer(text: &str, usage: (u64, u64)) -> Reply {
-    MessageStream::new().text(text).usage(usage.0, usage.1).reply()
+    MessageStream::new()
+        .text(text)
+        .usage(usage.0, usage.1)
+        .reply()
 }
 
 async fn prompt(gw: &LocalGateway, request: PromptRequest) -> Vec<AgentEvent> {
@@ -308,7 +312,8 @@ async fn spawn_child_lacks_parent_tool() {
         (100, 10),
     ));
     f.llm.push(answer("gh is not available to me", (100, 10)));
-    f.llm.push(answer("the researcher could not use gh", (100, 10)));
+    f.llm
+        .push(answer("the researcher could not use gh", (100, 10)));
     let events = prompt(
         &f.gw,
         PromptRequest::new("assistant", "api:assistant:main", "what PRs are open?"),
@@ -329,7 +334,10 @@ async fn spawn_child_lacks_parent_tool() {
         "{own_system}"
     );
     let child_system = system(&requests[2]);
-    assert!(child_system.contains("You are researcher"), "{child_system}");
+    assert!(
+        child_system.contains("You are researcher"),
+        "{child_system}"
+    );
     assert!(child_system.contains("### kv"), "{child_system}");
     assert!(!child_system.contains("### gh"), "{child_system}");
 
@@ -390,8 +398,10 @@ async fn spawn_depth() {
     )
     .await;
     const ROOT: &str = "api:a:root";
-    f.llm.push(run("tu_r", "spawn --target SELF 'level one'", (10, 1)));
-    f.llm.push(run("tu_1", "spawn --target SELF 'level two'", (10, 1)));
+    f.llm
+        .push(run("tu_r", "spawn --target SELF 'level one'", (10, 1)));
+    f.llm
+        .push(run("tu_1", "spawn --target SELF 'level two'", (10, 1)));
     f.llm.push(run(
         "tu_2",
         &format!(
@@ -403,7 +413,8 @@ async fn spawn_depth() {
         ),
         (10, 1),
     ));
-    f.llm.push(answer("grandchild could not go deeper", (10, 1)));
+    f.llm
+        .push(answer("grandchild could not go deeper", (10, 1)));
     f.llm.push(answer("child relays: no deeper", (10, 1)));
     f.llm.push(answer("root: done", (10, 1)));
     let events = prompt(&f.gw, PromptRequest::new("a", ROOT, "go deep")).await;
@@ -448,8 +459,14 @@ async fn spawn_depth() {
     let grand = session(&f.store, &grand_key).await;
     let l1 = f.store.session_lineage(&child.id).await.unwrap().unwrap();
     let l2 = f.store.session_lineage(&grand.id).await.unwrap().unwrap();
-    assert_eq!((l1.depth, l1.parent_session_id.as_str()), (1, root.id.as_str()));
-    assert_eq!((l2.depth, l2.parent_session_id.as_str()), (2, child.id.as_str()));
+    assert_eq!(
+        (l1.depth, l1.parent_session_id.as_str()),
+        (1, root.id.as_str())
+    );
+    assert_eq!(
+        (l2.depth, l2.parent_session_id.as_str()),
+        (2, child.id.as_str())
+    );
     assert!(l1.invoked_by_exec.is_some() && l2.invoked_by_exec.is_some());
     assert_ne!(l1.invoked_by_exec, l2.invoked_by_exec);
     assert_eq!(l2.rights["maxDepth"], 2);
@@ -488,7 +505,8 @@ async fn spawn_budget() {
     .await;
 
     // 1. Within the budget: parent 1000+100, child 2000+200 and 3000+300, parent 400+40.
-    f.llm.push(run("tu_p1", "spawn --target researcher 'dig'", (1000, 100)));
+    f.llm
+        .push(run("tu_p1", "spawn --target researcher 'dig'", (1000, 100)));
     f.llm.push(run("tu_c1", "echo digging", (2000, 200)));
     f.llm.push(answer("found it", (3000, 300)));
     f.llm.push(answer("the researcher found it", (400, 40)));
@@ -497,7 +515,11 @@ async fn spawn_budget() {
         PromptRequest::new("assistant", "api:assistant:one", "research this"),
     )
     .await;
-    assert_eq!(done(&events), Some("the researcher found it"), "{events:#?}");
+    assert_eq!(
+        done(&events),
+        Some("the researcher found it"),
+        "{events:#?}"
+    );
     let key = child_key(&tool_outputs(&events)[0]);
     let parent = session(&f.store, "api:assistant:one").await;
     let child = session(&f.store, &key).await;
@@ -513,7 +535,12 @@ async fn spawn_budget() {
     // claude-sonnet-4-6: $3 / $15 per million input / output tokens.
     let own = totals(&parent.id, false).await.unwrap();
     assert_eq!(
-        (own.calls, own.input_tokens, own.output_tokens, own.cost_micros),
+        (
+            own.calls,
+            own.input_tokens,
+            own.output_tokens,
+            own.cost_micros
+        ),
         (2, 1400, 140, 1400 * 3 + 140 * 15)
     );
     let theirs = totals(&child.id, false).await.unwrap();
@@ -529,7 +556,12 @@ async fn spawn_budget() {
     // The parent's total holds the child's, linked by the rows' parent session.
     let tree = totals(&parent.id, true).await.unwrap();
     assert_eq!(
-        (tree.calls, tree.input_tokens, tree.output_tokens, tree.cost_micros),
+        (
+            tree.calls,
+            tree.input_tokens,
+            tree.output_tokens,
+            tree.cost_micros
+        ),
         (4, 6400, 640, 6400 * 3 + 640 * 15)
     );
     // The researcher's agent total is the child's: it spent on its own agent's rows.
@@ -577,7 +609,10 @@ async fn spawn_budget() {
     );
     assert_eq!(out.matches(message).count(), 2, "{out}");
     assert!(out.contains("rc=77") && out.contains("again=77"), "{out}");
-    assert!(out.contains("SESSION: spawn:api:assistant:two:researcher:"), "{out}");
+    assert!(
+        out.contains("SESSION: spawn:api:assistant:two:researcher:"),
+        "{out}"
+    );
     assert!(out.contains("SESSION: none\n"), "{out}");
     assert!(
         tool_results(&f.llm.requests()[5]).is_empty(),
@@ -625,7 +660,8 @@ async fn spawn_unattended() {
     .await;
     let mut approvals = f.gw.approval_receiver().await;
 
-    f.llm.push(run("tu_p", "spawn --target researcher 'note it'", (10, 1)));
+    f.llm
+        .push(run("tu_p", "spawn --target researcher 'note it'", (10, 1)));
     f.llm.push(run(
         "tu_c",
         "kv set note hello </dev/null 2>&1; echo \"set=$?\"; kv get note </dev/null; echo \"get=$?\"",
@@ -640,10 +676,15 @@ async fn spawn_unattended() {
     )
     .await;
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
-    assert_eq!(done(&events), Some("the researcher was denied"), "{events:#?}");
+    assert_eq!(
+        done(&events),
+        Some("the researcher was denied"),
+        "{events:#?}"
+    );
 
     let child_saw = tool_results(&f.llm.requests()[2]);
-    let origin = "a sub-agent spawned by session 'api:assistant:main'; its parent agent cannot approve it";
+    let origin =
+        "a sub-agent spawned by session 'api:assistant:main'; its parent agent cannot approve it";
     assert!(
         child_saw.contains(&format!(
             "Permission denied: 'kv set note hello' needs approval, but this run is unattended ({origin})"
@@ -651,7 +692,10 @@ async fn spawn_unattended() {
         "{child_saw}"
     );
     assert!(child_saw.contains("set=1"), "{child_saw}");
-    assert!(child_saw.contains("get=1"), "nothing was written: {child_saw}");
+    assert!(
+        child_saw.contains("get=1"),
+        "nothing was written: {child_saw}"
+    );
 
     // The parent's output says why, and the spawn failed.
     let out = tool_outputs(&events).join("\n");
@@ -665,10 +709,7 @@ async fn spawn_unattended() {
     // Nothing waits for a decision, and no request was raised on the parent's stream.
     assert!(f.gw.approvals(None).await.unwrap().is_empty());
     while let Ok(e) = approvals.try_recv() {
-        assert!(
-            !matches!(e, ApprovalEvent::ApprovalRequest { .. }),
-            "{e:?}"
-        );
+        assert!(!matches!(e, ApprovalEvent::ApprovalRequest { .. }), "{e:?}");
     }
     let finished: Vec<Value> = audit(&f.t)
         .into_iter()
@@ -677,7 +718,12 @@ async fn spawn_unattended() {
     assert_eq!(finished[0]["spawn"]["status"], "denied");
 
     // The researcher on its own has no such rule.
-    let own = exec(&f.gw, "researcher", "kv set note hello </dev/null; echo \"set=$?\"").await;
+    let own = exec(
+        &f.gw,
+        "researcher",
+        "kv set note hello </dev/null; echo \"set=$?\"",
+    )
+    .await;
     assert!(own.joined_text().contains("set=0"), "{}", own.joined_text());
     f.gw.shutdown().await.unwrap();
 }
@@ -700,15 +746,23 @@ async fn spawn_audit_links() {
     )
     .await;
     const PARENT: &str = "api:assistant:main";
-    f.llm.push(run("tu_p", "spawn --target researcher 'take a note'", (10, 1)));
-    f.llm.push(run("tu_c", "kv set note hello </dev/null", (10, 1)));
+    f.llm.push(run(
+        "tu_p",
+        "spawn --target researcher 'take a note'",
+        (10, 1),
+    ));
+    f.llm
+        .push(run("tu_c", "kv set note hello </dev/null", (10, 1)));
     f.llm.push(answer("noted", (10, 1)));
     f.llm.push(answer("the note is taken", (10, 1)));
     let events = prompt(&f.gw, PromptRequest::new("assistant", PARENT, "note")).await;
     assert_eq!(done(&events), Some("the note is taken"), "{events:#?}");
     let outputs = tool_outputs(&events);
     let key = child_key(&outputs[0]);
-    assert_eq!(outputs, [format!("Exit code: 0\nSESSION: {key}\n---\nnoted")]);
+    assert_eq!(
+        outputs,
+        [format!("Exit code: 0\nSESSION: {key}\n---\nnoted")]
+    );
 
     let records = audit(&f.t);
     // The parent's call of spawn, from its exec.
@@ -722,7 +776,10 @@ async fn spawn_audit_links() {
 
     let spawns: Vec<&Value> = records.iter().filter(|r| r["type"] == "spawn").collect();
     assert_eq!(
-        spawns.iter().map(|r| r["phase"].as_str().unwrap()).collect::<Vec<_>>(),
+        spawns
+            .iter()
+            .map(|r| r["phase"].as_str().unwrap())
+            .collect::<Vec<_>>(),
         ["started", "finished"]
     );
     for r in &spawns {
@@ -735,7 +792,11 @@ async fn spawn_audit_links() {
         );
         assert_eq!(s["child"], json!({"agent": "researcher", "session": key}));
         assert_eq!(s["depth"], 1);
-        assert_eq!(s["rights"]["tools"], json!(["kv"]), "gh is the researcher's only");
+        assert_eq!(
+            s["rights"]["tools"],
+            json!(["kv"]),
+            "gh is the researcher's only"
+        );
         assert_eq!(s["rights"]["digest"].as_str().unwrap().len(), 64);
     }
     assert_eq!(spawns[1]["spawn"]["status"], "ok");
@@ -743,7 +804,10 @@ async fn spawn_audit_links() {
     assert!(spawns[0]["spawn"].get("status").is_none());
 
     // The child's records: its exec and its kv call, in its session, naming the parent.
-    let child_records: Vec<&Value> = records.iter().filter(|r| r["session"] == key.as_str()).collect();
+    let child_records: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["session"] == key.as_str())
+        .collect();
     let tools: Vec<&str> = child_records
         .iter()
         .map(|r| r["tool"].as_str().unwrap())
@@ -771,7 +835,95 @@ async fn spawn_audit_links() {
     // The lineage names the same exec.
     let child = session(&f.store, &key).await;
     let lineage = f.store.session_lineage(&child.id).await.unwrap().unwrap();
-    assert_eq!(lineage.invoked_by_exec.as_deref(), Some(parent_exec.as_str()));
+    assert_eq!(
+        lineage.invoked_by_exec.as_deref(),
+        Some(parent_exec.as_str())
+    );
     assert_eq!(lineage.rights["tools"], json!(["kv"]));
+    f.gw.shutdown().await.unwrap();
+}
+
+/// A schedule run narrowed to `tools: ["spawn"]` is a parent whose effective rights are
+/// the schedule's: its SELF child does not get back the agent's other tools. The run
+/// itself cannot call `kv`; neither can the child it spawns, though agent `a` has `kv`.
+#[tokio::test]
+async fn spawn_from_a_narrowed_schedule_run_keeps_its_tools() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({"a": {"tools": ["spawn", "kv"],
+                     "pluginConfigs": {"spawn": {"targets": {"SELF": {}}}}}}),
+        json!({}),
+    )
+    .await;
+    let spec: ScheduleSpec = serde_json::from_value(json!({
+        "agent": "a", "cron": "0 8 * * *", "prompt": "nightly notes", "tools": ["spawn"],
+    }))
+    .unwrap();
+    let view =
+        f.gw.add_schedule(
+            spec,
+            ScheduleAuthor {
+                owner: "api".into(),
+                created_by: "api".into(),
+            },
+        )
+        .await
+        .unwrap();
+
+    f.llm.push(run(
+        "tu_s",
+        "kv set from-run x </dev/null 2>&1; echo \"run_kv=$?\"; spawn --target SELF 'write the note'",
+        (10, 1),
+    ));
+    f.llm.push(run(
+        "tu_c",
+        "kv set from-child x </dev/null 2>&1; echo \"child_kv=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("could not write", (10, 1)));
+    f.llm.push(answer("nightly done", (10, 1)));
+    f.gw.run_schedule_now(&view.id).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let finished = loop {
+        let runs = f.gw.schedule_history(&view.id, 5).await.unwrap();
+        if let Some(r) = runs.iter().find(|r| r.finished_at.is_some()) {
+            break r.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{runs:#?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let requests = f.llm.requests();
+    assert_eq!(requests.len(), 4, "{finished:#?}");
+    // The run's own prompt has no kv; its call is refused by the narrowing.
+    assert!(!system(&requests[0]).contains("### kv"));
+    // The child's prompt has no kv either, and its call is refused as the parent's
+    // rights say.
+    assert!(
+        !system(&requests[1]).contains("### kv"),
+        "{}",
+        system(&requests[1])
+    );
+    let child_saw = tool_results(&requests[2]);
+    assert!(
+        child_saw.contains("kv: not allowed for this sub-agent (parent lacks it)")
+            && child_saw.contains("child_kv=1"),
+        "{child_saw}"
+    );
+    let run_saw = tool_results(&requests[3]);
+    assert!(run_saw.contains("run_kv=1"), "{run_saw}");
+    assert!(run_saw.contains("---\ncould not write"), "{run_saw}");
+    assert_eq!(finished.status, RunStatus::Ok, "{finished:#?}");
+    // The rights stored with the child: the run's, not the agent's.
+    let child = f
+        .store
+        .list_sessions("a")
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.key.starts_with("spawn:schedule:"))
+        .unwrap();
+    let lineage = f.store.session_lineage(&child.id).await.unwrap().unwrap();
+    assert_eq!(lineage.rights["tools"], json!(["spawn"]));
     f.gw.shutdown().await.unwrap();
 }
