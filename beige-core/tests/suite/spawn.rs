@@ -497,7 +497,7 @@ async fn spawn_budget() {
         json!({
             "assistant": {"tools": ["spawn"],
                           "budgets": {"session": {"tokens": 10000}},
-                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {"budget": {"tokens": 9500}}}}}},
             "researcher": {"tools": []},
         }),
         json!({}),
@@ -587,19 +587,17 @@ async fn spawn_budget() {
     // again; the second spawn is refused before any child exists.
     f.llm.push(run(
         "tu_p2",
-        "spawn --target researcher 'dig deeper'; echo \"rc=$?\"; \
-         spawn --target researcher 'and again'; echo \"again=$?\"",
+        "spawn --target researcher 'dig deeper' 2>&1; echo \"rc=$?\"; \
+         spawn --target researcher 'and again' 2>&1; echo \"again=$?\"",
         (1000, 100),
     ));
     f.llm.push(run("tu_c2", "echo child-ran", (8000, 1000)));
-    f.llm.push(answer("never asked for", (1, 1)));
     let events = prompt(
         &f.gw,
         PromptRequest::new("assistant", "api:assistant:two", "research more"),
     )
     .await;
     assert_eq!(f.llm.request_count(), 6, "the child stopped at the limit");
-    assert_eq!(f.llm.replies_left(), 1);
     let out = tool_outputs(&events).join("\n");
     let message = "Session budget of 10000 tokens reached (10100 used)";
     assert_eq!(
@@ -636,6 +634,30 @@ async fn spawn_budget() {
     );
     let tree = totals(&two.id, true).await.unwrap();
     assert_eq!((tree.calls, tree.tokens()), (2, 10100));
+
+    // 3. The target's own budget (9500 tokens over the child and its children): a new
+    // parent session spends 110, its child 9500, and stops there, well within the
+    // parent's 10000; the parent goes on.
+    f.llm.push(run(
+        "tu_p3",
+        "spawn --target researcher 'dig once more' 2>&1; echo \"rc=$?\"",
+        (100, 10),
+    ));
+    f.llm.push(run("tu_c3", "echo child-ran", (8000, 1500)));
+    f.llm.push(answer("the researcher ran out", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:three", "once more"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("the researcher ran out"), "{events:#?}");
+    let out = tool_outputs(&events).join("\n");
+    assert!(
+        out.contains("---\nspawn failed: budget exhausted: Sub-agent budget of 9500 tokens reached (9500 used)"),
+        "{out}"
+    );
+    assert!(out.contains("rc=77"), "{out}");
+    assert_eq!(f.llm.request_count(), 9);
     f.gw.shutdown().await.unwrap();
 }
 
@@ -925,5 +947,142 @@ async fn spawn_from_a_narrowed_schedule_run_keeps_its_tools() {
         .unwrap();
     let lineage = f.store.session_lineage(&child.id).await.unwrap().unwrap();
     assert_eq!(lineage.rights["tools"], json!(["spawn"]));
+    f.gw.shutdown().await.unwrap();
+}
+
+/// `--session KEY` continues an earlier child of the calling session only: the child
+/// keeps its conversation; another session's child, the caller's own session and an
+/// unknown key are refused before any model call.
+#[tokio::test]
+async fn spawn_session_continues_only_own_children() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+    // Another session of the same agent has a child.
+    f.llm.push(run(
+        "tu_o",
+        "spawn --target researcher 'other work'",
+        (10, 1),
+    ));
+    f.llm.push(answer("other child", (10, 1)));
+    f.llm.push(answer("other done", (10, 1)));
+    let other = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:other", "work"),
+    )
+    .await;
+    let other_child = child_key(&tool_outputs(&other)[0]);
+
+    const MAIN: &str = "api:assistant:main";
+    f.llm.push(run(
+        "tu_m",
+        &format!(
+            "spawn --target researcher 'first question' > /tmp/first; cat /tmp/first; \
+             key=$(sed -n 's/^SESSION: //p' /tmp/first); \
+             spawn --target researcher --session \"$key\" 'second question'; echo \"cont=$?\"; \
+             spawn --target researcher --session {other_child} 'steal' 2>&1; echo \"steal=$?\"; \
+             spawn --target researcher --session {MAIN} 'self' 2>&1; echo \"own=$?\"; \
+             spawn --target researcher --session spawn:nothing 'none' 2>&1; echo \"unknown=$?\""
+        ),
+        (10, 1),
+    ));
+    f.llm.push(answer("first answer", (10, 1)));
+    f.llm.push(answer("second answer", (10, 1)));
+    f.llm.push(answer("main done", (10, 1)));
+    let events = prompt(&f.gw, PromptRequest::new("assistant", MAIN, "ask twice")).await;
+    assert_eq!(done(&events), Some("main done"), "{events:#?}");
+    assert_eq!(
+        f.llm.request_count(),
+        7,
+        "no model call for a refused --session"
+    );
+    let out = tool_outputs(&events).join("\n");
+    let key = child_key(&out);
+    assert_ne!(key, other_child);
+    assert!(
+        out.contains(&format!("SESSION: {key}\n---\nfirst answer\n"))
+            && out.contains(&format!("SESSION: {key}\n---\nsecond answer\ncont=0")),
+        "{out}"
+    );
+    // The continued child saw its earlier exchange.
+    let continued = &f.llm.requests()[5];
+    let texts = continued.body["messages"].to_string();
+    assert!(
+        texts.contains("first question")
+            && texts.contains("first answer")
+            && texts.contains("second question"),
+        "{texts}"
+    );
+    for (name, key) in [
+        ("steal", other_child.as_str()),
+        ("own", MAIN),
+        ("unknown", "spawn:nothing"),
+    ] {
+        assert!(
+            out.contains(&format!(
+                "SESSION: none\n---\nspawn failed: session '{key}' is not a child of this session on target 'researcher'; `--session` continues only this session's own children\n{name}=1"
+            )),
+            "{name}: {out}"
+        );
+    }
+    // The other session's child was not touched.
+    let stolen = session(&f.store, &other_child).await;
+    let messages = f.store.messages(&stolen.id, false).await.unwrap();
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    f.gw.shutdown().await.unwrap();
+}
+
+/// A child that does not finish within `timeoutSeconds` is cancelled and the spawn
+/// exits 124 saying so; the parent goes on.
+#[tokio::test]
+async fn spawn_timeout_cancels_the_child() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}, "timeoutSeconds": 1}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+    f.llm.push(run(
+        "tu_p",
+        "spawn --target researcher 'slow work' 2>&1; echo \"rc=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(Reply::hang());
+    f.llm.push(answer("the researcher was too slow", (10, 1)));
+    let started = std::time::Instant::now();
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "slow"),
+    )
+    .await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(
+        done(&events),
+        Some("the researcher was too slow"),
+        "{events:#?}"
+    );
+    let out = tool_outputs(&events).join("\n");
+    assert!(
+        out.contains("---\nspawn failed: the child did not finish within 1 s (pluginConfigs.spawn.timeoutSeconds) and was cancelled\nrc=124"),
+        "{out}"
+    );
+    let finished: Vec<Value> = audit(&f.t)
+        .into_iter()
+        .filter(|r| r["type"] == "spawn" && r["phase"] == "finished")
+        .collect();
+    assert_eq!(finished[0]["spawn"]["status"], "timeout");
     f.gw.shutdown().await.unwrap();
 }
