@@ -368,6 +368,30 @@ impl Inner {
         }
     }
 
+    /// Why a child on `child_agent` with `rights` could reach hosts an ancestor cannot,
+    /// if it could. The child runs in its agent's sandbox, whose streams the egress proxy
+    /// decides by that agent's rules alone (a stream is not attributed to an exec or a
+    /// session), so the intersection of §2.3 cannot be enforced per child yet. Until it
+    /// can, a child is started only when its agent has no egress, or exactly the egress
+    /// block of every ancestor agent whose rules should also apply: then the
+    /// intersection is the child agent's own rules.
+    fn wider_egress(&self, child_agent: &str, rights: &RightSet) -> Option<String> {
+        let egress_of = |agent: &str| {
+            self.config
+                .agents
+                .get(agent)
+                .and_then(|a| a.egress.as_ref())
+        };
+        let theirs = egress_of(child_agent)?;
+        let ancestor = rights
+            .egress_agents
+            .iter()
+            .find(|a| egress_of(a) != Some(theirs))?;
+        Some(format!(
+            "target '{child_agent}' has egress rules (agents.{child_agent}.egress) that agent '{ancestor}' does not have, and a sub-agent is not narrowed to its parent's egress yet, so it was not started: it could reach hosts its parent cannot. Spawn SELF, a target without egress, or give both agents the same egress block"
+        ))
+    }
+
     /// The plugin tools `agent` has: configured, registered and exposed by policy.
     async fn agent_tools(&self, agent: &str) -> BTreeSet<String> {
         match self.config.agents.get(agent) {
@@ -523,6 +547,9 @@ impl Inner {
             &target_tools,
             &target,
         );
+        if let Some(reason) = self.wider_egress(&child_agent, &rights) {
+            return Ok(SpawnReport::refused(reason, 1));
+        }
         let (session, child) = match &req.session {
             Some(key) => {
                 let found = self

@@ -1086,3 +1086,71 @@ async fn spawn_timeout_cancels_the_child() {
     assert_eq!(finished[0]["spawn"]["status"], "timeout");
     f.gw.shutdown().await.unwrap();
 }
+
+/// `spawn_child_cannot_reach_a_host_its_parent_lacks`, at the layer that decides it
+/// today: the egress proxy decides a sandbox's streams by its agent's rules (streams are
+/// not attributed to an exec or a session), so the gateway refuses to start a child whose
+/// agent has egress its parent lacks, before any of the child's model calls or commands.
+/// A target without egress, and a target whose egress block is the parent's own, start.
+#[tokio::test]
+async fn spawn_child_cannot_reach_a_host_its_parent_lacks() {
+    let env = docker_or_skip!();
+    let github = json!({"rules": [{"id": "github", "hosts": ["api.github.com"]}]});
+    let targets = json!({"spawn": {"targets": {"researcher": {}, "helper": {}}}});
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"], "pluginConfigs": targets},
+            "twin": {"tools": ["spawn"], "pluginConfigs": targets, "egress": github},
+            "researcher": {"tools": [], "egress": github},
+            "helper": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+
+    // No egress → a target with egress: refused, no child, no model call for one.
+    f.llm.push(run(
+        "tu_a",
+        "spawn --target researcher 'fetch the issues' 2>&1; echo \"rc=$?\"; \
+         spawn --target helper 'summarise' 2>&1; echo \"helper=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("summary", (10, 1)));
+    f.llm.push(answer("assistant done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("assistant done"), "{events:#?}");
+    assert_eq!(f.llm.request_count(), 3, "the researcher child never ran");
+    let out = tool_outputs(&events).join("\n");
+    assert!(
+        out.contains("SESSION: none\n---\nspawn failed: target 'researcher' has egress rules (agents.researcher.egress) that agent 'assistant' does not have")
+            && out.contains("it could reach hosts its parent cannot")
+            && out.contains("\nrc=1\n"),
+        "{out}"
+    );
+    assert!(out.contains("---\nsummary\nhelper=0"), "{out}");
+    assert!(f
+        .store
+        .list_sessions("researcher")
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The same egress block: the child can reach nothing its parent cannot.
+    f.llm.push(run(
+        "tu_t",
+        "spawn --target researcher 'fetch' 2>&1; echo \"rc=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("fetched", (10, 1)));
+    f.llm.push(answer("twin done", (10, 1)));
+    let events = prompt(&f.gw, PromptRequest::new("twin", "api:twin:main", "go")).await;
+    assert_eq!(done(&events), Some("twin done"), "{events:#?}");
+    let out = tool_outputs(&events).join("\n");
+    assert!(out.contains("---\nfetched\nrc=0"), "{out}");
+    f.gw.shutdown().await.unwrap();
+}
