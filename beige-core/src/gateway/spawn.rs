@@ -8,7 +8,7 @@
 //! [`RightSet`] (tools, ancestors' rule sets, egress, budgets) and the denials that end a
 //! spawn as `child denied: …`. It also writes the `type: "spawn"` audit records.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -45,6 +45,8 @@ pub(crate) struct SpawnState {
     children: RwLock<HashMap<String, Arc<Child>>>,
     /// Children running per calling agent (`maxConcurrent`).
     running: Mutex<HashMap<String, u32>>,
+    /// The child session keys a spawn is running now: one spawn at a time per child.
+    active: Mutex<HashSet<String>>,
 }
 
 /// One sub-agent's session, as every call from it is checked.
@@ -98,6 +100,36 @@ impl Drop for Slot<'_> {
                 r.remove(&self.agent);
             }
         }
+    }
+}
+
+/// Marks a child session as run by one spawn; when dropped (the spawn ended, however)
+/// the session is free again and its child state, if still this spawn's, forgotten.
+struct Active<'a> {
+    state: &'a SpawnState,
+    key: String,
+    child: Arc<Child>,
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        let mut children = self
+            .state
+            .children
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if children
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.child))
+        {
+            children.remove(&self.key);
+        }
+        drop(children);
+        self.state
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
     }
 }
 
@@ -634,6 +666,28 @@ impl Inner {
                 (s, child)
             }
         };
+        // One spawn at a time runs a child session: a second `--session` of a child
+        // still running would share its state and lose its denials.
+        if !self
+            .spawn
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(session.key.clone())
+        {
+            return Ok(SpawnReport::refused(
+                format!(
+                    "session '{}' is still running for another spawn; wait for that spawn to finish before continuing it",
+                    session.key
+                ),
+                1,
+            ));
+        }
+        let _active = Active {
+            state: &self.spawn,
+            key: session.key.clone(),
+            child: child.clone(),
+        };
         self.spawn
             .children
             .write()
@@ -679,11 +733,6 @@ impl Inner {
         }
         self.spawn_audit(Phase::Finished, &req.agent, &caller.session.key, finished)
             .await;
-        self.spawn
-            .children
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&session.key);
         Ok(SpawnReport {
             session: Some(session.key),
             outcome,

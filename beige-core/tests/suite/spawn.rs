@@ -1154,3 +1154,58 @@ async fn spawn_child_cannot_reach_a_host_its_parent_lacks() {
     assert!(out.contains("---\nfetched\nrc=0"), "{out}");
     f.gw.shutdown().await.unwrap();
 }
+
+/// One spawn at a time runs a child session: while a `--session` continuation of a
+/// child runs, another continuation of the same child is refused at once (it would share
+/// the running child's state), and once it has ended the child may be continued again.
+#[tokio::test]
+async fn spawn_session_runs_one_spawn_at_a_time() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}, "timeoutSeconds": 4}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+    f.llm.push(run(
+        "tu_p",
+        "spawn --target researcher 'first' > /tmp/first 2>&1; \
+         key=$(sed -n 's/^SESSION: //p' /tmp/first); \
+         spawn --target researcher --session \"$key\" 'slow' > /tmp/slow 2>&1 & \
+         sleep 2; \
+         spawn --target researcher --session \"$key\" 'meanwhile' 2>&1; echo \"meanwhile=$?\"; \
+         wait; cat /tmp/slow; \
+         spawn --target researcher --session \"$key\" 'later' 2>&1; echo \"later=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("first answer", (10, 1)));
+    f.llm.push(Reply::hang());
+    f.llm.push(answer("later answer", (10, 1)));
+    f.llm.push(answer("done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("done"), "{events:#?}");
+    assert_eq!(
+        f.llm.request_count(),
+        5,
+        "no model call for the refused one"
+    );
+    let out = tool_outputs(&events).join("\n");
+    assert!(
+        out.contains("is still running for another spawn; wait for that spawn to finish before continuing it\nmeanwhile=1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("spawn failed: the child did not finish within 4 s"),
+        "{out}"
+    );
+    assert!(out.contains("---\nlater answer\nlater=0"), "{out}");
+    f.gw.shutdown().await.unwrap();
+}
