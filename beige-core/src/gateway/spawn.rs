@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +47,32 @@ pub(crate) struct SpawnState {
     running: Mutex<HashMap<String, u32>>,
     /// The child session keys a spawn is running now: one spawn at a time per child.
     active: Mutex<HashSet<String>>,
+    /// When the running turn of each session (by id) started: a sub-agent spends what is
+    /// left of its ancestors' turns.
+    turns: Mutex<HashMap<String, TurnStart>>,
+}
+
+/// When a turn started: on the ledger's clock (Unix ms) and for its wall time.
+#[derive(Debug, Clone, Copy)]
+struct TurnStart {
+    ms: i64,
+    at: Instant,
+}
+
+/// Keeps a session's turn known to its sub-agents ([`Inner::turn_started`]).
+pub(crate) struct TurnGuard<'a> {
+    state: &'a SpawnState,
+    session_id: String,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        self.state
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.session_id);
+    }
 }
 
 /// One sub-agent's session, as every call from it is checked.
@@ -270,9 +296,85 @@ impl Inner {
         Ok(Some(child))
     }
 
+    /// A turn of session `session_id` starts now: its sub-agents count against what is
+    /// left of its `budgets.turn` until the guard drops (a session runs one prompt at a
+    /// time).
+    pub(crate) fn turn_started(&self, session_id: &str) -> TurnGuard<'_> {
+        self.spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                session_id.to_string(),
+                TurnStart {
+                    ms: crate::store::now_ms(),
+                    at: Instant::now(),
+                },
+            );
+        TurnGuard {
+            state: &self.spawn,
+            session_id: session_id.to_string(),
+        }
+    }
+
+    /// The turn budget of `agent` that its running turn in `session_id` reached,
+    /// counting the spending of the session's sub-agents since the turn started (`None`
+    /// when no turn of it runs, or no turn limit is set).
+    async fn turn_budget_exhausted(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Option<BudgetExhausted>, GatewayError> {
+        let limits = Limits::for_agent(&self.config, agent).turn;
+        let start = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+            .copied();
+        let Some(start) = start else {
+            return Ok(None);
+        };
+        let hit = |key, used: f64, limit: f64| {
+            (used >= limit).then(|| BudgetExhausted {
+                agent: agent.to_string(),
+                scope: Scope::Turn,
+                key,
+                limit,
+                used,
+            })
+        };
+        if let Some(e) = limits.wall_seconds.and_then(|w| {
+            hit(
+                BudgetKey::WallSeconds,
+                start.at.elapsed().as_secs_f64(),
+                w as f64,
+            )
+        }) {
+            return Ok(Some(e));
+        }
+        if limits.cost_usd.is_none() && limits.tokens.is_none() && limits.model_calls.is_none() {
+            return Ok(None);
+        }
+        let used = self
+            .ledger
+            .usage_totals(LedgerFilter {
+                since_ms: Some(start.ms),
+                ..tree(session_id)
+            })
+            .await?;
+        if let Some(e) = over(agent, Scope::Turn, limits.cost_usd, limits.tokens, &used) {
+            return Ok(Some(e));
+        }
+        Ok(limits
+            .model_calls
+            .and_then(|m| hit(BudgetKey::ModelCalls, used.calls as f64, m as f64)))
+    }
+
     /// The first budget a sub-agent's spending reached: its spawn budget (over its own
-    /// and its children's spending), then each ancestor's session and day budgets —
-    /// the child spends its ancestors' money.
+    /// and its children's spending), then each ancestor's session, day and running
+    /// turn budgets — the child spends its ancestors' money.
     pub(crate) async fn lineage_budget_exhausted(
         &self,
         child: &Child,
@@ -289,6 +391,9 @@ impl Inner {
                 .session_budget_exhausted(&a.agent, &a.session_id)
                 .await?
             {
+                return Ok(Some(e));
+            }
+            if let Some(e) = self.turn_budget_exhausted(&a.agent, &a.session_id).await? {
                 return Ok(Some(e));
             }
         }
@@ -535,6 +640,13 @@ impl Inner {
             Some(e) => Some(e),
             None => self
                 .session_budget_exhausted(&req.agent, &caller.session.id)
+                .await
+                .map_err(|e| store_failed("reading the budgets", e))?,
+        };
+        let exhausted = match exhausted {
+            Some(e) => Some(e),
+            None => self
+                .turn_budget_exhausted(&req.agent, &caller.session.id)
                 .await
                 .map_err(|e| store_failed("reading the budgets", e))?,
         };
