@@ -50,6 +50,8 @@ pub(crate) struct SpawnState {
     /// When the running turn of each session (by id) started: a sub-agent spends what is
     /// left of its ancestors' turns.
     turns: Mutex<HashMap<String, TurnStart>>,
+    /// The agents other agents may spawn (from the config, read once).
+    spawned: std::sync::OnceLock<BTreeSet<String>>,
 }
 
 /// When a turn started: on the ledger's clock (Unix ms) and for its wall time.
@@ -294,6 +296,19 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(session.key.clone(), child.clone());
         Ok(Some(child))
+    }
+
+    /// Whether another agent lists `agent` as a spawn target: then a process outside any
+    /// exec in its sandbox may be a sub-agent's leftover, and gets none of its rights.
+    pub(crate) fn is_spawned_agent(&self, agent: &str) -> bool {
+        self.spawn
+            .spawned
+            .get_or_init(|| {
+                crate::platform::spawn::spawned_agents(&self.config)
+                    .into_keys()
+                    .collect()
+            })
+            .contains(agent)
     }
 
     /// A turn of session `session_id` starts now: its sub-agents count against what is

@@ -1235,3 +1235,124 @@ async fn spawn_session_runs_one_spawn_at_a_time() {
     assert!(out.contains("---\nlater answer\nlater=0"), "{out}");
     f.gw.shutdown().await.unwrap();
 }
+
+/// A child cannot escape its rights by leaving its exec: a daemon it starts (`setsid`,
+/// re-parented to PID 1, so bound to no exec) and that names the target agent's own
+/// session is an unbound caller, and an agent that other agents may spawn refuses
+/// unbound calls (`policy.unboundCalls` is `deny` for it) — else the daemon would run
+/// `gh` with the target's rights, which the parent lacks.
+#[tokio::test]
+async fn spawn_child_daemon_gets_no_rights_of_the_target() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": ["gh"]},
+        }),
+        json!({}),
+    )
+    .await;
+    // The researcher's own session is known to the gateway.
+    f.llm.push(answer("hello", (10, 1)));
+    prompt(
+        &f.gw,
+        PromptRequest::new("researcher", "api:researcher:main", "hello"),
+    )
+    .await;
+
+    f.llm
+        .push(run("tu_p", "spawn --target researcher 'start it'", (10, 1)));
+    f.llm.push(run(
+        "tu_c",
+        "(setsid sh -c 'sleep 2; BEIGE_SESSION_KEY=api:researcher:main BEIGE_CHANNEL=api \
+         BEIGE_AGENT_NAME=researcher gh pr list > /workspace/daemon.out 2>&1; \
+         echo \"rc=$?\" >> /workspace/daemon.out' </dev/null >/dev/null 2>&1 &); \
+         sleep 1; echo started",
+        (10, 1),
+    ));
+    f.llm.push(answer("started a helper", (10, 1)));
+    f.llm.push(answer("done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("done"), "{events:#?}");
+    // Wait for the daemon's call.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let text = loop {
+        let out = exec(&f.gw, "researcher", "cat /workspace/daemon.out 2>/dev/null").await;
+        let text = out.joined_text();
+        if text.lines().any(|l| l.starts_with("rc=")) {
+            break text;
+        }
+        if std::time::Instant::now() > deadline {
+            let ps = exec(&f.gw, "researcher", "ps -ef").await;
+            panic!("no daemon output: {text}\n{}", ps.joined_text());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    assert!(
+        text.contains("\nrc=1")
+            && text.contains("unbound_call: this process belongs to no exec of agent 'researcher'"),
+        "{text}"
+    );
+    assert!(f.gh.lock().unwrap().is_empty(), "gh never ran: {text}");
+    let unbound: Vec<Value> = audit(&f.t)
+        .into_iter()
+        .filter(|r| r["tool"] == "gh" && r["attribution"] == "unbound")
+        .collect();
+    assert_eq!(unbound.len(), 1, "{unbound:#?}");
+    assert_eq!(unbound[0]["decision"], "denied");
+    f.gw.shutdown().await.unwrap();
+}
+
+/// At load: an agent that other agents spawn may not let unbound callers use its rights
+/// (`policy.unboundCalls: "session"`), naming the path and the target that needs it;
+/// an agent that only spawns itself (`SELF`) may.
+#[tokio::test]
+async fn a_spawned_agent_may_not_serve_unbound_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |researcher_policy: Value, targets: Value| {
+        let config: Config = serde_json::from_value(json!({
+            "llm": {"providers": {"anthropic": {"apiKey": KEY}}},
+            "plugins": {"spawn": {}},
+            "agents": {
+                "assistant": {"model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                              "tools": ["spawn"],
+                              "pluginConfigs": {"spawn": {"targets": targets}}},
+                "researcher": {"model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+                               "tools": ["spawn"], "policy": researcher_policy,
+                               "pluginConfigs": {"spawn": {"targets": {"SELF": {}}}}},
+            },
+        }))
+        .unwrap();
+        GatewayBuilder::new(config, beige_core::BeigeHome::new(dir.path().join("home")))
+            .sandbox(Arc::new(beige_core::testing::MemorySandbox::new()))
+            .build()
+    };
+    let err = match build(
+        json!({"unboundCalls": "session"}),
+        json!({"researcher": {}}),
+    )
+    .await
+    {
+        Ok(_) => panic!("a spawned agent with unboundCalls: session was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("agents.researcher.policy.unboundCalls")
+            && err.contains("agents.assistant.pluginConfigs.spawn.targets.researcher")
+            && err.contains("needs 'deny'"),
+        "{err}"
+    );
+    // Not a target of another agent (SELF only): its own choice.
+    build(json!({"unboundCalls": "session"}), json!({"SELF": {}}))
+        .await
+        .unwrap();
+    build(json!({"unboundCalls": "deny"}), json!({"researcher": {}}))
+        .await
+        .unwrap();
+}
