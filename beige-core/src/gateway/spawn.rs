@@ -2,11 +2,13 @@
 //!
 //! Owns finding the caller's session through the exec the kernel attributed it to
 //! (never a key or variable the sandbox supplies), the checks before a child starts
-//! (target listed, depth, the parent's budgets, `maxConcurrent`), creating the child
-//! session with its lineage in one store operation, running the child's prompt
+//! (target listed, depth, the parent's session, day and turn budgets, `maxConcurrent`,
+//! no egress beyond the ancestors', one spawn at a time per child session), creating the
+//! child session with its lineage in one store operation, running the child's prompt
 //! unattended with a time limit, and the child state every later call consults: the
 //! [`RightSet`] (tools, ancestors' rule sets, egress, budgets) and the denials that end a
-//! spawn as `child denied: …`. It also writes the `type: "spawn"` audit records.
+//! spawn as `child denied: …`. It also writes the `type: "spawn"` audit records, and
+//! tells the socket which agents other agents spawn (their unbound callers get nothing).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
