@@ -756,9 +756,31 @@ async fn spawn_unattended() {
 
     // Nothing waits for a decision, and no request was raised on the parent's stream.
     assert!(f.gw.approvals(None).await.unwrap().is_empty());
+    // The owner is told (one unattended denial, in the child's session), no request.
+    let key = child_key(&out);
+    let mut reported = Vec::new();
     while let Ok(e) = approvals.try_recv() {
-        assert!(!matches!(e, ApprovalEvent::ApprovalRequest { .. }), "{e:?}");
+        match e {
+            ApprovalEvent::ApprovalRequest { .. } => panic!("{e:?}"),
+            ApprovalEvent::UnattendedDenied {
+                agent,
+                session,
+                call,
+                origin,
+                ..
+            } => reported.push((agent, session, call, origin)),
+            ApprovalEvent::ApprovalDecided { .. } => {}
+        }
     }
+    assert_eq!(
+        reported,
+        [(
+            "researcher".to_string(),
+            key,
+            "kv set note hello".to_string(),
+            origin.to_string()
+        )]
+    );
     let finished: Vec<Value> = audit(&f.t)
         .into_iter()
         .filter(|r| r["type"] == "spawn" && r["phase"] == "finished")
