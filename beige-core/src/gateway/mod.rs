@@ -1481,7 +1481,8 @@ impl Inner {
     /// What tool calls of unbound callers get, for `agent`:
     /// `agents.<agent>.policy.unboundCalls` (default `deny` once the agent has a
     /// `policy`); an agent without a `policy` keeps the behaviour from before per-exec
-    /// identity ([`UnboundCalls::Session`]).
+    /// identity ([`UnboundCalls::Session`]) unless other agents spawn it: a sub-agent's
+    /// leftover daemon must not get the agent's own rights.
     fn unbound_policy(&self, agent: &str) -> UnboundCalls {
         match self
             .config
@@ -1491,6 +1492,7 @@ impl Inner {
             .map(|p| p.unbound_calls)
         {
             Some(crate::policy::UnboundCalls::Deny) => UnboundCalls::Deny,
+            None if self.is_spawned_agent(agent) => UnboundCalls::Deny,
             Some(crate::policy::UnboundCalls::Session) | None => UnboundCalls::Session,
         }
     }

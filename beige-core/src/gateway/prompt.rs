@@ -565,6 +565,8 @@ impl Run<'_> {
         let limits = Limits::for_agent(&inner.config, &agent_name);
         let turn_id = format!("t{:016x}", rand::random::<u64>());
         let started = Instant::now();
+        // Sub-agents spawned in this turn spend what is left of its budgets.
+        let _turn = inner.turn_started(&session.id);
         let mut turn_used = UsageTotals::default();
         let mut turn_warned = std::collections::HashSet::new();
         if let Some(text) = unpriced_under_cost_limit(inner, &limits, &candidates) {

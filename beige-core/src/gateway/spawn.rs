@@ -2,15 +2,17 @@
 //!
 //! Owns finding the caller's session through the exec the kernel attributed it to
 //! (never a key or variable the sandbox supplies), the checks before a child starts
-//! (target listed, depth, the parent's budgets, `maxConcurrent`), creating the child
-//! session with its lineage in one store operation, running the child's prompt
+//! (target listed, depth, the parent's session, day and turn budgets, `maxConcurrent`,
+//! no egress beyond the ancestors', one spawn at a time per child session), creating the
+//! child session with its lineage in one store operation, running the child's prompt
 //! unattended with a time limit, and the child state every later call consults: the
 //! [`RightSet`] (tools, ancestors' rule sets, egress, budgets) and the denials that end a
-//! spawn as `child denied: …`. It also writes the `type: "spawn"` audit records.
+//! spawn as `child denied: …`. It also writes the `type: "spawn"` audit records, and
+//! tells the socket which agents other agents spawn (their unbound callers get nothing).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +47,36 @@ pub(crate) struct SpawnState {
     children: RwLock<HashMap<String, Arc<Child>>>,
     /// Children running per calling agent (`maxConcurrent`).
     running: Mutex<HashMap<String, u32>>,
+    /// The child session keys a spawn is running now: one spawn at a time per child.
+    active: Mutex<HashSet<String>>,
+    /// When the running turn of each session (by id) started: a sub-agent spends what is
+    /// left of its ancestors' turns.
+    turns: Mutex<HashMap<String, TurnStart>>,
+    /// The agents other agents may spawn (from the config, read once).
+    spawned: std::sync::OnceLock<BTreeSet<String>>,
+}
+
+/// When a turn started: on the ledger's clock (Unix ms) and for its wall time.
+#[derive(Debug, Clone, Copy)]
+struct TurnStart {
+    ms: i64,
+    at: Instant,
+}
+
+/// Keeps a session's turn known to its sub-agents ([`Inner::turn_started`]).
+pub(crate) struct TurnGuard<'a> {
+    state: &'a SpawnState,
+    session_id: String,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        self.state
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.session_id);
+    }
 }
 
 /// One sub-agent's session, as every call from it is checked.
@@ -98,6 +130,36 @@ impl Drop for Slot<'_> {
                 r.remove(&self.agent);
             }
         }
+    }
+}
+
+/// Marks a child session as run by one spawn; when dropped (the spawn ended, however)
+/// the session is free again and its child state, if still this spawn's, forgotten.
+struct Active<'a> {
+    state: &'a SpawnState,
+    key: String,
+    child: Arc<Child>,
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        let mut children = self
+            .state
+            .children
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if children
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.child))
+        {
+            children.remove(&self.key);
+        }
+        drop(children);
+        self.state
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
     }
 }
 
@@ -238,9 +300,98 @@ impl Inner {
         Ok(Some(child))
     }
 
+    /// Whether another agent lists `agent` as a spawn target: then a process outside any
+    /// exec in its sandbox may be a sub-agent's leftover, and gets none of its rights.
+    pub(crate) fn is_spawned_agent(&self, agent: &str) -> bool {
+        self.spawn
+            .spawned
+            .get_or_init(|| {
+                crate::platform::spawn::spawned_agents(&self.config)
+                    .into_keys()
+                    .collect()
+            })
+            .contains(agent)
+    }
+
+    /// A turn of session `session_id` starts now: its sub-agents count against what is
+    /// left of its `budgets.turn` until the guard drops (a session runs one prompt at a
+    /// time).
+    pub(crate) fn turn_started(&self, session_id: &str) -> TurnGuard<'_> {
+        self.spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                session_id.to_string(),
+                TurnStart {
+                    ms: crate::store::now_ms(),
+                    at: Instant::now(),
+                },
+            );
+        TurnGuard {
+            state: &self.spawn,
+            session_id: session_id.to_string(),
+        }
+    }
+
+    /// The turn budget of `agent` that its running turn in `session_id` reached,
+    /// counting the spending of the session's sub-agents since the turn started (`None`
+    /// when no turn of it runs, or no turn limit is set).
+    async fn turn_budget_exhausted(
+        &self,
+        agent: &str,
+        session_id: &str,
+    ) -> Result<Option<BudgetExhausted>, GatewayError> {
+        let limits = Limits::for_agent(&self.config, agent).turn;
+        let start = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+            .copied();
+        let Some(start) = start else {
+            return Ok(None);
+        };
+        let hit = |key, used: f64, limit: f64| {
+            (used >= limit).then(|| BudgetExhausted {
+                agent: agent.to_string(),
+                scope: Scope::Turn,
+                key,
+                limit,
+                used,
+            })
+        };
+        if let Some(e) = limits.wall_seconds.and_then(|w| {
+            hit(
+                BudgetKey::WallSeconds,
+                start.at.elapsed().as_secs_f64(),
+                w as f64,
+            )
+        }) {
+            return Ok(Some(e));
+        }
+        if limits.cost_usd.is_none() && limits.tokens.is_none() && limits.model_calls.is_none() {
+            return Ok(None);
+        }
+        let used = self
+            .ledger
+            .usage_totals(LedgerFilter {
+                since_ms: Some(start.ms),
+                ..tree(session_id)
+            })
+            .await?;
+        if let Some(e) = over(agent, Scope::Turn, limits.cost_usd, limits.tokens, &used) {
+            return Ok(Some(e));
+        }
+        Ok(limits
+            .model_calls
+            .and_then(|m| hit(BudgetKey::ModelCalls, used.calls as f64, m as f64)))
+    }
+
     /// The first budget a sub-agent's spending reached: its spawn budget (over its own
-    /// and its children's spending), then each ancestor's session and day budgets —
-    /// the child spends its ancestors' money.
+    /// and its children's spending), then each ancestor's session, day and running
+    /// turn budgets — the child spends its ancestors' money.
     pub(crate) async fn lineage_budget_exhausted(
         &self,
         child: &Child,
@@ -257,6 +408,9 @@ impl Inner {
                 .session_budget_exhausted(&a.agent, &a.session_id)
                 .await?
             {
+                return Ok(Some(e));
+            }
+            if let Some(e) = self.turn_budget_exhausted(&a.agent, &a.session_id).await? {
                 return Ok(Some(e));
             }
         }
@@ -353,12 +507,43 @@ impl Inner {
         }))
     }
 
-    /// The rights of the caller: its own as a child, else its agent's tools.
+    /// The rights of the caller: its own as a child, else its agent's tools — those a
+    /// schedule's `tools` leave its run, when the caller is a narrowed schedule run
+    /// (platform.md §2.3: the parent's effective rights).
     async fn caller_rights(&self, agent: &str, caller: &Caller) -> RightSet {
         match &caller.child {
             Some(c) => c.rights.clone(),
-            None => RightSet::root(self.agent_tools(agent).await),
+            None => RightSet::root(
+                self.agent_tools(agent)
+                    .await
+                    .into_iter()
+                    .filter(|t| crate::schedule::narrow::allows(&caller.session.key, t)),
+            ),
         }
+    }
+
+    /// Why a child on `child_agent` with `rights` could reach hosts an ancestor cannot,
+    /// if it could. The child runs in its agent's sandbox, whose streams the egress proxy
+    /// decides by that agent's rules alone (a stream is not attributed to an exec or a
+    /// session), so the intersection of §2.3 cannot be enforced per child yet. Until it
+    /// can, a child is started only when its agent has no egress, or exactly the egress
+    /// block of every ancestor agent whose rules should also apply: then the
+    /// intersection is the child agent's own rules.
+    fn wider_egress(&self, child_agent: &str, rights: &RightSet) -> Option<String> {
+        let egress_of = |agent: &str| {
+            self.config
+                .agents
+                .get(agent)
+                .and_then(|a| a.egress.as_ref())
+        };
+        let theirs = egress_of(child_agent)?;
+        let ancestor = rights
+            .egress_agents
+            .iter()
+            .find(|a| egress_of(a) != Some(theirs))?;
+        Some(format!(
+            "target '{child_agent}' has egress rules (agents.{child_agent}.egress) that agent '{ancestor}' does not have, and a sub-agent is not narrowed to its parent's egress yet, so it was not started: it could reach hosts its parent cannot. Spawn SELF, a target without egress, or give both agents the same egress block"
+        ))
     }
 
     /// The plugin tools `agent` has: configured, registered and exposed by policy.
@@ -475,6 +660,13 @@ impl Inner {
                 .await
                 .map_err(|e| store_failed("reading the budgets", e))?,
         };
+        let exhausted = match exhausted {
+            Some(e) => Some(e),
+            None => self
+                .turn_budget_exhausted(&req.agent, &caller.session.id)
+                .await
+                .map_err(|e| store_failed("reading the budgets", e))?,
+        };
         if let Some(e) = exhausted {
             return Ok(SpawnReport::refused(
                 format!("budget exhausted: {}", e.message()),
@@ -516,6 +708,9 @@ impl Inner {
             &target_tools,
             &target,
         );
+        if let Some(reason) = self.wider_egress(&child_agent, &rights) {
+            return Ok(SpawnReport::refused(reason, 1));
+        }
         let (session, child) = match &req.session {
             Some(key) => {
                 let found = self
@@ -600,6 +795,28 @@ impl Inner {
                 (s, child)
             }
         };
+        // One spawn at a time runs a child session: a second `--session` of a child
+        // still running would share its state and lose its denials.
+        if !self
+            .spawn
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(session.key.clone())
+        {
+            return Ok(SpawnReport::refused(
+                format!(
+                    "session '{}' is still running for another spawn; wait for that spawn to finish before continuing it",
+                    session.key
+                ),
+                1,
+            ));
+        }
+        let _active = Active {
+            state: &self.spawn,
+            key: session.key.clone(),
+            child: child.clone(),
+        };
         self.spawn
             .children
             .write()
@@ -645,11 +862,6 @@ impl Inner {
         }
         self.spawn_audit(Phase::Finished, &req.agent, &caller.session.key, finished)
             .await;
-        self.spawn
-            .children
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&session.key);
         Ok(SpawnReport {
             session: Some(session.key),
             outcome,

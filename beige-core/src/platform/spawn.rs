@@ -198,23 +198,46 @@ impl SpawnConfig {
     }
 }
 
-/// Check every agent's `pluginConfigs.spawn` (merged over `plugins.spawn.config`) at
-/// load: the block parses, limits are in range, and every target is `SELF` or an agent
-/// of the config.
-pub(crate) fn validate_config(config: &Config, file: &Path) -> Result<(), ConfigError> {
-    let base = config
-        .plugins
-        .get(NAME)
-        .and_then(|e| e.config.clone())
-        .unwrap_or(Value::Null);
+/// `agents.<agent>.pluginConfigs.spawn` merged over `plugins.spawn.config`, as a call
+/// of `agent` gets it.
+fn merged_config(config: &Config, agent: &crate::config::AgentConfig) -> Value {
+    let mut merged = match config.plugins.get(NAME).and_then(|e| e.config.clone()) {
+        None | Some(Value::Null) => serde_json::json!({}),
+        Some(v) => v,
+    };
+    if let Some(over) = agent.plugin_configs.get(NAME) {
+        crate::plugin::merge_config(&mut merged, over);
+    }
+    merged
+}
+
+/// The agents that another agent lists as a spawn target (not `SELF`), each with the
+/// first agent that lists it. A sub-agent on one of them runs in its sandbox with fewer
+/// rights than the agent's own, so a process it leaves behind must not get the agent's
+/// rights: unbound calls are refused for these agents (their `policy.unboundCalls` is
+/// `deny`, and `session` is refused at load).
+pub(crate) fn spawned_agents(config: &Config) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
     for (agent, a) in &config.agents {
-        let mut merged = match &base {
-            Value::Null => serde_json::json!({}),
-            v => v.clone(),
+        let Ok(parsed) = SpawnConfig::from_value(&merged_config(config, a)) else {
+            continue;
         };
-        if let Some(over) = a.plugin_configs.get(NAME) {
-            crate::plugin::merge_config(&mut merged, over);
+        for target in parsed.targets.keys() {
+            if target != SELF_TARGET && target != agent {
+                out.entry(target.clone()).or_insert_with(|| agent.clone());
+            }
         }
+    }
+    out
+}
+
+/// Check every agent's `pluginConfigs.spawn` (merged over `plugins.spawn.config`) at
+/// load: the block parses, limits are in range, every target is `SELF` or an agent
+/// of the config, and no target lets unbound callers use its rights
+/// (`policy.unboundCalls: "session"`).
+pub(crate) fn validate_config(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    for (agent, a) in &config.agents {
+        let merged = merged_config(config, a);
         let at = |sub: &str| {
             let mut p = format!("agents.{agent}.pluginConfigs.spawn");
             if !sub.is_empty() {
@@ -241,6 +264,22 @@ pub(crate) fn validate_config(config: &Config, file: &Path) -> Result<(), Config
                     ),
                 });
             }
+        }
+    }
+    for (target, by) in spawned_agents(config) {
+        let session = config
+            .agents
+            .get(&target)
+            .and_then(|a| a.policy.as_ref())
+            .is_some_and(|p| p.unbound_calls == crate::policy::UnboundCalls::Session);
+        if session {
+            return Err(ConfigError::Invalid {
+                file: file.to_path_buf(),
+                path: format!("agents.{target}.policy.unboundCalls"),
+                message: format!(
+                    "'session' would let a process a sub-agent leaves behind in {target}'s sandbox (a daemon outside any exec) call tools with {target}'s own rights, more than the parent's; an agent that other agents spawn (agents.{by}.pluginConfigs.spawn.targets.{target}) needs 'deny'"
+                ),
+            });
         }
     }
     Ok(())

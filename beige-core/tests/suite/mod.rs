@@ -26,6 +26,7 @@ mod schedule_tool;
 mod schedules;
 mod serve;
 mod sessions_tool;
+mod spawn;
 mod support;
 mod telegram;
 mod tools_socket;
