@@ -3,6 +3,7 @@ mod approvals;
 mod budgets;
 mod core_tools;
 mod egress;
+mod egress_ask;
 mod egress_broker;
 mod egress_clients;
 mod egress_robust;
