@@ -771,6 +771,25 @@ impl Approvals {
         true
     }
 
+    /// Waits up to `hold` for pending request `id` to be settled; the request as it is
+    /// then (`None` when the broker no longer keeps it).
+    pub async fn wait(&self, id: &str, hold: Duration) -> Option<Approval> {
+        let mut rx = {
+            let state = self.lock();
+            let e = state.entries.get(id)?;
+            if e.view.status != ApprovalStatus::Pending {
+                return Some(e.view.clone());
+            }
+            e.status_tx.subscribe()
+        };
+        let _ = tokio::time::timeout(
+            hold,
+            rx.wait_for(|status| *status != ApprovalStatus::Pending),
+        )
+        .await;
+        self.get(id)
+    }
+
     /// Another call joined pending request `id` without asking again (egress: one more
     /// refused connection to its host and port): its `attempts` (or `joined`) grows by
     /// one. The request as it is now; `None` when it is no longer pending.

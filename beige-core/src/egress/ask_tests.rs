@@ -111,6 +111,8 @@ struct World {
     base: RuleSet,
     /// The execs of agent `a` still running.
     running: Arc<Mutex<HashSet<String>>>,
+    /// `egress.holdSeconds`.
+    hold: std::time::Duration,
 }
 
 /// What one connection attempt came to.
@@ -190,6 +192,7 @@ async fn world() -> World {
         ask: EgressAsk::new(),
         base: rule_set(None, "a", &agent, 100).unwrap(),
         running: Arc::default(),
+        hold: std::time::Duration::ZERO,
     }
 }
 
@@ -236,6 +239,7 @@ impl World {
             rules: &rules,
             run,
             running: &running,
+            hold: self.hold,
         };
         let (client, gateway) = tokio::io::duplex(64 * 1024);
         let (r, w) = tokio::io::split(gateway);
@@ -648,4 +652,61 @@ async fn a_known_host_on_another_port_is_asked_about_and_its_rule_stays() {
     let r = w.approvals.get(&id).unwrap();
     assert!(r.reason.contains("port_not_allowed"), "{}", r.reason);
     assert_eq!(w.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn with_hold_seconds_a_miss_waits_for_the_answer() {
+    let mut w = world().await;
+    w.hold = std::time::Duration::from_secs(5);
+    w.start("e1");
+    let run = attended("tui:1", "e1");
+    // Approved while the client waits: the same stream goes through.
+    let approve = async {
+        let id = loop {
+            if let Some(r) = w.requests().first() {
+                break r.id.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        w.decide(&id, ApprovalDecision::approve(Scope::Once)).await;
+        id
+    };
+    let started = std::time::Instant::now();
+    let (o, id) = tokio::join!(w.connect(&run, "new.example.test:7000"), approve);
+    assert!(o.allowed(), "{}", o.answer);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(o.record.rule, Some(format!("approval-{id}")));
+    assert_eq!(
+        w.approvals.get(&id).unwrap().status,
+        ApprovalStatus::Consumed
+    );
+
+    // Denied while it waits: refused `approval_denied` at once.
+    let deny = async {
+        let id = loop {
+            if let Some(r) = w
+                .requests()
+                .into_iter()
+                .find(|r| r.status == ApprovalStatus::Pending)
+            {
+                break r.id;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        w.decide(&id, ApprovalDecision::deny(None)).await;
+    };
+    let (o, ()) = tokio::join!(w.connect(&run, "other.example.test:7000"), deny);
+    assert_eq!(
+        o.reason(),
+        Some(DenyReason::ApprovalDenied),
+        "{:?}",
+        o.record
+    );
+
+    // Nobody answers: refused `approval_pending` after the hold.
+    w.hold = std::time::Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let o = w.connect(&run, "h1.example.test:7000").await;
+    pending_id(&o);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
 }

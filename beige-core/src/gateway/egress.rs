@@ -45,6 +45,8 @@ struct AgentEgress {
     max_streams: usize,
     /// What a miss does.
     on_unknown: OnUnknown,
+    /// How long an asked-about connection waits for the answer.
+    hold: std::time::Duration,
     placeholders: Vec<(String, String, String)>,
 }
 
@@ -168,6 +170,7 @@ impl GatewayEgress {
                 .map_err(first)?;
             let max_streams = settings.max_streams;
             let on_unknown = settings.on_unknown;
+            let hold = std::time::Duration::from_secs(settings.hold_seconds);
             may_inspect |= !egress.credentials.is_empty()
                 || rules.rules().iter().any(|r| r.is_request_level());
             let placeholders = rules
@@ -186,6 +189,7 @@ impl GatewayEgress {
                     rules: Arc::new(rules),
                     max_streams,
                     on_unknown,
+                    hold,
                     placeholders,
                 },
             );
@@ -302,6 +306,7 @@ impl GatewayEgress {
             rules: &rules,
             run: &run,
             running: &running,
+            hold: a.hold,
         };
         let unknown = (a.on_unknown == OnUnknown::Ask)
             .then_some(&asking as &dyn crate::egress::engine::UnknownHosts);
