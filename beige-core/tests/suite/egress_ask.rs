@@ -200,6 +200,13 @@ async fn an_unknown_host_is_asked_about_approved_through_the_api_and_then_reache
     // The model reads which approval its command waits for.
     assert!(
         asked.contains(&format!(
+            "[beige] egress: 3 connections to {API}:80 refused (approval_pending: it waits for a human's approval); approval {} pending",
+            request.id
+        )),
+        "{asked}"
+    );
+    assert!(
+        asked.contains(&format!(
             "[beige] 1 call waiting for approval: {}",
             request.id
         )),
