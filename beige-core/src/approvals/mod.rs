@@ -824,6 +824,12 @@ impl Approvals {
     /// A call that needed approval in an unattended run was denied: audit it and tell
     /// the owner's channels.
     pub async fn report_unattended(&self, call: &CallFacts, origin: &str) {
+        self.report_unattended_as(call, ApprovalKind::Tool, origin)
+            .await;
+    }
+
+    /// [`Approvals::report_unattended`] for a call of `kind` (an egress destination).
+    pub async fn report_unattended_as(&self, call: &CallFacts, kind: ApprovalKind, origin: &str) {
         let view = Approval {
             id: String::new(),
             agent: call.agent.clone(),
@@ -843,11 +849,7 @@ impl Approvals {
             scope: None,
             decision_reason: Some(format!("unattended run ({origin})")),
             joined: 0,
-            kind: if call.tool.starts_with("egress.") {
-                ApprovalKind::Egress
-            } else {
-                ApprovalKind::Tool
-            },
+            kind,
             attempts: None,
         };
         self.audit(&view, "unattended", None).await;

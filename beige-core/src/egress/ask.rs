@@ -289,7 +289,9 @@ impl EgressAsk {
                 }
             };
             if report {
-                approvals.report_unattended(&call, origin).await;
+                approvals
+                    .report_unattended_as(&call, ApprovalKind::Egress, origin)
+                    .await;
             }
             return refuse(
                 DenyReason::Unattended,
@@ -403,7 +405,7 @@ impl EgressAsk {
                 DenyReason::ApprovalPending,
                 Some(id.to_string()),
                 Some(format!(
-                    "approval {id} pending ({} attempts)",
+                    "approval {id} pending (attempt {})",
                     attempts.unwrap_or(1)
                 )),
             ),
