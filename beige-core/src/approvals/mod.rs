@@ -771,6 +771,25 @@ impl Approvals {
         true
     }
 
+    /// Waits up to `hold` for pending request `id` to be settled; the request as it is
+    /// then (`None` when the broker no longer keeps it).
+    pub async fn wait(&self, id: &str, hold: Duration) -> Option<Approval> {
+        let mut rx = {
+            let state = self.lock();
+            let e = state.entries.get(id)?;
+            if e.view.status != ApprovalStatus::Pending {
+                return Some(e.view.clone());
+            }
+            e.status_tx.subscribe()
+        };
+        let _ = tokio::time::timeout(
+            hold,
+            rx.wait_for(|status| *status != ApprovalStatus::Pending),
+        )
+        .await;
+        self.get(id)
+    }
+
     /// Another call joined pending request `id` without asking again (egress: one more
     /// refused connection to its host and port): its `attempts` (or `joined`) grows by
     /// one. The request as it is now; `None` when it is no longer pending.
@@ -805,6 +824,12 @@ impl Approvals {
     /// A call that needed approval in an unattended run was denied: audit it and tell
     /// the owner's channels.
     pub async fn report_unattended(&self, call: &CallFacts, origin: &str) {
+        self.report_unattended_as(call, ApprovalKind::Tool, origin)
+            .await;
+    }
+
+    /// [`Approvals::report_unattended`] for a call of `kind` (an egress destination).
+    pub async fn report_unattended_as(&self, call: &CallFacts, kind: ApprovalKind, origin: &str) {
         let view = Approval {
             id: String::new(),
             agent: call.agent.clone(),
@@ -824,11 +849,7 @@ impl Approvals {
             scope: None,
             decision_reason: Some(format!("unattended run ({origin})")),
             joined: 0,
-            kind: if call.tool.starts_with("egress.") {
-                ApprovalKind::Egress
-            } else {
-                ApprovalKind::Tool
-            },
+            kind,
             attempts: None,
         };
         self.audit(&view, "unattended", None).await;

@@ -258,3 +258,100 @@ fn the_digest_binds_every_part_of_the_call() {
         assert_ne!(call_digest(&c), d);
     }
 }
+
+#[tokio::test]
+async fn egress_requests_count_attempts_and_list_what_is_settled() {
+    use beige_client::approvals::ApprovalKind;
+    let (b, records) = broker(900);
+    let egress = |host: &str| CallFacts {
+        tool: "egress.connect".into(),
+        args: vec![format!("{host}:443")],
+        cwd: None,
+        rule: None,
+        ..call(&[])
+    };
+    let asked = b
+        .ask_kind(
+            egress("a.example.test"),
+            ApprovalKind::Egress,
+            Duration::ZERO,
+        )
+        .await;
+    let AskOutcome::Pending { approval } = asked else {
+        panic!("{asked:?}")
+    };
+    assert_eq!(approval.kind, ApprovalKind::Egress);
+    assert_eq!(approval.attempts, Some(1));
+    // Joining the same call, and noting an attempt, both count.
+    let _ = b
+        .ask_kind(
+            egress("a.example.test"),
+            ApprovalKind::Egress,
+            Duration::ZERO,
+        )
+        .await;
+    assert_eq!(b.note_attempt(&approval.id).unwrap().attempts, Some(3));
+    // A tool request has no attempts and another kind.
+    let tool = pending_id(&b, call(&["pr", "merge", "1"])).await;
+    assert_eq!(b.get(&tool).unwrap().kind, ApprovalKind::Tool);
+    assert_eq!(b.get(&tool).unwrap().attempts, None);
+    assert_eq!(b.note_attempt(&tool).unwrap().joined, 1);
+    assert!(b.settled("intern", ApprovalKind::Egress).is_empty());
+
+    // Waiting ends with the decision.
+    let generation = b.generation();
+    let (waited, decided) = tokio::join!(b.wait(&approval.id, Duration::from_secs(5)), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        b.decide(
+            &approval.id,
+            &ApprovalDecision::approve(Scope::Once),
+            &Approver::owner("api"),
+        )
+        .await
+    });
+    assert_eq!(waited.unwrap().status, ApprovalStatus::Approved);
+    assert!(decided.is_ok());
+    assert!(b.generation() > generation, "a decision is a settling step");
+    assert!(b.note_attempt(&approval.id).is_none(), "no longer pending");
+    let settled = b.settled("intern", ApprovalKind::Egress);
+    assert_eq!(settled.len(), 1);
+    assert!(settled[0].until.is_some(), "an unused once approval lapses");
+    assert!(b.settled("intern", ApprovalKind::Tool).is_empty());
+    assert!(b.settled("other", ApprovalKind::Egress).is_empty());
+    // Used once: consumed, audited, and not again.
+    assert!(b.consume(&approval.id).await);
+    assert!(!b.consume(&approval.id).await);
+    assert_eq!(
+        b.get(&approval.id).unwrap().status,
+        ApprovalStatus::Consumed
+    );
+    assert_eq!(
+        records.phases().iter().filter(|p| *p == "consumed").count(),
+        1
+    );
+
+    // A duration grant is listed until it ends, then no more.
+    let AskOutcome::Pending { approval: timed } = b
+        .ask_kind(
+            egress("b.example.test"),
+            ApprovalKind::Egress,
+            Duration::ZERO,
+        )
+        .await
+    else {
+        panic!()
+    };
+    let mut d = ApprovalDecision::approve(Scope::Duration);
+    d.duration_seconds = Some(1);
+    b.decide(&timed.id, &d, &Approver::owner("api"))
+        .await
+        .unwrap();
+    let listed = |b: &Approvals| {
+        b.settled("intern", ApprovalKind::Egress)
+            .into_iter()
+            .any(|s| s.approval.id == timed.id)
+    };
+    assert!(listed(&b));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(!listed(&b), "an ended grant grants nothing");
+}

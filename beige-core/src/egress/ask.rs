@@ -212,19 +212,19 @@ impl EgressAsk {
         }
     }
 
-    /// What becomes of `miss`, a stream of `agent` in `run` that the rules `rules`
-    /// (the stream's snapshot) do not allow.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn on_miss(
-        &self,
-        approvals: &Approvals,
-        agent: &str,
-        rules: &RuleSet,
-        base: &RuleSet,
-        run: &EgressRun,
-        miss: &Miss<'_>,
-        running: &(dyn Fn(&str) -> bool + Send + Sync),
-    ) -> MissAnswer {
+    /// What becomes of `miss`, a stream of `for_.agent` in `for_.run` that its snapshot
+    /// does not allow: refused at once in an unattended run, else asked about (or
+    /// counted as another attempt of the request already pending) and held up to
+    /// `for_.hold` for the answer.
+    pub async fn on_miss(&self, for_: &AskFor<'_>, miss: &Miss<'_>) -> MissAnswer {
+        let AskFor {
+            approvals,
+            agent,
+            rules,
+            run,
+            hold,
+            ..
+        } = *for_;
         let host = super::target::Host::Name(miss.host.to_string());
         // A credential's host is the config's to open, on each port.
         if rules.credential_for(&host).is_some() {
@@ -289,7 +289,9 @@ impl EgressAsk {
                 }
             };
             if report {
-                approvals.report_unattended(&call, origin).await;
+                approvals
+                    .report_unattended_as(&call, ApprovalKind::Egress, origin)
+                    .await;
             }
             return refuse(
                 DenyReason::Unattended,
@@ -297,17 +299,27 @@ impl EgressAsk {
                 Some(format!("nobody can approve it: {origin}")),
             );
         }
+        let pending = self.pending_for(approvals, agent, key, call, miss).await;
+        match pending {
+            Ok(id) => self.hold(for_, &id, hold, miss.reason).await,
+            Err(answer) => answer,
+        }
+    }
+
+    /// The pending request for `key`: the one already raised (one more attempt), or a
+    /// new one for `call`. `Err` is the answer when there is none to wait for.
+    async fn pending_for(
+        &self,
+        approvals: &Approvals,
+        agent: &str,
+        key: Key,
+        call: CallFacts,
+        miss: &Miss<'_>,
+    ) -> Result<String, MissAnswer> {
         let mut tracked = self.tracked.lock().await;
         if let Some(id) = tracked.get(&key).cloned() {
-            if let Some(pending) = approvals.note_attempt(&id) {
-                return refuse(
-                    DenyReason::ApprovalPending,
-                    Some(pending.id),
-                    Some(format!(
-                        "approval {id} pending ({} attempts)",
-                        pending.attempts.unwrap_or(0)
-                    )),
-                );
+            if approvals.note_attempt(&id).is_some() {
+                return Ok(id);
             }
             tracked.remove(&key);
         }
@@ -319,23 +331,25 @@ impl EgressAsk {
         });
         let pending = tracked.keys().filter(|k| k.0 == agent).count();
         if pending >= MAX_PENDING_PER_AGENT {
-            return refuse(
+            return Err(refuse(
                 miss.reason,
                 None,
                 Some(format!(
                     "agent '{agent}' already has {pending} egress approval requests pending (at most {MAX_PENDING_PER_AGENT}); answer them first"
                 )),
-            );
+            ));
         }
-        match approvals.ask_kind(call, ApprovalKind::Egress, Duration::ZERO).await {
+        Err(match approvals.ask_kind(call, ApprovalKind::Egress, Duration::ZERO).await {
             AskOutcome::Pending { approval } => {
                 tracked.insert(key, approval.id.clone());
-                refuse(DenyReason::ApprovalPending, Some(approval.id), None)
+                return Ok(approval.id);
             }
-            AskOutcome::Approved { .. } => {
-                drop(tracked);
-                MissAnswer::Retry(self.rules_for(approvals, agent, base, run, running))
-            }
+            // Settled meanwhile: the next look at the rules tells.
+            AskOutcome::Approved { approval, .. } => refuse(
+                miss.reason,
+                Some(approval),
+                Some("approved meanwhile; retry".into()),
+            ),
             AskOutcome::Denied { approval, by, .. } => refuse(
                 DenyReason::ApprovalDenied,
                 Some(approval),
@@ -352,6 +366,53 @@ impl EgressAsk {
                 Some(format!(
                     "the session already has {limit} approval requests pending (approvals.maxPendingPerSession)"
                 )),
+            ),
+        })
+    }
+
+    /// Holds the stream up to `hold` for pending request `id`: approved, it is decided
+    /// again with the rules the approval added; denied, refused `approval_denied`;
+    /// still pending, refused `approval_pending`; gone, refused as the rules said
+    /// (`reason`).
+    async fn hold(
+        &self,
+        for_: &AskFor<'_>,
+        id: &str,
+        hold: Duration,
+        reason: DenyReason,
+    ) -> MissAnswer {
+        let now = if hold.is_zero() {
+            for_.approvals.get(id)
+        } else {
+            for_.approvals.wait(id, hold).await
+        };
+        match now.map(|a| (a.status, a.attempts, a.decided_by)) {
+            Some((ApprovalStatus::Approved | ApprovalStatus::Consumed, ..)) => {
+                MissAnswer::Retry(self.rules_for(
+                    for_.approvals,
+                    for_.agent,
+                    for_.base,
+                    for_.run,
+                    for_.running,
+                ))
+            }
+            Some((ApprovalStatus::Denied, _, by)) => refuse(
+                DenyReason::ApprovalDenied,
+                Some(id.to_string()),
+                Some(format!("{} refused it", by.unwrap_or_default())),
+            ),
+            Some((ApprovalStatus::Pending, attempts, _)) => refuse(
+                DenyReason::ApprovalPending,
+                Some(id.to_string()),
+                Some(format!(
+                    "approval {id} pending (attempt {})",
+                    attempts.unwrap_or(1)
+                )),
+            ),
+            _ => refuse(
+                reason,
+                Some(id.to_string()),
+                Some("the approval request expired".into()),
             ),
         }
     }
@@ -373,6 +434,8 @@ pub struct AskFor<'a> {
     pub run: &'a EgressRun,
     /// Whether an exec of the agent is still running.
     pub running: &'a (dyn Fn(&str) -> bool + Send + Sync),
+    /// How long a miss waits for the answer (`egress.holdSeconds`).
+    pub hold: Duration,
 }
 
 impl std::fmt::Debug for AskFor<'_> {
@@ -387,17 +450,7 @@ impl std::fmt::Debug for AskFor<'_> {
 #[async_trait]
 impl UnknownHosts for AskFor<'_> {
     async fn ask(&self, miss: &Miss<'_>) -> MissAnswer {
-        self.ask
-            .on_miss(
-                self.approvals,
-                self.agent,
-                self.rules,
-                self.base,
-                self.run,
-                miss,
-                self.running,
-            )
-            .await
+        self.ask.on_miss(self, miss).await
     }
 }
 

@@ -18,7 +18,7 @@ use super::*;
 use crate::approvals::{call_digest, ApprovalsConfig, Approver};
 use crate::audit::{AuditError, AuditRecord, AuditSink};
 use crate::egress::config::{rule_set, AgentEgressConfig};
-use crate::egress::engine::{ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine};
+use crate::egress::engine::{ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine, Mode};
 use crate::egress::upstream::{BoxUpstream, Dialer, ResolveError, Resolver};
 use crate::sandbox::EgressStream;
 
@@ -111,6 +111,8 @@ struct World {
     base: RuleSet,
     /// The execs of agent `a` still running.
     running: Arc<Mutex<HashSet<String>>>,
+    /// `egress.holdSeconds`.
+    hold: std::time::Duration,
 }
 
 /// What one connection attempt came to.
@@ -190,6 +192,7 @@ async fn world() -> World {
         ask: EgressAsk::new(),
         base: rule_set(None, "a", &agent, 100).unwrap(),
         running: Arc::default(),
+        hold: std::time::Duration::ZERO,
     }
 }
 
@@ -215,6 +218,20 @@ impl World {
     /// One `CONNECT target` of a stream of agent `a` in `run`, wired as the gateway
     /// wires it; `ask` false is `onUnknown: "deny"`.
     async fn connect_with(&self, run: &EgressRun, target: &str, ask: bool) -> Outcome {
+        let head = format!("CONNECT {target} HTTP/1.1\r\n\r\n").into_bytes();
+        self.attempt(run, (EgressEntry::Explicit, None, 0), head, ask)
+            .await
+    }
+
+    /// One stream of agent `a` in `run` as PID 1 hands it over (`entry`, `name`,
+    /// `port`, then `head`), wired as the gateway wires it.
+    async fn attempt(
+        &self,
+        run: &EgressRun,
+        (entry, name, port): (EgressEntry, Option<&str>, u16),
+        head: Vec<u8>,
+        ask: bool,
+    ) -> Outcome {
         let running = {
             let set = self.running.clone();
             move |exec: &str| set.lock().unwrap().contains(exec)
@@ -236,14 +253,16 @@ impl World {
             rules: &rules,
             run,
             running: &running,
+            hold: self.hold,
         };
         let (client, gateway) = tokio::io::duplex(64 * 1024);
         let (r, w) = tokio::io::split(gateway);
+        let tunnel = head.starts_with(b"CONNECT ");
         let stream = EgressStream::new(
-            EgressEntry::Explicit,
-            None,
-            0,
-            format!("CONNECT {target} HTTP/1.1\r\n\r\n").into_bytes(),
+            entry,
+            name.map(str::to_string),
+            port,
+            head,
             Box::pin(r),
             Box::pin(w),
             "boot".into(),
@@ -254,6 +273,10 @@ impl World {
             .serve_with("a", rules.clone(), 16, stream, &recorder, unknown);
         let talking = async move {
             let mut client = client;
+            if !tunnel {
+                // The request was sent whole: the client has nothing more to say.
+                client.shutdown().await.unwrap();
+            }
             let mut head = Vec::new();
             let mut byte = [0u8; 1];
             while !head.ends_with(b"\r\n\r\n") {
@@ -262,7 +285,7 @@ impl World {
                     _ => break,
                 }
             }
-            if head.starts_with(b"HTTP/1.1 200") {
+            if tunnel && head.starts_with(b"HTTP/1.1 200") {
                 // The tunnel carries bytes to the echo server and back.
                 client.write_all(b"ping").await.unwrap();
                 let mut pong = [0u8; 4];
@@ -648,4 +671,127 @@ async fn a_known_host_on_another_port_is_asked_about_and_its_rule_stays() {
     let r = w.approvals.get(&id).unwrap();
     assert!(r.reason.contains("port_not_allowed"), "{}", r.reason);
     assert_eq!(w.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn with_hold_seconds_a_miss_waits_for_the_answer() {
+    let mut w = world().await;
+    w.hold = std::time::Duration::from_secs(5);
+    w.start("e1");
+    let run = attended("tui:1", "e1");
+    // Approved while the client waits: the same stream goes through.
+    let approve = async {
+        let id = loop {
+            if let Some(r) = w.requests().first() {
+                break r.id.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        w.decide(&id, ApprovalDecision::approve(Scope::Once)).await;
+        id
+    };
+    let started = std::time::Instant::now();
+    let (o, id) = tokio::join!(w.connect(&run, "new.example.test:7000"), approve);
+    assert!(o.allowed(), "{}", o.answer);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(o.record.rule, Some(format!("approval-{id}")));
+    assert_eq!(
+        w.approvals.get(&id).unwrap().status,
+        ApprovalStatus::Consumed
+    );
+
+    // Denied while it waits: refused `approval_denied` at once.
+    let deny = async {
+        let id = loop {
+            if let Some(r) = w
+                .requests()
+                .into_iter()
+                .find(|r| r.status == ApprovalStatus::Pending)
+            {
+                break r.id;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        w.decide(&id, ApprovalDecision::deny(None)).await;
+    };
+    let (o, ()) = tokio::join!(w.connect(&run, "other.example.test:7000"), deny);
+    assert_eq!(
+        o.reason(),
+        Some(DenyReason::ApprovalDenied),
+        "{:?}",
+        o.record
+    );
+
+    // Nobody answers: refused `approval_pending` after the hold.
+    w.hold = std::time::Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let o = w.connect(&run, "h1.example.test:7000").await;
+    pending_id(&o);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn explicit_and_transparent_misses_of_one_host_and_port_share_one_request() {
+    let w = world().await;
+    w.start("e1");
+    let run = attended("tui:1", "e1");
+    let absolute = b"GET http://new.example.test/ HTTP/1.1\r\nHost: new.example.test\r\n\r\n";
+    let first = w
+        .attempt(
+            &run,
+            (EgressEntry::Explicit, None, 0),
+            absolute.to_vec(),
+            true,
+        )
+        .await;
+    let id = pending_id(&first);
+    assert_eq!(first.record.mode, Some(Mode::Http));
+    let origin = b"GET / HTTP/1.1\r\nHost: new.example.test\r\n\r\n";
+    let second = w
+        .attempt(
+            &run,
+            (EgressEntry::Transparent, Some("new.example.test"), 80),
+            origin.to_vec(),
+            true,
+        )
+        .await;
+    assert_eq!(pending_id(&second), id);
+    let requests = w.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].attempts, Some(2));
+    assert_eq!(
+        requests[0].args,
+        ["new.example.test:80", "entry=explicit", "mode=http"]
+    );
+    // Approved for the session: both entries go through on port 80 (the echo server
+    // answers the request with itself).
+    w.decide(&id, ApprovalDecision::approve(Scope::Session))
+        .await;
+    let through = w
+        .attempt(
+            &run,
+            (EgressEntry::Transparent, Some("new.example.test"), 80),
+            origin.to_vec(),
+            true,
+        )
+        .await;
+    assert_eq!(through.record.reason, None, "{:?}", through.record);
+    assert_eq!(through.record.rule, Some(format!("approval-{id}")));
+    assert!(
+        through.answer.starts_with("GET / HTTP/1.1"),
+        "{}",
+        through.answer
+    );
+    // A transparent TLS stream that is refused is closed, its record names the request.
+    let tls = w
+        .attempt(
+            &run,
+            (EgressEntry::Transparent, Some("other.example.test"), 443),
+            Vec::new(),
+            true,
+        )
+        .await;
+    assert_eq!(tls.answer, "");
+    assert_eq!(tls.reason(), Some(DenyReason::ApprovalPending));
+    assert!(tls.record.approval.is_some());
 }

@@ -30,8 +30,10 @@ pub enum OnUnknown {
     /// Refuse it (`no_rule`). The default.
     #[default]
     Deny,
-    /// Ask a human in attended runs (spec §6). Accepted already, but until approvals
-    /// exist it behaves exactly as `deny`.
+    /// Ask a human in attended runs (spec §6): the miss becomes an approval request
+    /// of kind `egress`, and the connection is refused `approval_pending` (after
+    /// `holdSeconds`); a decision adds an exact host-and-port rule. Unattended runs are
+    /// refused `unattended`.
     Ask,
 }
 
@@ -40,10 +42,15 @@ pub enum OnUnknown {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EgressConfig {
-    /// What a miss does: `deny` (default) or `ask` (behaves as `deny` until approvals
-    /// exist).
+    /// What a miss does: `deny` (default) or `ask` (an approval request in attended
+    /// runs).
     #[serde(default)]
     pub on_unknown: OnUnknown,
+    /// With `onUnknown: "ask"`, how long a connection to an unknown host waits for a
+    /// human's answer before it is refused `approval_pending` (0 to 30 s; default 0:
+    /// at once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hold_seconds: u64,
     /// Rules every agent with egress gets, besides its own.
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
@@ -304,10 +311,18 @@ fn default_proxy_port() -> u16 {
     3128
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The longest `egress.holdSeconds`: a client waits no longer for a human.
+pub const MAX_HOLD_SECONDS: u64 = 30;
+
 impl Default for EgressConfig {
     fn default() -> Self {
         Self {
             on_unknown: OnUnknown::default(),
+            hold_seconds: 0,
             rules: Vec::new(),
             max_streams: default_max_streams(),
             idle_seconds: default_idle_seconds(),
@@ -391,8 +406,10 @@ impl RuleError {
 /// The settings an agent's egress runs with, top-level values overridden by the agent's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EgressSettings {
-    /// What a miss does (`ask` behaves as `deny` until approvals exist).
+    /// What a miss does.
     pub on_unknown: OnUnknown,
+    /// How long an asked-about connection waits for the answer (`egress.holdSeconds`).
+    pub hold_seconds: u64,
     /// Open streams at most.
     pub max_streams: usize,
     /// Seconds without bytes before a stream is closed.
@@ -453,11 +470,22 @@ pub fn settings(
             ),
         ));
     }
+    if top.hold_seconds > MAX_HOLD_SECONDS {
+        errors.push(RuleError::new(
+            "egress.holdSeconds",
+            format!(
+                "{} s is too long for a client to wait; write at most {MAX_HOLD_SECONDS} (0, the \
+                 default, refuses `approval_pending` at once)",
+                top.hold_seconds
+            ),
+        ));
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
     Ok(EgressSettings {
         on_unknown: agent.on_unknown.unwrap_or(top.on_unknown),
+        hold_seconds: top.hold_seconds,
         max_streams,
         idle_seconds,
         proxy_port: top.proxy_port,

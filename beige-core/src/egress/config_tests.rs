@@ -37,6 +37,7 @@ fn defaults() {
         s,
         EgressSettings {
             on_unknown: OnUnknown::Deny,
+            hold_seconds: 0,
             max_streams: 256,
             idle_seconds: 600,
             proxy_port: 3128
@@ -87,6 +88,27 @@ fn agent_settings_override() {
     assert_eq!((s.max_streams, s.idle_seconds, s.proxy_port), (10, 5, 3129));
     let s = settings(Some(&t), "intern", &agent(json!({}))).unwrap();
     assert_eq!(s.on_unknown, OnUnknown::Ask);
+    assert_eq!(s.hold_seconds, 0);
+    let held = top(json!({ "onUnknown": "ask", "holdSeconds": 30 }));
+    assert_eq!(
+        settings(Some(&held), "intern", &agent(json!({})))
+            .unwrap()
+            .hold_seconds,
+        30
+    );
+    let errors = settings(
+        Some(&top(json!({ "holdSeconds": 31 }))),
+        "intern",
+        &agent(json!({})),
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].path, "egress.holdSeconds");
+    assert!(
+        errors[0].message.contains("at most 30"),
+        "{}",
+        errors[0].message
+    );
 
     let errors = settings(
         Some(&top(json!({ "proxyPort": 53, "idleSeconds": 0 }))),

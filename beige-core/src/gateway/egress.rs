@@ -45,6 +45,8 @@ struct AgentEgress {
     max_streams: usize,
     /// What a miss does.
     on_unknown: OnUnknown,
+    /// How long an asked-about connection waits for the answer.
+    hold: std::time::Duration,
     placeholders: Vec<(String, String, String)>,
 }
 
@@ -70,35 +72,41 @@ const KEPT_REFUSALS: usize = 256;
 /// Most footer lines under one exec result.
 const FOOTER_LINES: usize = 5;
 
-/// One refusal: when, the target (`host:port`), why.
-type Refusal = (Instant, String, DenyReason);
+/// One refusal: when, the target (`host:port`), why, and the approval request it waits
+/// for or was refused by.
+type Refusal = (Instant, String, DenyReason, Option<String>);
 
 /// Recent refusals per agent.
 #[derive(Debug, Default)]
 struct Refusals(Mutex<HashMap<String, VecDeque<Refusal>>>);
 
 impl Refusals {
-    fn push(&self, agent: &str, target: String, reason: DenyReason) {
+    fn push(&self, agent: &str, target: String, reason: DenyReason, approval: Option<String>) {
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let q = all.entry(agent.to_string()).or_default();
         if q.len() == KEPT_REFUSALS {
             q.pop_front();
         }
-        q.push_back((Instant::now(), target, reason));
+        q.push_back((Instant::now(), target, reason, approval));
     }
 
     /// The refusals of `agent` since `since`, as at most [`FOOTER_LINES`] lines.
     fn footer(&self, agent: &str, since: Instant) -> Option<String> {
         let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let q = all.get(agent)?;
-        let mut groups: Vec<((String, DenyReason), usize)> = Vec::new();
-        for (_, target, reason) in q.iter().filter(|(at, ..)| *at >= since) {
+        let mut groups: Vec<((String, DenyReason), usize, Option<String>)> = Vec::new();
+        for (_, target, reason, approval) in q.iter().filter(|(at, ..)| *at >= since) {
             match groups
                 .iter_mut()
-                .find(|((t, r), _)| t == target && r == reason)
+                .find(|((t, r), ..)| t == target && r == reason)
             {
-                Some((_, n)) => *n += 1,
-                None => groups.push(((target.clone(), *reason), 1)),
+                Some((_, n, last)) => {
+                    *n += 1;
+                    if approval.is_some() {
+                        last.clone_from(approval);
+                    }
+                }
+                None => groups.push(((target.clone(), *reason), 1, approval.clone())),
             }
         }
         if groups.is_empty() {
@@ -107,14 +115,19 @@ impl Refusals {
         let mut lines: Vec<String> = groups
             .iter()
             .take(FOOTER_LINES)
-            .map(|((target, reason), n)| {
+            .map(|((target, reason), n, approval)| {
                 let what = if *n == 1 {
                     "1 connection".to_string()
                 } else {
                     format!("{n} connections")
                 };
+                let approval = match (reason, approval) {
+                    (DenyReason::ApprovalPending, Some(id)) => format!("; approval {id} pending"),
+                    (_, Some(id)) => format!("; approval {id}"),
+                    (_, None) => String::new(),
+                };
                 format!(
-                    "[beige] egress: {what} to {target} refused ({}: {})",
+                    "[beige] egress: {what} to {target} refused ({}: {}){approval}",
                     reason.as_str(),
                     reason.explain()
                 )
@@ -168,6 +181,7 @@ impl GatewayEgress {
                 .map_err(first)?;
             let max_streams = settings.max_streams;
             let on_unknown = settings.on_unknown;
+            let hold = std::time::Duration::from_secs(settings.hold_seconds);
             may_inspect |= !egress.credentials.is_empty()
                 || rules.rules().iter().any(|r| r.is_request_level());
             let placeholders = rules
@@ -186,6 +200,7 @@ impl GatewayEgress {
                     rules: Arc::new(rules),
                     max_streams,
                     on_unknown,
+                    hold,
                     placeholders,
                 },
             );
@@ -302,6 +317,7 @@ impl GatewayEgress {
             rules: &rules,
             run: &run,
             running: &running,
+            hold: a.hold,
         };
         let unknown = (a.on_unknown == OnUnknown::Ask)
             .then_some(&asking as &dyn crate::egress::engine::UnknownHosts);
@@ -454,11 +470,16 @@ impl Recorder<'_> {
         &self,
         agent: &str,
         target: (&str, u16),
-        reason: Option<DenyReason>,
+        reason: Option<(DenyReason, Option<&String>)>,
         record: AuditRecord,
     ) -> Result<(), String> {
-        if let (Some(refusals), Some(reason)) = (self.refusals, reason) {
-            refusals.push(agent, format!("{}:{}", target.0, target.1), reason);
+        if let (Some(refusals), Some((reason, approval))) = (self.refusals, reason) {
+            refusals.push(
+                agent,
+                format!("{}:{}", target.0, target.1),
+                reason,
+                approval.cloned(),
+            );
         }
         self.audit.record(&record).await.map_err(|e| e.to_string())
     }
@@ -467,8 +488,13 @@ impl Recorder<'_> {
 #[async_trait]
 impl EgressAudit for Recorder<'_> {
     async fn record(&self, r: &ConnectionRecord) -> Result<(), String> {
-        self.write(&r.agent, (&r.host, r.port), r.reason, audit_record(r))
-            .await?;
+        self.write(
+            &r.agent,
+            (&r.host, r.port),
+            r.reason.map(|reason| (reason, r.approval.as_ref())),
+            audit_record(r),
+        )
+        .await?;
         if let (ConnectionPhase::Started, Some(rule), Some((ask, approvals, run))) =
             (r.phase, &r.rule, self.admitted)
         {
@@ -504,7 +530,7 @@ impl EgressAudit for Recorder<'_> {
         self.write(
             &r.agent,
             (&r.host, r.port),
-            r.reason,
+            r.reason.map(|reason| (reason, None)),
             request_audit_record(r),
         )
         .await

@@ -158,16 +158,20 @@ async fn an_unknown_host_is_asked_about_approved_through_the_api_and_then_reache
         .await
         .unwrap();
 
-    // 1. Attended: three tries, each refused at once as pending; one request.
+    // 1. Attended: 50 tries, each refused at once as pending; one request.
     let started = std::time::Instant::now();
-    let asked = run(&gw, &format!("{c}; {c}; {c}", c = get(API)), true).await;
+    let tries = format!(
+        "i=0; while [ $i -lt 50 ]; do i=$((i+1)); {}; done",
+        get(API)
+    );
+    let asked = run(&gw, &tries, true).await;
     assert!(
         started.elapsed() < std::time::Duration::from_secs(30),
         "refused at once, not held"
     );
     assert_eq!(
         asked.matches("HTTP/1.1 403 Forbidden").count(),
-        3,
+        50,
         "{asked}"
     );
     let requests = gw.approvals(Some("net")).await.unwrap();
@@ -175,7 +179,7 @@ async fn an_unknown_host_is_asked_about_approved_through_the_api_and_then_reache
     let request = &requests[0];
     assert_eq!(request.kind, ApprovalKind::Egress);
     assert_eq!(request.status, ApprovalStatus::Pending);
-    assert_eq!(request.attempts, Some(3), "{request:?}");
+    assert_eq!(request.attempts, Some(50), "{request:?}");
     assert_eq!(request.session, SESSION);
     assert!(request.exec.is_some(), "the request names the exec");
     assert_eq!(request.tool, "egress.connect");
@@ -194,10 +198,17 @@ async fn an_unknown_host_is_asked_about_approved_through_the_api_and_then_reache
                 request.id
             ))
             .count(),
-        3,
+        50,
         "{asked}"
     );
     // The model reads which approval its command waits for.
+    assert!(
+        asked.contains(&format!(
+            "[beige] egress: 50 connections to {API}:80 refused (approval_pending: it waits for a human's approval); approval {} pending",
+            request.id
+        )),
+        "{asked}"
+    );
     assert!(
         asked.contains(&format!(
             "[beige] 1 call waiting for approval: {}",
@@ -208,12 +219,12 @@ async fn an_unknown_host_is_asked_about_approved_through_the_api_and_then_reache
     // A refusal is recorded just after its 403 is written.
     let settle = std::time::Duration::from_secs(10);
     wait_until(settle, || {
-        records_for(&egress_records(&t), API, 80).len() >= 3
+        records_for(&egress_records(&t), API, 80).len() >= 50
     })
     .await;
     let records = egress_records(&t);
     let refused = records_for(&records, API, 80);
-    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert_eq!(refused.len(), 50, "{}", refused.len());
     for r in &refused {
         assert_eq!(r["egress"]["reason"], "approval_pending", "{r}");
         assert_eq!(r["egress"]["approval"], request.id.as_str(), "{r}");
