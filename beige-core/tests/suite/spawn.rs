@@ -7,17 +7,18 @@
 //!
 //! Covered: a tool the parent lacks stays out of the child's system prompt and every call
 //! of it from the child (its model's command and a raw shim call with a forged session)
-//! is denied `parent lacks it` while the target agent itself may use it; the depth limit
-//! read from the caller's exec, not from a forged `BEIGE_SESSION_KEY`; the child's usage
-//! in the parent's ledger totals and the parent's budget stopping the child and further
-//! spawns; the child is unattended (an ask is denied at once and becomes the spawn's
-//! failure reason, nothing waits for the parent to approve); the `spawn` audit records
-//! and the child's tool records naming the parent session and exec; the
-//! `SESSION: …\n---\n<answer>` output.
-//!
-//! Not covered here: egress. `RightSet::egress_agents` is computed and stored with the
-//! child, but the gateway's egress proxy sees a stream per sandbox, not per exec or
-//! session, so nothing narrows a child's destinations yet (see the report of issue #17).
+//! is denied `parent lacks it` while the target agent itself may use it; a narrowed
+//! schedule run passes its narrowed tools down; a daemon the child leaves behind gets
+//! none of the target's rights; a target with egress its parent lacks is not started
+//! (the gateway's decision: streams are not attributed per child, so the intersection
+//! cannot be enforced inside the sandbox yet); the depth limit read from the caller's
+//! exec, not from a forged `BEIGE_SESSION_KEY`; the child's usage in the parent's ledger
+//! totals, and the parent's session and turn budgets and the target's budget stopping
+//! the child and further spawns; the child is unattended (an ask is denied at once, told
+//! to the owner and becomes the spawn's failure reason; nothing waits for the parent to
+//! approve); the `spawn` audit records and the child's tool records naming the parent
+//! session and exec; the `SESSION: …\n---\n<answer>` output; `--session`, one spawn at a
+//! time per child, `timeoutSeconds` and `--message-file`.
 
 use std::sync::{Arc, Mutex};
 
@@ -1377,4 +1378,54 @@ async fn a_spawned_agent_may_not_serve_unbound_calls() {
     build(json!({"unboundCalls": "deny"}), json!({"researcher": {}}))
         .await
         .unwrap();
+}
+
+/// `message_file_in_sandbox` with the real tool: `spawn --message-file` sends what the
+/// path holds in the sandbox as the child's message; the host's file at the same path
+/// never reaches the fake LLM.
+#[tokio::test]
+async fn spawn_message_file_is_read_in_the_sandbox() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+    const HOST_MARKER: &str = "HOST-ONLY-MARKER-77c1";
+    std::fs::create_dir_all(f.t.home.root().join(".beige")).unwrap();
+    std::fs::write(
+        f.t.home.root().join(".beige/config.json5"),
+        format!("{{ secret: \"{HOST_MARKER}\" }}"),
+    )
+    .unwrap();
+    f.llm.push(run(
+        "tu_p",
+        "mkdir -p ~/.beige && printf 'the task from the sandbox file' > ~/.beige/config.json5 && \
+         spawn --target researcher --message-file '~/.beige/config.json5'",
+        (10, 1),
+    ));
+    f.llm.push(answer("task done", (10, 1)));
+    f.llm.push(answer("all done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("all done"), "{events:#?}");
+    let requests = f.llm.requests();
+    let child_messages = requests[1].body["messages"].to_string();
+    assert!(
+        child_messages.contains("the task from the sandbox file"),
+        "{child_messages}"
+    );
+    for r in &requests {
+        assert!(!r.raw_body.contains(HOST_MARKER));
+    }
+    assert!(tool_outputs(&events)[0].ends_with("---\ntask done"));
+    f.gw.shutdown().await.unwrap();
 }
