@@ -56,11 +56,13 @@ pub(crate) struct SpawnState {
     spawned: std::sync::OnceLock<BTreeSet<String>>,
 }
 
-/// When a turn started: on the ledger's clock (Unix ms) and for its wall time.
+/// When a turn started: on the ledger's clock (Unix ms) and for its wall time; and
+/// whether it has spawned sub-agents (whose spending its budgets then count).
 #[derive(Debug, Clone, Copy)]
 struct TurnStart {
     ms: i64,
     at: Instant,
+    spawned: bool,
 }
 
 /// Keeps a session's turn known to its sub-agents ([`Inner::turn_started`]).
@@ -326,11 +328,39 @@ impl Inner {
                 TurnStart {
                     ms: crate::store::now_ms(),
                     at: Instant::now(),
+                    spawned: false,
                 },
             );
         TurnGuard {
             state: &self.spawn,
             session_id: session_id.to_string(),
+        }
+    }
+
+    /// What the running turn of `session_id` has used, for its own `budgets.turn`:
+    /// `own` (its model calls), or, once it has spawned sub-agents, everything its
+    /// session tree recorded since the turn started — its calls and its children's.
+    pub(crate) async fn turn_totals(
+        &self,
+        session_id: &str,
+        own: UsageTotals,
+    ) -> Result<UsageTotals, GatewayError> {
+        let start = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+            .copied();
+        match start {
+            Some(start) if start.spawned => Ok(self
+                .ledger
+                .usage_totals(LedgerFilter {
+                    since_ms: Some(start.ms),
+                    ..tree(session_id)
+                })
+                .await?),
+            _ => Ok(own),
         }
     }
 
@@ -817,6 +847,16 @@ impl Inner {
             key: session.key.clone(),
             child: child.clone(),
         };
+        // From now on the caller's turn counts its children's spending.
+        if let Some(t) = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&caller.session.id)
+        {
+            t.spawned = true;
+        }
         self.spawn
             .children
             .write()

@@ -497,8 +497,11 @@ async fn spawn_budget() {
         &env,
         json!({
             "assistant": {"tools": ["spawn"],
-                          "budgets": {"session": {"tokens": 10000}, "turn": {"tokens": 5000}},
+                          "budgets": {"session": {"tokens": 10000}},
                           "pluginConfigs": {"spawn": {"targets": {"researcher": {"budget": {"tokens": 9500}}}}}},
+            "planner": {"tools": ["spawn"],
+                        "budgets": {"turn": {"tokens": 5000}},
+                        "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
             "researcher": {"tools": []},
         }),
         json!({}),
@@ -660,9 +663,10 @@ async fn spawn_budget() {
     assert!(out.contains("rc=77"), "{out}");
     assert_eq!(f.llm.request_count(), 9);
 
-    // 4. What is left of the parent's turn (5000 tokens): the parent's call spent 110,
-    // the child's first 4900 (5010 in this turn), well within the session's and the
-    // target's budgets; the child stops, and the turn can spawn no more.
+    // 4. What is left of the parent's turn (`planner`: 5000 tokens a turn, no session
+    // limit): its call spent 110, the child's first 4900 (5010 in this turn). The child
+    // stops, the turn can spawn no more, and the parent's own next model call is refused
+    // too: the turn counts its children's spending.
     f.llm.push(run(
         "tu_p4",
         "spawn --target researcher 'one more' 2>&1; echo \"rc=$?\"; \
@@ -670,20 +674,25 @@ async fn spawn_budget() {
         (100, 10),
     ));
     f.llm.push(run("tu_c4", "echo child-ran", (4000, 900)));
-    f.llm.push(answer("the turn is spent", (10, 1)));
     let events = prompt(
         &f.gw,
-        PromptRequest::new("assistant", "api:assistant:four", "one more"),
+        PromptRequest::new("planner", "api:planner:four", "one more"),
     )
     .await;
-    assert_eq!(done(&events), Some("the turn is spent"), "{events:#?}");
-    assert_eq!(f.llm.request_count(), 12);
+    assert_eq!(f.llm.request_count(), 11);
+    let turn = "Turn budget of 5000 tokens reached (5010 used). Raise budgets.turn.tokens (or agents.planner.budgets.turn.tokens) to continue.";
     let out = tool_outputs(&events).join("\n");
-    let turn = "spawn failed: budget exhausted: Turn budget of 5000 tokens reached (5010 used). Raise budgets.turn.tokens (or agents.assistant.budgets.turn.tokens) to continue.";
     assert!(
-        out.contains(&format!("---\n{turn}\nrc=77"))
-            && out.contains(&format!("SESSION: none\n---\n{turn}\nagain=77")),
+        out.contains(&format!(
+            "---\nspawn failed: budget exhausted: {turn}\nrc=77"
+        )) && out.contains(&format!(
+            "SESSION: none\n---\nspawn failed: budget exhausted: {turn}\nagain=77"
+        )),
         "{out}"
+    );
+    assert!(
+        matches!(events.last(), Some(AgentEvent::Error { message: m, .. }) if m == turn),
+        "{events:#?}"
     );
     f.gw.shutdown().await.unwrap();
 }
