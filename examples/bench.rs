@@ -107,17 +107,30 @@ async fn gateway_and_sandbox(
     shim: &PathBuf,
     link: &str,
 ) -> anyhow::Result<(LocalGateway, DockerSandbox)> {
+    gateway_with_audit(home, image, shim, link, None).await
+}
+
+/// The gateway, with `audit` in place of the default audit log (the hash-chained JSONL
+/// file) when given.
+async fn gateway_with_audit(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+    link: &str,
+    audit: Option<Arc<dyn beige_core::audit::AuditSink>>,
+) -> anyhow::Result<(LocalGateway, DockerSandbox)> {
     let (installation, _) = home.ensure_installation_id()?;
     let docker = DockerSandbox::connect(installation.as_str())
         .await?
         .with_legacy_home(home);
-    let gw = GatewayBuilder::new(config(image, link)?, home.clone())
+    let mut builder = GatewayBuilder::new(config(image, link)?, home.clone())
         .shim(shim)
         .sandbox(Arc::new(docker.clone()))
-        .plugin(Arc::new(NoopPlugin))
-        .build()
-        .await?;
-    Ok((gw, docker))
+        .plugin(Arc::new(NoopPlugin));
+    if let Some(audit) = audit {
+        builder = builder.audit(audit);
+    }
+    Ok((builder.build().await?, docker))
 }
 
 fn exec_true() -> anyhow::Result<CoreToolCall> {
@@ -259,14 +272,51 @@ async fn sandbox_cold_start(
     })
 }
 
-/// 200 calls of a no-op plugin tool from a shell loop in the sandbox. Each sample is
-/// one loop's time minus an empty loop's, divided by 200.
+/// `tool_call_roundtrip` with the default audit log (a hash chain with signed
+/// checkpoints) beside its floor, `tool_call_roundtrip_unchained`: the same calls written
+/// to a plain JSONL log. The two gateways take turns, three rounds each, so that a change
+/// in the machine's load falls on both.
+async fn tool_call_roundtrip_and_floor(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut chained = Vec::new();
+    let mut plain = Vec::new();
+    for _ in 0..3 {
+        chained.extend(tool_call_roundtrip(home, image, shim, None, 4).await?);
+        let log = home.root().join("logs").join("audit-unchained.jsonl");
+        let sink: Arc<dyn beige_core::audit::AuditSink> = Arc::new(
+            beige_core::audit::JsonlAudit::new(log, 64 * 1024 * 1024, 3, Vec::new()),
+        );
+        plain.extend(tool_call_roundtrip(home, image, shim, Some(sink), 4).await?);
+    }
+    Ok(vec![
+        Figure {
+            name: "tool_call_roundtrip",
+            unit: "ms",
+            samples: chained,
+        },
+        Figure {
+            name: "tool_call_roundtrip_unchained",
+            unit: "ms",
+            samples: plain,
+        },
+    ])
+}
+
+/// 200 calls of a no-op plugin tool from a shell loop in the sandbox, `rounds` times.
+/// Each sample is one loop's time minus an empty loop's, divided by 200.
 async fn tool_call_roundtrip(
     home: &BeigeHome,
     image: &str,
     shim: &PathBuf,
-) -> anyhow::Result<Figure> {
-    let gw = gateway(home, image, shim, "unix").await?;
+    audit: Option<Arc<dyn beige_core::audit::AuditSink>>,
+    rounds: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let gw = gateway_with_audit(home, image, shim, "unix", audit)
+        .await?
+        .0;
     let run = |cmd: &'static str| {
         let gw = gw.clone();
         async move {
@@ -281,17 +331,13 @@ async fn tool_call_roundtrip(
     let without = "i=0; while [ $i -lt 200 ]; do true; i=$((i+1)); done";
     run(with).await?;
     let mut samples = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..rounds {
         let base = run(without).await?;
         let total = run(with).await?;
         samples.push((total - base) / 200.0);
     }
     gw.shutdown().await?;
-    Ok(Figure {
-        name: "tool_call_roundtrip",
-        unit: "ms",
-        samples,
-    })
+    Ok(samples)
 }
 
 /// A scripted model for the loop benchmarks: when the last message holds a tool result
@@ -561,7 +607,7 @@ async fn main() -> anyhow::Result<()> {
         figures.extend(exec_roundtrip(&home, &image, &shim).await?);
     }
     if want("tool_call_roundtrip") {
-        figures.push(tool_call_roundtrip(&home, &image, &shim).await?);
+        figures.extend(tool_call_roundtrip_and_floor(&home, &image, &shim).await?);
     }
     if want("turn_overhead") {
         figures.push(turn_overhead(&home, &image, &shim).await?);

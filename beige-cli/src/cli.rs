@@ -70,6 +70,12 @@ pub enum Command {
         after_help = "Examples:\n  beige usage\n  beige usage --agent assistant --since 7d --by day\n  beige usage --by model --json"
     )]
     Usage(UsageArgs),
+    /// Prompts and execs on a timetable: add, list, show, pause, resume, cancel, run now,
+    /// and each schedule's history
+    Schedule {
+        #[command(subcommand)]
+        command: Option<ScheduleCommand>,
+    },
     /// Install, list, remove and update plugins (external plugins and command tools)
     Plugins {
         #[command(subcommand)]
@@ -216,6 +222,101 @@ pub struct SessionsArgs {
     /// The agent whose sessions to list
     pub agent: String,
     /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Create a schedule that prompts AGENT or runs a command in its sandbox
+    #[command(
+        after_help = "Examples:\n  beige schedule add assistant --cron '0 8 * * 1-5' --tz Europe/Berlin --prompt 'Summarise yesterday.' --deliver telegram:123456789\n  beige schedule add intern --at 2026-12-24T18:00:00+01:00 --exec 'python tools/clean.py'"
+    )]
+    Add(ScheduleAddArgs),
+    /// List the schedules: id, agent, state, timing, next fire, last status
+    List {
+        /// Only this agent's schedules
+        #[arg(long, value_name = "AGENT")]
+        agent: Option<String>,
+        /// Print JSON (the answer of GET /api/schedules)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one schedule
+    Get {
+        /// The schedule's id
+        id: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// The latest runs of a schedule, newest first
+    History {
+        /// The schedule's id
+        id: String,
+        /// How many runs
+        #[arg(short = 'n', long, value_name = "N", default_value_t = 20)]
+        lines: usize,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a schedule from firing until it is resumed
+    Pause {
+        /// The schedule's id
+        id: String,
+    },
+    /// Let a paused schedule fire again, from the next instant after now
+    Resume {
+        /// The schedule's id
+        id: String,
+    },
+    /// Cancel a schedule for good (its history is kept; config schedules can only be paused)
+    Cancel {
+        /// The schedule's id
+        id: String,
+    },
+    /// Fire a schedule once now, outside its timetable
+    Run {
+        /// The schedule's id
+        id: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("timing").required(true).args(["cron", "at"])))]
+#[command(group(clap::ArgGroup::new("work").required(true).args(["prompt", "exec"])))]
+pub struct ScheduleAddArgs {
+    /// The agent it runs as (with the agent's rights at fire time)
+    pub agent: String,
+    /// A cron expression: 5 fields, or @hourly, @daily, @weekly, @monthly
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+    /// The IANA time zone of --cron [default: the host's]
+    #[arg(long, value_name = "TZ", requires = "cron")]
+    pub tz: Option<String>,
+    /// Fire once at this instant (RFC 3339, with its offset)
+    #[arg(long, value_name = "ISO")]
+    pub at: Option<String>,
+    /// Prompt the agent with this text
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Run this command in the agent's sandbox (no model)
+    #[arg(long, value_name = "CMD")]
+    pub exec: Option<String>,
+    /// Reuse one named session for every run [default: a new session per run]
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
+    /// Where results go: CHANNEL:CHAT (telegram:123456789) or events [default: a report to the agent's owner when a run is not ok]
+    #[arg(long, value_name = "TARGET")]
+    pub deliver: Option<String>,
+    /// Narrow the run to these of the agent's tools (repeatable)
+    #[arg(long = "tool", value_name = "TOOL")]
+    pub tools: Vec<String>,
+    /// Print the new schedule as JSON
     #[arg(long)]
     pub json: bool,
 }

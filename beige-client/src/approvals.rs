@@ -22,6 +22,34 @@ pub enum ApprovalMode {
     Stream,
 }
 
+/// What a request is about.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    /// A tool call a policy rule asks about (the default).
+    #[default]
+    Tool,
+    /// An egress destination no rule allows (`egress.onUnknown: "ask"`): the call is
+    /// `egress.connect <host>:<port> entry=<entry> mode=<mode>`, and an approval adds an
+    /// exact host-and-port rule for the agent.
+    Egress,
+}
+
+impl ApprovalKind {
+    /// The name on the wire (`tool`, `egress`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::Tool => "tool",
+            ApprovalKind::Egress => "egress",
+        }
+    }
+
+    /// Whether this is [`ApprovalKind::Tool`] (then the wire omits it).
+    pub fn is_tool(&self) -> bool {
+        *self == ApprovalKind::Tool
+    }
+}
+
 /// How far an approval reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,6 +154,13 @@ pub struct Approval {
     /// How many identical calls joined this request while it was pending.
     #[serde(default)]
     pub joined: u32,
+    /// What the request is about (`tool` when absent).
+    #[serde(default, skip_serializing_if = "ApprovalKind::is_tool")]
+    pub kind: ApprovalKind,
+    /// An egress request: how many connections to its host and port were refused
+    /// while it was pending (the first included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
 }
 
 impl Approval {

@@ -313,6 +313,12 @@ pub trait Admin: Send + Sync {
             what: "run_schedule_now",
         })
     }
+
+    /// The gateway's metrics in the Prometheus (OpenMetrics) text format, what
+    /// `GET /metrics` answers.
+    async fn metrics(&self) -> Result<String, GatewayError> {
+        Err(GatewayError::Unsupported { what: "metrics" })
+    }
 }
 
 /// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
@@ -462,6 +468,9 @@ macro_rules! forward_gateway {
             }
             async fn run_schedule_now(&self, id: &str) -> Result<ScheduleRun, GatewayError> {
                 (**self).run_schedule_now(id).await
+            }
+            async fn metrics(&self) -> Result<String, GatewayError> {
+                (**self).metrics().await
             }
         }
     )*};

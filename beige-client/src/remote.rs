@@ -28,6 +28,7 @@ use crate::home::BeigeHome;
 use crate::hooks::HookName;
 use crate::llm::{Message, ModelInfo, ThinkingLevel};
 use crate::prompt::PromptRequest;
+use crate::schedules::{ScheduleAuthor, ScheduleRun, ScheduleSpec, ScheduleView};
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{ModelHealth, SandboxStatus};
 use crate::tools::{CoreToolCall, InvalidCall, ToolContext, ToolOutput};
@@ -312,6 +313,43 @@ impl RemoteGateway {
     ) -> Result<T, GatewayError> {
         let value = self.call(method, segments, body, timeout, ctx).await?;
         decode(value)
+    }
+
+    /// `GET url` with the token, decoded as JSON.
+    async fn get_url(&self, url: Url, ctx: ErrCtx<'_>) -> Result<Value, GatewayError> {
+        let mut b = self.client.get(url).timeout(QUICK_TIMEOUT);
+        if let Some(t) = &self.token {
+            b = b.bearer_auth(t);
+        }
+        let response = b.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.error_from(response, ctx).await);
+        }
+        response.json().await.map_err(|e| GatewayError::Remote {
+            status: status.as_u16(),
+            message: format!("the gateway's answer is unreadable: {e}"),
+        })
+    }
+
+    /// `METHOD /api/schedules/{id}[/action]`, answered with the schedule.
+    async fn schedule_call(
+        &self,
+        method: Method,
+        id: &str,
+        action: Option<&str>,
+    ) -> Result<ScheduleView, GatewayError> {
+        let mut segments = vec!["api", "schedules", id];
+        segments.extend(action);
+        self.call_as(
+            method,
+            &segments,
+            None,
+            Some(QUICK_TIMEOUT),
+            ErrCtx::default(),
+        )
+        .await
+        .map_err(|e| schedule_error(id, e))
     }
 
     /// Turn an error answer into the [`GatewayError`] the local gateway would have
@@ -927,6 +965,94 @@ impl Admin for RemoteGateway {
             status: status.as_u16(),
             message: format!("the gateway's usage answer is unreadable: {e}"),
         })
+    }
+
+    async fn add_schedule(
+        &self,
+        spec: ScheduleSpec,
+        _author: ScheduleAuthor,
+    ) -> Result<ScheduleView, GatewayError> {
+        // The gateway takes the author from the token, never from the request.
+        let body = serde_json::to_value(&spec).map_err(|e| GatewayError::InvalidSchedule {
+            message: format!("the schedule cannot be sent: {e}"),
+        })?;
+        self.call_as(
+            Method::POST,
+            &["api", "schedules"],
+            Some(body),
+            Some(QUICK_TIMEOUT),
+            ErrCtx::default(),
+        )
+        .await
+        .map_err(|e| schedule_error("", e))
+    }
+
+    async fn schedules(&self, agent: Option<&str>) -> Result<Vec<ScheduleView>, GatewayError> {
+        let mut url = self.url(&["api", "schedules"]);
+        if let Some(a) = agent {
+            url.query_pairs_mut().append_pair("agent", a);
+        }
+        let v: Value = self.get_url(url, ErrCtx::default()).await?;
+        decode(v.get("schedules").cloned().unwrap_or(Value::Null))
+    }
+
+    async fn schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        self.schedule_call(Method::GET, id, None).await
+    }
+
+    async fn pause_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        self.schedule_call(Method::POST, id, Some("pause")).await
+    }
+
+    async fn resume_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        self.schedule_call(Method::POST, id, Some("resume")).await
+    }
+
+    async fn cancel_schedule(&self, id: &str) -> Result<ScheduleView, GatewayError> {
+        self.schedule_call(Method::DELETE, id, None).await
+    }
+
+    async fn schedule_history(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRun>, GatewayError> {
+        let mut url = self.url(&["api", "schedules", id, "runs"]);
+        url.query_pairs_mut().append_pair("n", &limit.to_string());
+        let v: Value = self
+            .get_url(url, ErrCtx::default())
+            .await
+            .map_err(|e| schedule_error(id, e))?;
+        decode(v.get("runs").cloned().unwrap_or(Value::Null))
+    }
+
+    async fn run_schedule_now(&self, id: &str) -> Result<ScheduleRun, GatewayError> {
+        self.call_as(
+            Method::POST,
+            &["api", "schedules", id, "run"],
+            None,
+            Some(QUICK_TIMEOUT),
+            ErrCtx::default(),
+        )
+        .await
+        .map_err(|e| schedule_error(id, e))
+    }
+}
+
+/// The schedule errors of the local gateway, from an HTTP answer about schedule `id`.
+fn schedule_error(id: &str, e: GatewayError) -> GatewayError {
+    match e {
+        GatewayError::Remote {
+            status: 404,
+            message,
+        } if message.starts_with("no schedule") => {
+            GatewayError::UnknownSchedule { id: id.to_string() }
+        }
+        GatewayError::Remote {
+            status: 400,
+            message,
+        } => GatewayError::InvalidSchedule { message },
+        other => other,
     }
 }
 

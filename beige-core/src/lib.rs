@@ -107,6 +107,7 @@
 //! | `google` | yes | the `google-generative-ai` client, `llm::google` |
 //! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
 //! | `egress` | yes | governed network access for agents, [`egress`] (rules, the address classifier, hickory DNS) |
+//! | `metrics` | no (the `beige` binary turns it on) | the Prometheus registry behind [`metrics::Metrics`] and `GET /metrics` (prometheus-client); without it the counters are no-ops |
 //! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
 //! With none of them the crate still has the gateway traits, [`RemoteGateway`],
@@ -134,6 +135,7 @@ pub mod home;
 pub mod hooks;
 pub mod ident;
 pub mod llm;
+pub mod metrics;
 mod platform;
 pub mod plugin;
 pub mod policy;

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod plugins;
 mod policy;
 mod run;
+mod schedule;
 mod setup;
 pub mod usage;
 
@@ -95,6 +96,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Usage(args)) => {
             let t = target();
             block_on(usage::run(&t, args))
+        }
+        Some(Command::Schedule { command: None }) => print_help(&["schedule"]),
+        Some(Command::Schedule {
+            command: Some(command),
+        }) => {
+            let t = target();
+            block_on(schedule::run(&t, command))
         }
         Some(Command::Plugins { command: None }) => print_help(&["plugins"]),
         Some(Command::Plugins {

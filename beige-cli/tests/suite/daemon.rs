@@ -17,13 +17,13 @@ use super::{containers_of, free_port, Run, TestEnv};
 use crate::docker_or_skip;
 
 /// Run the binary from an async test.
-fn beige(env: &TestEnv, args: &[&str]) -> Run {
+pub(super) fn beige(env: &TestEnv, args: &[&str]) -> Run {
     tokio::task::block_in_place(|| env.run(args))
 }
 
 /// Stops the daemon of a test home when dropped (also when the test panicked) and
 /// removes its containers.
-struct DaemonGuard<'a>(&'a TestEnv);
+pub(super) struct DaemonGuard<'a>(pub(super) &'a TestEnv);
 
 impl Drop for DaemonGuard<'_> {
     fn drop(&mut self) {

@@ -11,6 +11,7 @@ mod egress;
 mod help;
 mod plugins;
 mod policy;
+mod schedules;
 mod setup;
 mod tui_pty;
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use beige_client::approvals::{
-    Approval, ApprovalDecision, ApprovalEvent, ApprovalStatus, Scope, Verdict,
+    Approval, ApprovalDecision, ApprovalEvent, ApprovalKind, ApprovalStatus, Scope, Verdict,
 };
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
@@ -214,6 +214,19 @@ struct LiveGrant {
 struct State {
     entries: HashMap<String, Entry>,
     grants: Vec<LiveGrant>,
+    /// Counts every settling step (decision, expiry, use), so that what is derived from
+    /// the decisions (egress rules) knows when to look again.
+    generation: u64,
+}
+
+/// A settled request, as [`Approvals::settled`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The request as it is now (`approved`, `consumed` or `denied`).
+    pub approval: Approval,
+    /// When what it grants ends: a `duration` grant's end, an unused `once` approval's
+    /// lapse; `None` for no end of its own.
+    pub until: Option<Instant>,
 }
 
 /// The gateway's approvals broker (see the module docs).
@@ -329,6 +342,7 @@ impl Approvals {
             };
             if lapsed {
                 e.view.status = ApprovalStatus::Expired;
+                state.generation += 1;
                 let _ = e.status_tx.send(ApprovalStatus::Expired);
                 expired.push(e.view.clone());
             }
@@ -396,6 +410,9 @@ impl Approvals {
                         });
                         consumed = Some(e.view.clone());
                     }
+                    if consumed.is_some() {
+                        state.generation += 1;
+                    }
                 }
                 (outcome, consumed, expired)
             };
@@ -411,6 +428,17 @@ impl Approvals {
     /// once; else a new pending request (or the identical one already pending), and
     /// the caller holds up to `hold` for the answer.
     pub async fn ask(&self, call: CallFacts, hold: Duration) -> AskOutcome {
+        self.ask_kind(call, ApprovalKind::Tool, hold).await
+    }
+
+    /// [`Approvals::ask`] for a request of `kind`. An egress request counts its
+    /// `attempts` (1 when made; each identical call that joins it adds one).
+    pub async fn ask_kind(
+        &self,
+        call: CallFacts,
+        kind: ApprovalKind,
+        hold: Duration,
+    ) -> AskOutcome {
         let digest = call_digest(&call);
         if let Some(done) = self.covered(&digest).await {
             return done;
@@ -424,6 +452,9 @@ impl Approvals {
             match joined {
                 Some(e) => {
                     e.view.joined += 1;
+                    if let Some(n) = e.view.attempts.as_mut() {
+                        *n = n.saturating_add(1);
+                    }
                     (e.status_tx.subscribe(), None, e.view.id.clone())
                 }
                 None => {
@@ -462,6 +493,8 @@ impl Approvals {
                         scope: None,
                         decision_reason: None,
                         joined: 0,
+                        kind,
+                        attempts: (kind == ApprovalKind::Egress).then_some(1),
                     };
                     let (status_tx, rx) = watch::channel(ApprovalStatus::Pending);
                     let now = Instant::now();
@@ -637,6 +670,7 @@ impl Approvals {
         entry.view.status = status;
         let view = entry.view.clone();
         let tx = entry.status_tx.clone();
+        state.generation += 1;
         if d.decision == Verdict::Approve && d.scope != Scope::Once {
             state.grants.push(LiveGrant {
                 digest: view.call_digest.clone(),
@@ -667,6 +701,91 @@ impl Approvals {
     /// One request.
     pub fn get(&self, id: &str) -> Option<Approval> {
         self.lock().entries.get(id).map(|e| e.view.clone())
+    }
+
+    /// How many settling steps (decisions, expiries, uses) there have been: it changes
+    /// whenever [`Approvals::settled`] may answer differently.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// The settled requests of kind `kind` of `agent` still kept: approved (a `once`
+    /// approval not used yet, or a grant), used `once` approvals and denials, each with
+    /// the end of what it grants. Settled requests are kept for an hour after they were
+    /// asked; grants as long as they last.
+    pub fn settled(&self, agent: &str, kind: ApprovalKind) -> Vec<Settled> {
+        let mut state = self.lock();
+        let _ = Self::sweep(&mut state, Instant::now());
+        state
+            .entries
+            .values()
+            .filter(|e| e.view.agent == agent && e.view.kind == kind)
+            .filter(|e| {
+                matches!(
+                    e.view.status,
+                    ApprovalStatus::Approved | ApprovalStatus::Consumed | ApprovalStatus::Denied
+                )
+            })
+            .filter_map(|e| {
+                let until = match (e.view.status, e.view.scope) {
+                    (ApprovalStatus::Approved, Some(Scope::Once)) => e.usable_until,
+                    // A grant that has ended grants nothing any more.
+                    (ApprovalStatus::Approved, _) => {
+                        state.grants.iter().find(|g| g.approval == e.view.id)?.until
+                    }
+                    _ => None,
+                };
+                Some(Settled {
+                    approval: e.view.clone(),
+                    until,
+                })
+            })
+            .collect()
+    }
+
+    /// Use the `once` approval `id` (its call has started): it is `consumed` from now
+    /// on. `false` when it is not an unused `once` approval.
+    pub async fn consume(&self, id: &str) -> bool {
+        let view = {
+            let mut state = self.lock();
+            let State {
+                entries,
+                generation,
+                ..
+            } = &mut *state;
+            match entries.get_mut(id) {
+                Some(e)
+                    if e.view.status == ApprovalStatus::Approved
+                        && e.view.scope == Some(Scope::Once) =>
+                {
+                    e.view.status = ApprovalStatus::Consumed;
+                    let _ = e.status_tx.send(ApprovalStatus::Consumed);
+                    *generation += 1;
+                    e.view.clone()
+                }
+                _ => return false,
+            }
+        };
+        self.audit(&view, "consumed", None).await;
+        self.announce(ApprovalEvent::ApprovalDecided { approval: view });
+        true
+    }
+
+    /// Another call joined pending request `id` without asking again (egress: one more
+    /// refused connection to its host and port): its `attempts` (or `joined`) grows by
+    /// one. The request as it is now; `None` when it is no longer pending.
+    pub fn note_attempt(&self, id: &str) -> Option<Approval> {
+        let mut state = self.lock();
+        let _ = Self::sweep(&mut state, Instant::now());
+        let e = state.entries.get_mut(id)?;
+        if e.view.status != ApprovalStatus::Pending {
+            return None;
+        }
+        match e.view.attempts.as_mut() {
+            Some(n) => *n = n.saturating_add(1),
+            None => e.view.joined += 1,
+        }
+        Some(e.view.clone())
     }
 
     /// Requests of `session` asked since `since`, for the footer of the exec that ran
@@ -705,6 +824,12 @@ impl Approvals {
             scope: None,
             decision_reason: Some(format!("unattended run ({origin})")),
             joined: 0,
+            kind: if call.tool.starts_with("egress.") {
+                ApprovalKind::Egress
+            } else {
+                ApprovalKind::Tool
+            },
+            attempts: None,
         };
         self.audit(&view, "unattended", None).await;
         self.announce(ApprovalEvent::UnattendedDenied {

@@ -25,7 +25,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post, MethodRouter};
+use axum::routing::{delete, get, patch, post, MethodRouter};
 use axum::{Json, Router};
 use beige_client::approvals::{ApprovalDecision, ApprovalMode};
 use futures_util::StreamExt;
@@ -368,9 +368,10 @@ impl From<GatewayError> for ApiError {
                     "Model {requested} is not in the allowed list for agent '{agent}' (allowed: {allowed})"
                 ),
             ),
-            e @ GatewayError::UnknownSession { .. } => {
+            e @ (GatewayError::UnknownSession { .. } | GatewayError::UnknownSchedule { .. }) => {
                 ApiError::new(StatusCode::NOT_FOUND, e.to_string())
             }
+            e @ GatewayError::InvalidSchedule { .. } => ApiError::bad_request(e.to_string()),
             GatewayError::InvalidCall(c) => ApiError::bad_request(c.message),
             // Hook events that do not parse, hooks that cannot be triggered from outside,
             // a compaction whose summary the model did not write.
@@ -470,6 +471,17 @@ const TABLE: &[(&str, &str, Handler)] = &[
     ("POST", "/api/approvals/{id}/decision", || {
         post(decide_approval)
     }),
+    ("GET", "/api/schedules", || get(list_schedules)),
+    ("POST", "/api/schedules", || post(add_schedule)),
+    ("GET", "/api/schedules/{id}", || get(get_schedule)),
+    ("DELETE", "/api/schedules/{id}", || delete(cancel_schedule)),
+    ("GET", "/api/schedules/{id}/runs", || get(schedule_runs)),
+    ("POST", "/api/schedules/{id}/pause", || post(pause_schedule)),
+    ("POST", "/api/schedules/{id}/resume", || {
+        post(resume_schedule)
+    }),
+    ("POST", "/api/schedules/{id}/run", || post(run_schedule)),
+    ("GET", "/metrics", || get(metrics)),
 ];
 
 /// Every route the API serves, as `(method, path)` with `{param}` placeholders.
@@ -968,6 +980,95 @@ async fn decide_approval(
         .decide_approval(&id, decision, Principal::ApiToken)
         .await?;
     Ok(Json(approval).into_response())
+}
+
+// ---- schedules ----
+
+/// `GET /api/schedules[?agent=]`.
+async fn list_schedules(
+    State(s): State<Shared>,
+    axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> ApiResult {
+    let agent = params.get("agent").filter(|a| !a.is_empty());
+    let schedules = s.gateway.schedules(agent.map(String::as_str)).await?;
+    Ok(Json(json!({ "schedules": schedules })).into_response())
+}
+
+/// `POST /api/schedules`: the config shape of a schedule, plus `agent`.
+async fn add_schedule(State(s): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
+    let map = json_body(&s, &headers, body).await?;
+    let spec: beige_client::schedules::ScheduleSpec =
+        serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+            ApiError::bad_request(format!(
+                "Invalid schedule at {}: {}; send the config shape of a schedule with its agent, e.g. {{\"agent\": \"assistant\", \"cron\": \"0 8 * * 1-5\", \"tz\": \"Europe/Berlin\", \"prompt\": \"…\"}}",
+                e.path(),
+                e.inner()
+            ))
+        })?;
+    // Past the token check: the caller holds the API token.
+    let author = beige_client::schedules::ScheduleAuthor::principal(&Principal::ApiToken);
+    let view = s.gateway.add_schedule(spec, author).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// `GET /api/schedules/{id}`.
+async fn get_schedule(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    Ok(Json(s.gateway.schedule(&id).await?).into_response())
+}
+
+/// `DELETE /api/schedules/{id}`: cancelled for good; the history is kept.
+async fn cancel_schedule(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    Ok(Json(s.gateway.cancel_schedule(&id).await?).into_response())
+}
+
+/// `POST /api/schedules/{id}/pause`.
+async fn pause_schedule(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    Ok(Json(s.gateway.pause_schedule(&id).await?).into_response())
+}
+
+/// `POST /api/schedules/{id}/resume`.
+async fn resume_schedule(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    Ok(Json(s.gateway.resume_schedule(&id).await?).into_response())
+}
+
+/// `POST /api/schedules/{id}/run`: fire once now; the run goes on in the background.
+async fn run_schedule(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+    let run = s.gateway.run_schedule_now(&id).await?;
+    Ok((StatusCode::ACCEPTED, Json(run)).into_response())
+}
+
+/// `GET /api/schedules/{id}/runs[?n=20]`: newest first.
+async fn schedule_runs(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> ApiResult {
+    let n = match params.get("n").filter(|v| !v.is_empty()) {
+        None => 20,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("n must be a number from 1 to 1000, not '{v}'"))
+            })?,
+    };
+    let runs = s.gateway.schedule_history(&id, n).await?;
+    Ok(Json(json!({ "runs": runs })).into_response())
+}
+
+/// `GET /metrics`: the gateway's metrics in the OpenMetrics text format, behind the
+/// token like every route but health; 501 unless `telemetry.metrics.enabled`.
+async fn metrics(State(s): State<Shared>) -> ApiResult {
+    let text = s.gateway.metrics().await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn approval_events(State(s): State<Shared>) -> ApiResult {

@@ -52,6 +52,37 @@ pub struct Config {
     /// a time zone, each instant exactly once, by name (the name is the schedule's id).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub schedules: IndexMap<String, beige_client::schedules::ScheduleSpec>,
+    /// New in beige: what the gateway tells monitoring about itself (metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetryConfig>,
+}
+
+/// `telemetry`: what the gateway reports to monitoring.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Prometheus metrics at `GET /metrics` on the API's port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// `telemetry.metrics`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `GET /metrics` on the API's port, behind the API token (default false).
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+impl Config {
+    /// Whether `GET /metrics` is served.
+    pub fn metrics_enabled(&self) -> bool {
+        self.telemetry
+            .as_ref()
+            .and_then(|t| t.metrics.as_ref())
+            .is_some_and(|m| m.enabled)
+    }
 }
 
 // `llm`: the LLM providers.

@@ -98,6 +98,9 @@ pub struct ConnectionRecord {
     pub phase: ConnectionPhase,
     /// Why it was refused; `None` when it was allowed.
     pub reason: Option<DenyReason>,
+    /// The approval request a refusal waits for (`approval_pending`) or was refused by
+    /// (`approval_denied`).
+    pub approval: Option<String>,
     /// What went wrong upstream or on the way, in words.
     pub error: Option<String>,
     /// How long it lasted (on `finished`).
@@ -117,6 +120,54 @@ pub trait EgressAudit: Send + Sync {
         let _ = record;
         Ok(())
     }
+}
+
+/// A destination no rule allows (`no_rule`, or `port_not_allowed` for a host allowed on
+/// other ports), that no deny rule refuses and whose every address the classifier let
+/// through: what [`UnknownHosts::ask`] is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Miss<'a> {
+    /// The stream's id.
+    pub id: &'a str,
+    /// The host as normalised (a name: IP literals are never asked about).
+    pub host: &'a str,
+    /// The port.
+    pub port: u16,
+    /// Which of PID 1's listeners took the stream in.
+    pub entry: EgressEntry,
+    /// How it would be carried (`tunnel`, or `http` for plain HTTP).
+    pub mode: Mode,
+    /// What the rules said.
+    pub reason: DenyReason,
+}
+
+/// What becomes of a [`Miss`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissAnswer {
+    /// Refuse it, with this reason (`approval_pending`, `approval_denied`,
+    /// `unattended`, or the rules' own), naming the approval request concerned.
+    Refuse {
+        /// Why.
+        reason: DenyReason,
+        /// The approval request it waits for or was refused by.
+        approval: Option<String>,
+        /// More words for the audit record.
+        error: Option<String>,
+    },
+    /// Decide it again with these rules (an approval was granted meanwhile). They are
+    /// the stream's snapshot from then on.
+    Retry(Arc<RuleSet>),
+}
+
+/// Asked about destinations no rule allows, when the agent's `onUnknown` is `ask`
+/// (spec §6). Deny rules and the classifier have answered before it is asked: it can
+/// only refuse, or hand back rules that admit the destination.
+#[async_trait]
+pub trait UnknownHosts: Send + Sync {
+    /// What to do with `miss`.
+    async fn ask(&self, miss: &Miss<'_>) -> MissAnswer;
 }
 
 /// Decides and carries egress streams. One per gateway; cheap to share.
@@ -206,15 +257,80 @@ impl EgressEngine {
         })
     }
 
+    /// Resolves `target` and checks every address with the classifier (`allow_private`
+    /// the ranges the rules let it resolve into). `None` when refused: the refusal is
+    /// set on `p`.
+    async fn resolve_checked(
+        &self,
+        target: &Target,
+        allow_private: &[ipnet::IpNet],
+        p: &mut Pending,
+    ) -> Option<Vec<IpAddr>> {
+        let addrs = match &target.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => {
+                match tokio::time::timeout(RESOLVE_BUDGET, self.resolver.resolve(name)).await {
+                    Ok(Ok(addrs)) if !addrs.is_empty() => addrs,
+                    Ok(Ok(_)) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(format!("'{name}' has no addresses"));
+                        return None;
+                    }
+                    Ok(Err(e)) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(e.to_string());
+                        return None;
+                    }
+                    Err(_) => {
+                        p.refuse(DenyReason::DnsFailed, None);
+                        p.record.error = Some(format!(
+                            "resolving '{name}' took longer than {}s",
+                            RESOLVE_BUDGET.as_secs()
+                        ));
+                        return None;
+                    }
+                }
+            }
+        };
+        for addr in &addrs {
+            if let Err(special) = classify::permitted(*addr, allow_private) {
+                p.refuse(DenyReason::PrivateAddress, None);
+                p.record.ip = Some(*addr);
+                p.record.error = Some(format!(
+                    "{} resolves to {addr} ({}), which is never dialled",
+                    p.target_text,
+                    special.as_str()
+                ));
+                return None;
+            }
+        }
+        Some(addrs)
+    }
+
     /// Serve one stream of `agent` to its end with the rules `rules` (kept for the
-    /// stream's life) and at most `max_streams` open for the agent.
+    /// stream's life) and at most `max_streams` open for the agent. A miss is refused.
     pub async fn serve(
         &self,
         agent: &str,
         rules: Arc<RuleSet>,
         max_streams: usize,
+        stream: EgressStream,
+        audit: &dyn EgressAudit,
+    ) {
+        self.serve_with(agent, rules, max_streams, stream, audit, None)
+            .await
+    }
+
+    /// [`EgressEngine::serve`], asking `unknown` about a miss (`no_rule`, or
+    /// `port_not_allowed`) once deny rules and the classifier have let it through.
+    pub async fn serve_with(
+        &self,
+        agent: &str,
+        mut rules: Arc<RuleSet>,
+        max_streams: usize,
         mut stream: EgressStream,
         audit: &dyn EgressAudit,
+        unknown: Option<&dyn UnknownHosts>,
     ) {
         let started = Instant::now();
         let mut p = Pending {
@@ -232,6 +348,7 @@ impl EgressEngine {
                 bytes_down: 0,
                 phase: ConnectionPhase::Finished,
                 reason: None,
+                approval: None,
                 error: None,
                 duration: None,
             },
@@ -331,17 +448,64 @@ impl EgressEngine {
         p.target_text = target.to_string();
 
         // One matcher.
-        let verdict = rules.decide(
-            &target,
+        let as_request = || {
             request
                 .as_ref()
-                .map(|(method, path)| Request { method, path }),
-        );
+                .map(|(method, path)| Request { method, path })
+        };
+        let verdict = rules.decide(&target, as_request());
+        // Addresses already resolved and checked (a miss that was asked about).
+        let mut checked: Option<Vec<IpAddr>> = None;
         let allowed = match verdict {
             Verdict::Allow(a) => a,
             Verdict::Deny(d) => {
-                p.refuse(d.reason, d.rule);
-                return finish_refused(&mut p, &mut stream, audit).await;
+                let asked = unknown.filter(|_| {
+                    matches!(d.reason, DenyReason::NoRule | DenyReason::PortNotAllowed)
+                        && matches!(target.host, Host::Name(_))
+                });
+                let Some(unknown) = asked else {
+                    p.refuse(d.reason, d.rule);
+                    return finish_refused(&mut p, &mut stream, audit).await;
+                };
+                // Deny rules have won already (they come first in `decide`); the
+                // classifier answers before anyone is asked, with no private range
+                // allowed: an approval never lifts it.
+                let Some(addrs) = self.resolve_checked(&target, &[], &mut p).await else {
+                    return finish_refused(&mut p, &mut stream, audit).await;
+                };
+                let host = host_text(&target.host);
+                let miss = Miss {
+                    id: &p.record.id.clone(),
+                    host: &host,
+                    port: target.port,
+                    entry: stream.entry,
+                    mode,
+                    reason: d.reason,
+                };
+                match unknown.ask(&miss).await {
+                    MissAnswer::Refuse {
+                        reason,
+                        approval,
+                        error,
+                    } => {
+                        p.refuse(reason, d.rule);
+                        p.record.approval = approval;
+                        p.record.error = error;
+                        return finish_refused(&mut p, &mut stream, audit).await;
+                    }
+                    MissAnswer::Retry(fresh) => match fresh.decide(&target, as_request()) {
+                        Verdict::Allow(a) => {
+                            rules = fresh;
+                            p.record.policy_version = rules.version();
+                            checked = Some(addrs);
+                            a
+                        }
+                        Verdict::Deny(d) => {
+                            p.refuse(d.reason, d.rule);
+                            return finish_refused(&mut p, &mut stream, audit).await;
+                        }
+                    },
+                }
             }
         };
         p.record.rule = Some(allowed.rule.clone());
@@ -367,44 +531,16 @@ impl EgressEngine {
         }
 
         // Resolve, classify every address, pin one.
-        let addrs = match &target.host {
-            Host::Ip(ip) => vec![*ip],
-            Host::Name(name) => {
-                match tokio::time::timeout(RESOLVE_BUDGET, self.resolver.resolve(name)).await {
-                    Ok(Ok(addrs)) if !addrs.is_empty() => addrs,
-                    Ok(Ok(_)) => {
-                        p.refuse(DenyReason::DnsFailed, None);
-                        p.record.error = Some(format!("'{name}' has no addresses"));
-                        return finish_refused(&mut p, &mut stream, audit).await;
-                    }
-                    Ok(Err(e)) => {
-                        p.refuse(DenyReason::DnsFailed, None);
-                        p.record.error = Some(e.to_string());
-                        return finish_refused(&mut p, &mut stream, audit).await;
-                    }
-                    Err(_) => {
-                        p.refuse(DenyReason::DnsFailed, None);
-                        p.record.error = Some(format!(
-                            "resolving '{name}' took longer than {}s",
-                            RESOLVE_BUDGET.as_secs()
-                        ));
-                        return finish_refused(&mut p, &mut stream, audit).await;
-                    }
-                }
-            }
+        let addrs = match checked {
+            Some(addrs) => addrs,
+            None => match self
+                .resolve_checked(&target, &allowed.allow_private, &mut p)
+                .await
+            {
+                Some(addrs) => addrs,
+                None => return finish_refused(&mut p, &mut stream, audit).await,
+            },
         };
-        for addr in &addrs {
-            if let Err(special) = classify::permitted(*addr, &allowed.allow_private) {
-                p.refuse(DenyReason::PrivateAddress, None);
-                p.record.ip = Some(*addr);
-                p.record.error = Some(format!(
-                    "{} resolves to {addr} ({}), which is never dialled",
-                    p.target_text,
-                    special.as_str()
-                ));
-                return finish_refused(&mut p, &mut stream, audit).await;
-            }
-        }
         let pinned = addrs[0];
         p.record.ip = Some(pinned);
 
@@ -716,12 +852,13 @@ async fn finish_refused(p: &mut Pending, stream: &mut EgressStream, audit: &dyn 
         }
         return;
     }
-    let answer = http::refusal(
+    let answer = http::refusal_for_approval(
         reason.as_str(),
         reason.explain(),
         &p.target_text,
         &p.record.agent,
         &p.record.id,
+        p.record.approval.as_deref(),
     );
     let _ = stream.writer.write_all(&answer).await;
     let _ = stream.writer.shutdown().await;

@@ -338,6 +338,44 @@ pub fn refusal(reason: &str, explanation: &str, target: &str, agent: &str, id: &
     response("403 Forbidden", &header, &body)
 }
 
+/// A [`refusal`] that names an approval request: `approval_pending` gets
+/// `X-Beige-Egress: approval-pending; approval=<approval>; reason=approval_pending;
+/// id=<id>`, another reason `denied; reason=<reason>; approval=<approval>; id=<id>`.
+/// Without an approval it is exactly [`refusal`].
+pub fn refusal_for_approval(
+    reason: &str,
+    explanation: &str,
+    target: &str,
+    agent: &str,
+    id: &str,
+    approval: Option<&str>,
+) -> Vec<u8> {
+    let Some(approval) = approval else {
+        return refusal(reason, explanation, target, agent, id);
+    };
+    let approval = header_token(approval);
+    let pending = reason == "approval_pending";
+    let explanation = if pending {
+        format!("{explanation} (approval {approval}); retry once it is approved")
+    } else {
+        format!("{explanation} (approval {approval})")
+    };
+    let (_, body) = refusal_parts(reason, &explanation, target, agent, id);
+    let header = if pending {
+        format!(
+            "approval-pending; approval={approval}; reason=approval_pending; id={}",
+            header_token(id)
+        )
+    } else {
+        format!(
+            "denied; reason={}; approval={approval}; id={}",
+            header_token(reason),
+            header_token(id)
+        )
+    };
+    response("403 Forbidden", &header, &body)
+}
+
 /// The `X-Beige-Egress` value and the body of a [`refusal`], sanitised the same way, for
 /// a `403` written by an HTTP server (inspect mode answers on the open connection).
 pub fn refusal_parts(

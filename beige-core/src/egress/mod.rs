@@ -11,6 +11,8 @@
 //! request and broker credentials (`inspect`).
 
 #[cfg(feature = "egress")]
+pub mod ask;
+#[cfg(feature = "egress")]
 pub mod broker;
 #[cfg(feature = "egress")]
 pub mod ca;

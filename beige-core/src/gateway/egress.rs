@@ -7,6 +7,11 @@
 //! (`<BEIGE_HOME>/keys/egress-ca.{key,pem}`) is loaded or made and the engine gets an
 //! [`Inspector`] trusting the public roots plus `egress.tls.extraRoots`. An agent without
 //! an `egress` block has no rules: every stream its sandbox opens is refused.
+//!
+//! With `onUnknown: "ask"`, a miss of an attended run becomes an approval request
+//! ([`crate::egress::ask`]): each stream is attributed to the agent's running exec (when
+//! exactly one session runs), its snapshot gets the rules the run's approvals add, and
+//! the engine asks about what no rule allows.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -19,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{now_ts, AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::{Config, ConfigError};
+use crate::egress::ask::{AskFor, EgressAsk, EgressRun};
 use crate::egress::broker::Misuse;
 use crate::egress::ca::EgressCa;
-use crate::egress::config::Delivery;
+use crate::egress::config::{Delivery, OnUnknown};
 use crate::egress::engine::{
     ConnectionPhase, ConnectionRecord, EgressAudit, EgressEngine, DEFAULT_MAX_STREAMS,
 };
@@ -37,6 +43,8 @@ use crate::sandbox::{EgressStream, Sandbox};
 struct AgentEgress {
     rules: Arc<RuleSet>,
     max_streams: usize,
+    /// What a miss does.
+    on_unknown: OnUnknown,
     placeholders: Vec<(String, String, String)>,
 }
 
@@ -53,6 +61,8 @@ pub(crate) struct GatewayEgress {
     end: CancellationToken,
     /// Recent refusals per agent, for the footer of the exec they happened during.
     refusals: Refusals,
+    /// The requests misses raised (`onUnknown: "ask"`) and the `once` approvals used.
+    ask: EgressAsk,
 }
 
 /// Most refusals kept per agent for exec footers.
@@ -157,6 +167,7 @@ impl GatewayEgress {
             let settings = crate::egress::config::settings(config.egress.as_ref(), name, egress)
                 .map_err(first)?;
             let max_streams = settings.max_streams;
+            let on_unknown = settings.on_unknown;
             may_inspect |= !egress.credentials.is_empty()
                 || rules.rules().iter().any(|r| r.is_request_level());
             let placeholders = rules
@@ -174,6 +185,7 @@ impl GatewayEgress {
                 AgentEgress {
                     rules: Arc::new(rules),
                     max_streams,
+                    on_unknown,
                     placeholders,
                 },
             );
@@ -223,6 +235,7 @@ impl GatewayEgress {
             placeholder_key,
             end,
             refusals: Refusals::default(),
+            ask: EgressAsk::new(),
         }))
     }
 
@@ -235,37 +248,137 @@ impl GatewayEgress {
             audit,
             refusals: None,
             sandbox: None,
+            admitted: None,
         };
         engine
             .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &recorder)
             .await;
     }
 
-    /// Serve one stream of `agent`'s sandbox to its end.
-    pub(crate) async fn serve(
-        &self,
-        agent: &str,
-        stream: EgressStream,
-        audit: &dyn AuditSink,
-        sandbox: &dyn Sandbox,
-    ) {
+    /// Serve one stream of `agent`'s sandbox to its end, for `gateway`.
+    pub(super) async fn serve(&self, agent: &str, stream: EgressStream, gateway: &super::Inner) {
+        let audit = gateway.audit.as_ref();
+        let Some(a) = self.agents.get(agent) else {
+            // No egress block: no rule allows anything.
+            let recorder = Recorder {
+                audit,
+                refusals: Some(&self.refusals),
+                sandbox: Some(gateway.sandbox.as_ref()),
+                admitted: None,
+            };
+            let rules = Arc::new(RuleSet::new(Vec::new(), 0));
+            return self
+                .until_end(
+                    agent,
+                    self.engine
+                        .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &recorder),
+                )
+                .await;
+        };
+        // The run the stream is attributed to, and the rules its approvals add.
+        let approvals = gateway.approvals().as_ref();
+        let run = gateway.egress_run(agent).await;
+        let execs = gateway.execs.clone();
+        let owner = agent.to_string();
+        let running = move |exec: &str| {
+            execs
+                .get(&owner, &crate::ident::ExecId::new(exec))
+                .is_some_and(|r| !r.ended)
+        };
+        let rules = self
+            .ask
+            .rules_for(approvals, agent, &a.rules, &run, &running);
         let recorder = Recorder {
             audit,
             refusals: Some(&self.refusals),
-            sandbox: Some(sandbox),
+            sandbox: Some(gateway.sandbox.as_ref()),
+            admitted: Some((&self.ask, approvals, &run)),
         };
-        let (rules, max) = match self.agents.get(agent) {
-            Some(a) => (a.rules.clone(), a.max_streams),
-            // No egress block: no rule allows anything.
-            None => (Arc::new(RuleSet::new(Vec::new(), 0)), DEFAULT_MAX_STREAMS),
+        let asking = AskFor {
+            ask: &self.ask,
+            approvals,
+            agent,
+            base: &a.rules,
+            rules: &rules,
+            run: &run,
+            running: &running,
         };
-        // A reload keeps this stream on its snapshot; the final stop ends it (its
-        // sockets close, so both sides see the end).
+        let unknown = (a.on_unknown == OnUnknown::Ask)
+            .then_some(&asking as &dyn crate::egress::engine::UnknownHosts);
+        self.until_end(
+            agent,
+            self.engine.serve_with(
+                agent,
+                rules.clone(),
+                a.max_streams,
+                stream,
+                &recorder,
+                unknown,
+            ),
+        )
+        .await;
+    }
+
+    /// Runs `serving` until it ends or the gateway's final stop: a reload keeps the
+    /// stream on its snapshot; the final stop ends it (its sockets close, so both sides
+    /// see the end).
+    async fn until_end(&self, agent: &str, serving: impl std::future::Future<Output = ()>) {
         tokio::select! {
-            () = self.engine.serve(agent, rules, max, stream, &recorder) => {}
+            () = serving => {}
             () = self.end.cancelled() => {
                 tracing::info!(agent, "egress: the gateway stopped; an open stream ends");
             }
+        }
+    }
+}
+
+impl super::Inner {
+    /// The run a new egress stream of `agent` is attributed to. Streams do not name
+    /// their exec yet, so this is the agent's running exec: the newest, when all running
+    /// execs are of one session. With none, or several sessions, the stream is unbound.
+    /// The run is attended when an attended prompt runs in that session and it is not a
+    /// sub-agent's.
+    pub(super) async fn egress_run(&self, agent: &str) -> EgressRun {
+        let running = self.execs.running(agent);
+        let Some(newest) = running.last() else {
+            return EgressRun {
+                unattended: Some(format!(
+                    "an unbound stream: no exec of agent '{agent}' is running"
+                )),
+                ..EgressRun::default()
+            };
+        };
+        let key = newest.session.key.clone();
+        if running.iter().any(|r| r.session.key != key) {
+            return EgressRun {
+                unattended: Some(format!(
+                    "an unbound stream: execs of several sessions of agent '{agent}' are running, and streams do not name their exec yet"
+                )),
+                ..EgressRun::default()
+            };
+        }
+        let Some(key) = key else {
+            return EgressRun {
+                exec: Some(newest.id.to_string()),
+                command: Some(newest.command.clone()),
+                unattended: Some("an exec without a session".into()),
+                ..EgressRun::default()
+            };
+        };
+        let unattended = if self.child_for_key(&key).await.is_some() {
+            Some(format!(
+                "a sub-agent's session '{key}'; its parent agent cannot approve it"
+            ))
+        } else if !self.is_attended(&key) {
+            Some(format!("session '{key}' has no attended prompt running"))
+        } else {
+            None
+        };
+        EgressRun {
+            session: Some(key),
+            exec: Some(newest.id.to_string()),
+            command: Some(newest.command.clone()),
+            unattended,
         }
     }
 }
@@ -326,6 +439,13 @@ struct Recorder<'a> {
     refusals: Option<&'a Refusals>,
     /// Where a misused placeholder's exec is killed (`violation: block_and_kill`).
     sandbox: Option<&'a dyn Sandbox>,
+    /// Told of each stream that starts, so that a `once` approval its rule came from is
+    /// used (bound to the run's exec).
+    admitted: Option<(
+        &'a EgressAsk,
+        &'a crate::approvals::Approvals,
+        &'a EgressRun,
+    )>,
 }
 
 impl Recorder<'_> {
@@ -348,7 +468,13 @@ impl Recorder<'_> {
 impl EgressAudit for Recorder<'_> {
     async fn record(&self, r: &ConnectionRecord) -> Result<(), String> {
         self.write(&r.agent, (&r.host, r.port), r.reason, audit_record(r))
-            .await
+            .await?;
+        if let (ConnectionPhase::Started, Some(rule), Some((ask, approvals, run))) =
+            (r.phase, &r.rule, self.admitted)
+        {
+            ask.admitted(approvals, rule, run).await;
+        }
+        Ok(())
     }
 
     async fn record_request(&self, r: &RequestRecord) -> Result<(), String> {
@@ -515,6 +641,9 @@ pub(crate) fn audit_record(r: &ConnectionRecord) -> AuditRecord {
     }
     if let Some(reason) = r.reason {
         egress.insert("reason".into(), json!(reason.as_str()));
+    }
+    if let Some(approval) = &r.approval {
+        egress.insert("approval".into(), json!(approval));
     }
     let mut record = AuditRecord::security(
         &r.agent,

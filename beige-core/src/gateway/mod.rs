@@ -23,6 +23,7 @@ pub(crate) use beige_client::gateway::{
 };
 pub(crate) use beige_client::{GatewayError, SandboxStatus};
 pub(crate) use prompt::PromptRequest;
+pub(crate) use serve::GatewaySlot;
 pub use serve::{
     ConfigFile, ConfigSource, LocalGateway, ReloadOutcome, ServeError, Shutdown, Snapshot,
     DEFAULT_DRAIN,
@@ -105,6 +106,10 @@ pub struct GatewayBuilder {
     approvals: Arc<std::sync::Mutex<Option<Arc<crate::approvals::Approvals>>>>,
     /// The clock the schedule engine reads (default: the system's).
     schedule_clock: Option<Arc<dyn crate::schedule::Clock>>,
+    /// Where the built-in `schedule` tool finds the finished gateway.
+    gateway_slot: GatewaySlot,
+    /// The gateway's metrics, kept by every reload.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl GatewayBuilder {
@@ -144,6 +149,8 @@ impl GatewayBuilder {
             egress_end: CancellationToken::new(),
             approvals: Arc::default(),
             schedule_clock: None,
+            gateway_slot: GatewaySlot::default(),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         }
     }
 
@@ -317,7 +324,7 @@ impl GatewayBuilder {
                 package_dirs.insert(name.clone(), dir);
                 ordered.push(Arc::new(KvPlugin::new()));
             } else if let Some(plugin) = crate::platform::serves(name, entry)
-                .then(|| crate::platform::builtin_plugin(name, &platform))
+                .then(|| crate::platform::builtin_plugin(name, &platform, &self.gateway_slot))
                 .flatten()
             {
                 ordered.push(plugin);
@@ -391,6 +398,12 @@ impl GatewayBuilder {
             AuditBudget {
                 bytes_per_minute: config.gateway.audit.budget_bytes_per_minute,
             },
+        ));
+        // What was written is counted (tool calls by decision, records by type).
+        let audit: Arc<dyn AuditSink> = Arc::new(crate::metrics::ObservedAudit::new(
+            audit,
+            self.metrics.clone(),
+            config.plugins.keys().cloned(),
         ));
 
         let router = build_router(&config, stores.health.clone(), self.providers)
@@ -547,6 +560,7 @@ impl GatewayBuilder {
             execs: Arc::new(ExecRegistry::new()),
             spawn: spawn::SpawnState::default(),
             me: std::sync::OnceLock::new(),
+            metrics: self.metrics.clone(),
         });
         let _ = inner.me.set(Arc::downgrade(&inner));
         platform.set(Arc::downgrade(&inner) as Weak<dyn crate::platform::Host>);
@@ -677,6 +691,8 @@ struct Inner {
     spawn: spawn::SpawnState,
     /// The gateway itself, for work a tool call starts (a sub-agent's prompt).
     me: std::sync::OnceLock<Weak<Inner>>,
+    /// The gateway's metrics (shared with every reload).
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]
@@ -1304,7 +1320,8 @@ impl Inner {
             model: ctx.model.clone(),
             principal: ctx.principal.clone(),
             target: Target::Sandbox,
-            unattended: (!ctx.attended).then(|| unattended_origin(ctx.channel.as_deref())),
+            unattended: (!ctx.attended)
+                .then(|| unattended_origin(ctx.channel.as_deref(), ctx.session_key.as_deref())),
             cwd: None,
             stdin_sha256: None,
             exec: exec_id.clone(),
@@ -1789,8 +1806,14 @@ fn call_line(tool: &str, args: &[String]) -> String {
         .join(" ")
 }
 
-/// Why a call from a channel's run cannot reach a human.
-fn unattended_origin(channel: Option<&str>) -> String {
+/// Why a call from a channel's run cannot reach a human; a schedule's run names the
+/// schedule (governance.md §3).
+fn unattended_origin(channel: Option<&str>, session: Option<&str>) -> String {
+    if channel == Some("schedule") {
+        if let Some(id) = session.and_then(crate::schedule::engine::schedule_of_key) {
+            return format!("schedule {id}");
+        }
+    }
     match channel {
         Some("api") | None => "a prompt sent without an approvals stream".to_string(),
         Some(c) => format!("a {c} run with no approver attached"),

@@ -74,6 +74,8 @@ struct Run<'a> {
     req: PromptRequest,
     events: UnboundedSender<AgentEvent>,
     cancel: CancellationToken,
+    /// How the run ended, for the metrics (`OUTCOME_*`).
+    outcome: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl Inner {
@@ -220,19 +222,33 @@ impl Inner {
         events: UnboundedSender<AgentEvent>,
         cancel: CancellationToken,
     ) {
+        let started = std::time::Instant::now();
+        let agent = req.agent.clone();
+        let channel = req.channel();
+        let outcome = Arc::new(std::sync::atomic::AtomicU8::new(OUTCOME_NONE));
         let run = Run {
             inner: self,
             req,
             events: events.clone(),
             cancel,
+            outcome: outcome.clone(),
         };
-        if let Err(e) = run.go().await {
+        let result = run.go().await;
+        if let Err(e) = &result {
             let _ = events.send(AgentEvent::Error {
                 message: e.to_string(),
                 kind: None,
                 hint: None,
             });
         }
+        let outcome = match outcome.load(std::sync::atomic::Ordering::Relaxed) {
+            OUTCOME_DONE if result.is_ok() => crate::metrics::PromptOutcome::Done,
+            OUTCOME_BLOCKED => crate::metrics::PromptOutcome::Blocked,
+            OUTCOME_CANCELLED => crate::metrics::PromptOutcome::Cancelled,
+            _ => crate::metrics::PromptOutcome::Failed,
+        };
+        self.metrics
+            .prompt(&agent, &channel, outcome, started.elapsed());
     }
 
     /// Summarise the older part of a session's context into one message.
@@ -375,6 +391,8 @@ impl Inner {
             parent_session_id: session.parent_id.clone(),
         };
         self.ledger.record_usage(entry).await?;
+        self.metrics
+            .model_call(&session.agent, &model_key(model), usage, cost_micros);
         Ok(UsageTotals {
             calls: 1,
             input_tokens: usage.input_tokens,
@@ -462,8 +480,27 @@ fn unpriced_under_cost_limit(
         })
 }
 
+/// How a run ended, as its last telling event said (for the metrics).
+const OUTCOME_NONE: u8 = 0;
+const OUTCOME_DONE: u8 = 1;
+const OUTCOME_BLOCKED: u8 = 2;
+const OUTCOME_FAILED: u8 = 3;
+const OUTCOME_CANCELLED: u8 = 4;
+
 impl Run<'_> {
     fn send(&self, e: AgentEvent) {
+        let outcome = match &e {
+            AgentEvent::Done { .. } => Some(OUTCOME_DONE),
+            AgentEvent::Blocked { .. } => Some(OUTCOME_BLOCKED),
+            AgentEvent::Error { message, .. } if message.starts_with("cancelled") => {
+                Some(OUTCOME_CANCELLED)
+            }
+            AgentEvent::Error { .. } => Some(OUTCOME_FAILED),
+            _ => None,
+        };
+        if let Some(o) = outcome {
+            self.outcome.store(o, std::sync::atomic::Ordering::Relaxed);
+        }
         let _ = self.events.send(e);
     }
 

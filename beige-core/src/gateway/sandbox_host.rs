@@ -88,11 +88,7 @@ impl SandboxHost for GatewayHost {
             return;
         };
         match &inner.egress {
-            Some(egress) => {
-                egress
-                    .serve(agent, stream, inner.audit.as_ref(), inner.sandbox.as_ref())
-                    .await
-            }
+            Some(egress) => egress.serve(agent, stream, &inner).await,
             None => {
                 super::egress::GatewayEgress::refuse_all(agent, stream, inner.audit.as_ref()).await
             }

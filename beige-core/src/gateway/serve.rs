@@ -287,6 +287,35 @@ struct Shared {
     scheduler: Option<Arc<crate::schedule::engine::Scheduler>>,
 }
 
+/// Where a built-in tool made while the gateway is built (the `schedule` tool) finds
+/// the finished [`LocalGateway`], weakly, so that it does not keep the gateway alive.
+/// The builder holds it, so every engine a reload builds shares it.
+#[derive(Clone, Default)]
+pub(crate) struct GatewaySlot(Arc<std::sync::OnceLock<std::sync::Weak<Shared>>>);
+
+impl fmt::Debug for GatewaySlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewaySlot")
+            .field("set", &self.0.get().is_some())
+            .finish()
+    }
+}
+
+impl GatewaySlot {
+    /// Point the slot at the gateway (once; later calls are ignored).
+    fn set(&self, shared: &Arc<Shared>) {
+        let _ = self.0.set(Arc::downgrade(shared));
+    }
+
+    /// The gateway, while it is up.
+    pub(crate) fn get(&self) -> Option<LocalGateway> {
+        self.0
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+            .map(|shared| LocalGateway { shared })
+    }
+}
+
 /// The in-process gateway: built by [`GatewayBuilder::build`], served by
 /// [`LocalGateway::serve`], replaced in place by [`LocalGateway::reload`]. Cheap to
 /// clone; every clone and every channel sees the engine of the latest reload.
@@ -385,7 +414,8 @@ impl GatewayBuilder {
                 clock,
             ))
         });
-        Ok(LocalGateway {
+        let slot = self.gateway_slot.clone();
+        let gateway = LocalGateway {
             shared: Arc::new(Shared {
                 home: self.home.clone(),
                 stores: self.store.clone(),
@@ -399,7 +429,9 @@ impl GatewayBuilder {
                 reloads: AtomicU64::new(0),
                 scheduler,
             }),
-        })
+        };
+        slot.set(&gateway.shared);
+        Ok(gateway)
     }
 }
 
@@ -972,6 +1004,33 @@ impl Admin for LocalGateway {
             .run_now(self, id)
             .await
             .map_err(manage_error)
+    }
+    async fn metrics(&self) -> Result<String, GatewayError> {
+        let engine = self.engine().await;
+        if !engine.config().metrics_enabled() {
+            return Err(GatewayError::Unsupported {
+                what: "metrics (set telemetry.metrics.enabled: true)",
+            });
+        }
+        let mut pending: std::collections::BTreeMap<String, usize> = engine
+            .config()
+            .agents
+            .keys()
+            .map(|a| (a.clone(), 0))
+            .collect();
+        for a in engine.approvals_broker().list(None) {
+            if a.status == beige_client::approvals::ApprovalStatus::Pending {
+                *pending.entry(a.agent).or_default() += 1;
+            }
+        }
+        let pending: Vec<(String, usize)> = pending.into_iter().collect();
+        engine
+            .inner
+            .metrics
+            .render(&pending)
+            .ok_or(GatewayError::Unsupported {
+                what: "metrics (this build has no `metrics` feature)",
+            })
     }
 }
 

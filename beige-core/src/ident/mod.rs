@@ -381,6 +381,23 @@ impl ExecRegistry {
         }
     }
 
+    /// The execs of `agent` that have not ended, oldest first (egress streams carry no
+    /// exec of their own yet: they are attributed by what runs when they open).
+    pub fn running(&self, agent: &str) -> Vec<ExecRecord> {
+        let agents = self.agents();
+        let Some(execs) = agents.get(agent) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(Instant, ExecRecord)> = execs
+            .execs
+            .values()
+            .filter(|(r, _)| !r.ended)
+            .map(|(r, at)| (*at, r.clone()))
+            .collect();
+        out.sort_by_key(|(at, _)| *at);
+        out.into_iter().map(|(_, r)| r).collect()
+    }
+
     /// The record of one exec.
     pub fn get(&self, agent: &str, id: &ExecId) -> Option<ExecRecord> {
         self.agents()

@@ -13,6 +13,7 @@
 //! an agent named: files an agent hands a tool are read in the sandbox and arrive as the
 //! call's stdin.
 
+pub(crate) mod schedule;
 pub(crate) mod sessions;
 pub(crate) mod spawn;
 
@@ -29,7 +30,7 @@ use crate::store::{SessionRecord, StoredMessage};
 #[async_trait]
 pub(crate) trait Host: Send + Sync {
     /// The configuration the gateway runs with.
-    #[allow(dead_code)] // for the schedule tool
+    #[allow(dead_code)] // part of the seam; the schedule tool reads the config through the gateway
     fn config(&self) -> &Config;
 
     /// Run one `spawn`: find the caller's session through its exec, check the target,
@@ -112,9 +113,14 @@ pub(crate) fn serves(name: &str, entry: &crate::config::PluginEntry) -> bool {
 }
 
 /// The built-in platform plugin called `name`, if there is one, wired to `host`.
-pub(crate) fn builtin_plugin(name: &str, host: &HostSlot) -> Option<Arc<dyn Plugin>> {
+pub(crate) fn builtin_plugin(
+    name: &str,
+    host: &HostSlot,
+    gateway: &crate::gateway::GatewaySlot,
+) -> Option<Arc<dyn Plugin>> {
     // Each tool adds its arm here.
     match name {
+        schedule::NAME => Some(Arc::new(schedule::SchedulePlugin::new(gateway.clone()))),
         sessions::NAME => Some(Arc::new(sessions::SessionsPlugin::new(host.clone()))),
         spawn::NAME => Some(Arc::new(spawn::SpawnPlugin::new(host.clone()))),
         _ => None,

@@ -24,7 +24,9 @@ use super::{failpoint, Clock};
 use crate::audit::{AuditDecision, AuditRecord, AuditSink, AuditType, Phase};
 use crate::config::Config;
 use crate::gateway::{Gateway, LocalGateway};
-use crate::store::{ChannelState, Claim, RunFinish, ScheduleRecord, ScheduleStore, StoreError};
+use crate::store::{
+    ChannelState, Claim, RunFinish, ScheduleRecord, ScheduleStore, StoreError, RERUN_PREFIX,
+};
 use crate::tools::{CoreToolCall, ToolContext, ToolOutcome};
 
 /// Outbox channel of `deliver: "events"` items, drained onto the event stream.
@@ -35,6 +37,8 @@ const LATE_MS: i64 = 60_000;
 const TICK: Duration = Duration::from_secs(1);
 /// Characters of an answer or output kept in the run's summary and sent.
 const SUMMARY_CHARS: usize = 3_000;
+/// How the exec tool's answer begins when the command ran out of its timeout.
+const EXEC_TIMED_OUT: &str = "Error: timed out after ";
 
 /// The schedule engine of one gateway process (one boot id).
 #[derive(Debug)]
@@ -44,11 +48,14 @@ pub(crate) struct Scheduler {
     clock: Arc<dyn Clock>,
     boot_id: String,
     wake: Notify,
-    /// Runs going now, per schedule (for `overlap`), and whether one waits (`queue`).
-    in_flight: Mutex<HashMap<String, (usize, bool)>>,
+    /// Per schedule: its runs going and waiting to start (for `overlap`).
+    in_flight: Mutex<HashMap<String, Flight>>,
     events: broadcast::Sender<ScheduleEvent>,
     /// The `schedules` of the config last synced into the store (JSON).
     synced: Mutex<Option<String>>,
+    /// Held while `events` deliveries are published: the tick and a finishing run both
+    /// drain, and each item must go out once.
+    draining: tokio::sync::Mutex<()>,
 }
 
 /// A management call that failed.
@@ -77,6 +84,7 @@ impl Scheduler {
             in_flight: Mutex::new(HashMap::new()),
             events: broadcast::channel(256).0,
             synced: Mutex::new(None),
+            draining: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -355,16 +363,40 @@ impl Scheduler {
             };
             match run.status {
                 RunStatus::Running => {
+                    let rerun_before = run.claimed_by.starts_with(RERUN_PREFIX);
                     let rerun = record.spec.on_interrupted == Some(OnInterrupted::Rerun)
-                        && record.spec.exec.is_some();
+                        && record.spec.exec.is_some()
+                        && !rerun_before;
                     if rerun {
-                        self.spawn_body(gateway.clone(), record, run);
+                        // Once: the run is marked rerun before it runs again, so a crash
+                        // during the rerun leaves it `interrupted` on the next start.
+                        match self.store.rerun_run(&run.id, &self.boot_id, now).await {
+                            Ok(true) => {
+                                let mut again = run.clone();
+                                again.claimed_by = format!("{RERUN_PREFIX}{}", self.boot_id);
+                                again.started_at = Some(now);
+                                self.audit(gateway, &record, &again, Phase::Started, None)
+                                    .await;
+                                self.spawn_body(gateway.clone(), record, again);
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::error!(run = %run.id, error = %e, "could not take over an interrupted run to rerun it");
+                            }
+                        }
                         continue;
                     }
-                    let error = format!(
-                        "the gateway stopped while this run was going (boot {}); it was not run again because it may have had effects",
-                        run.claimed_by
-                    );
+                    let error = if rerun_before {
+                        format!(
+                            "the gateway stopped while this run was going again after an interruption ({}); an instant is rerun once only",
+                            run.claimed_by
+                        )
+                    } else {
+                        format!(
+                            "the gateway stopped while this run was going (boot {}); it was not run again because it may have had effects",
+                            run.claimed_by
+                        )
+                    };
                     self.audit(gateway, &record, &run, Phase::Interrupted, Some(&error))
                         .await;
                     self.finish(
@@ -461,11 +493,11 @@ impl Scheduler {
                 spec.max_late()
             ));
         }
-        let (going, queued) = self.flight(&record.id);
+        let flight = self.flight(&record.id);
         let mut queue = false;
-        if skip.is_none() && going > 0 {
+        if skip.is_none() && flight.going() > 0 {
             match spec.overlap_policy() {
-                Overlap::Queue if !queued => queue = true,
+                Overlap::Queue if !flight.queued => queue = true,
                 _ => {
                     skip = Some(
                         "overlap: the previous run was still going (overlap: skip)".to_string(),
@@ -508,22 +540,28 @@ impl Scheduler {
         Ok(())
     }
 
-    fn flight(&self, id: &str) -> (usize, bool) {
+    fn flight(&self, id: &str) -> Flight {
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
             .copied()
-            .unwrap_or((0, false))
+            .unwrap_or_default()
+    }
+
+    /// Change the flight of schedule `id` under the lock.
+    fn update<T>(&self, id: &str, change: impl FnOnce(&mut Flight) -> T) -> T {
+        let mut all = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        change(all.entry(id.to_string()).or_default())
     }
 
     fn set_queued(&self, id: &str, queued: bool) {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(id.to_string())
-            .or_default()
-            .1 = queued;
+        self.update(id, |f| f.queued = queued);
+    }
+
+    /// A run of schedule `id` ended (or never started).
+    fn release(&self, id: &str) {
+        self.update(id, |f| f.running = f.running.saturating_sub(1));
     }
 
     /// Start and run a claimed run in its own task (waiting for the previous run of the
@@ -534,16 +572,33 @@ impl Scheduler {
         record: ScheduleRecord,
         run: ScheduleRun,
     ) {
+        self.update(&record.id, |f| f.starting += 1);
         let this = self.clone();
         tokio::spawn(async move {
-            while this.flight(&record.id).0 > 0 {
+            // Take the schedule's one slot once the run going (if any) has ended.
+            loop {
+                let taken = this.update(&record.id, |f| {
+                    let free = f.running == 0;
+                    if free {
+                        f.starting = f.starting.saturating_sub(1);
+                        f.running += 1;
+                        f.queued = false;
+                    }
+                    free
+                });
+                if taken {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            this.set_queued(&record.id, false);
             match this.store.start_run(&run.id, this.now()).await {
                 Ok(true) => {}
-                Ok(false) => return,
+                Ok(false) => {
+                    this.release(&record.id);
+                    return;
+                }
                 Err(e) => {
+                    this.release(&record.id);
                     tracing::error!(run = %run.id, error = %e, "could not start a schedule run");
                     return;
                 }
@@ -562,22 +617,15 @@ impl Scheduler {
         record: ScheduleRecord,
         run: ScheduleRun,
     ) {
+        self.update(&record.id, |f| f.running += 1);
         let this = self.clone();
         tokio::spawn(async move { this.body(&gateway, &record, &run).await });
     }
 
+    /// Run a started run and finish it; the caller counted it `running`.
     async fn body(&self, gateway: &LocalGateway, record: &ScheduleRecord, run: &ScheduleRun) {
-        {
-            let mut f = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            f.entry(record.id.clone()).or_default().0 += 1;
-        }
         let outcome = execute(gateway, record, run).await;
-        {
-            let mut f = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = f.get_mut(&record.id) {
-                e.0 = e.0.saturating_sub(1);
-            }
-        }
+        self.release(&record.id);
         self.finish(gateway, record, run, outcome).await;
         self.wake.notify_one();
     }
@@ -652,6 +700,7 @@ impl Scheduler {
 
     /// Publish queued `events` deliveries, each once.
     async fn drain_events(&self) {
+        let _one_at_a_time = self.draining.lock().await;
         let Ok(items) = self.outbox.due_outbox(EVENTS_OUTBOX, i64::MAX, 100).await else {
             return;
         };
@@ -701,6 +750,25 @@ impl Scheduler {
         if let Err(e) = sink.record(&r).await {
             tracing::warn!(error = %e, schedule = %record.id, "could not audit a schedule step");
         }
+    }
+}
+
+/// The runs of one schedule in this process: a run counts from the moment it is handed
+/// to [`Scheduler::spawn_run`] (`starting`), so a fire in between sees it; one run of a
+/// schedule goes at a time (`running` is 0 or 1).
+#[derive(Debug, Default, Clone, Copy)]
+struct Flight {
+    /// Runs going (started, or rerun).
+    running: usize,
+    /// Runs handed over to start, not started yet (waiting for the one going).
+    starting: usize,
+    /// A fire is waiting for the run going (`overlap: "queue"` keeps one).
+    queued: bool,
+}
+
+impl Flight {
+    fn going(&self) -> usize {
+        self.running + self.starting
     }
 }
 
@@ -756,6 +824,14 @@ pub(crate) fn session_key(record: &ScheduleRecord, run: &ScheduleRun) -> String 
     }
 }
 
+/// The schedule id of a run's session key (`schedule:<id>:…`); ids hold no `:`.
+pub(crate) fn schedule_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix("schedule:")?
+        .split(':')
+        .next()
+        .filter(|id| !id.is_empty())
+}
+
 /// Run one fire: the prompt or the exec, unattended, within the schedule's budget.
 async fn execute(gateway: &LocalGateway, record: &ScheduleRecord, run: &ScheduleRun) -> Outcome {
     let spec = &record.spec;
@@ -797,13 +873,24 @@ async fn run_exec(
         Ok(out) => {
             let text = out.joined_text();
             let summary = Some(tail(&text, SUMMARY_CHARS));
+            // The exec's timeout is the schedule's wallSeconds: running out of it is
+            // that budget, not a failure of the command.
+            let over_wall = wall.is_some() && text.starts_with(EXEC_TIMED_OUT);
             let status = match out.outcome() {
                 ToolOutcome::Denied => RunStatus::Blocked,
                 ToolOutcome::Failed => RunStatus::Failed,
+                _ if over_wall => RunStatus::BudgetExhausted,
                 _ if out.is_error => RunStatus::Failed,
                 _ => RunStatus::Ok,
             };
-            let error = (status != RunStatus::Ok).then(|| first_line(&text));
+            let error = match status {
+                RunStatus::Ok => None,
+                RunStatus::BudgetExhausted => Some(format!(
+                    "budget exhausted: the exec took longer than wallSeconds {} and was killed",
+                    wall.map(|w| w.as_secs()).unwrap_or_default()
+                )),
+                _ => Some(first_line(&text)),
+            };
             Outcome {
                 status,
                 summary,
@@ -1098,6 +1185,10 @@ mod tests {
         let mut named = record.clone();
         named.spec.session = Some("digest".into());
         assert_eq!(session_key(&named, &run), "schedule:daily:digest");
+        assert_eq!(schedule_of_key(&key), Some("daily"));
+        assert_eq!(schedule_of_key("schedule:daily:digest"), Some("daily"));
+        assert_eq!(schedule_of_key("api:a:default"), None);
+        assert_eq!(schedule_of_key("schedule::x"), None);
         assert_eq!(tail("abcdef", 3), "def");
     }
 }

@@ -35,7 +35,7 @@ pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, U
 
 pub use schedule::{
     Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
-    ScheduleStore, ScheduleView,
+    ScheduleStore, ScheduleView, RERUN_PREFIX,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};

@@ -88,7 +88,11 @@ pub struct RunFinish {
     pub deliveries: Vec<(String, serde_json::Value)>,
 }
 
-/// Schedules and their runs (10 methods). Every method is one atomic operation.
+/// How `claimed_by` of a run rerun after an interruption begins (`rerun:<boot id>`, see
+/// [`ScheduleStore::rerun_run`]): such a run is never rerun again.
+pub const RERUN_PREFIX: &str = "rerun:";
+
+/// Schedules and their runs (11 methods). Every method is one atomic operation.
 #[async_trait]
 pub trait ScheduleStore: Send + Sync + Debug {
     /// Insert the schedule, or replace the one with its id.
@@ -118,6 +122,18 @@ pub trait ScheduleStore: Send + Sync + Debug {
 
     /// `claimed` → `running` at `started_at`; `false` when the run is not `claimed`.
     async fn start_run(&self, run_id: &str, started_at: i64) -> Result<bool, StoreError>;
+
+    /// Take over a `running` run cut off by a crash to run it again (`onInterrupted:
+    /// "rerun"`): it stays `running`, `claimed_by` becomes [`RERUN_PREFIX`] +
+    /// `boot_id` and `started_at` is set. `false` when the run is not `running` or was
+    /// rerun before (its `claimed_by` begins with [`RERUN_PREFIX`]): an instant is rerun
+    /// once, however often the gateway crashes.
+    async fn rerun_run(
+        &self,
+        run_id: &str,
+        boot_id: &str,
+        started_at: i64,
+    ) -> Result<bool, StoreError>;
 
     /// In one transaction: a `claimed` or `running` run gets its final status and
     /// summary, and `finish.deliveries` are enqueued. `false` (and nothing enqueued)
@@ -167,6 +183,14 @@ macro_rules! forward_schedules {
             }
             async fn start_run(&self, run_id: &str, started_at: i64) -> Result<bool, StoreError> {
                 (**self).start_run(run_id, started_at).await
+            }
+            async fn rerun_run(
+                &self,
+                run_id: &str,
+                boot_id: &str,
+                started_at: i64,
+            ) -> Result<bool, StoreError> {
+                (**self).rerun_run(run_id, boot_id, started_at).await
             }
             async fn finish_run(&self, run_id: &str, finish: RunFinish) -> Result<bool, StoreError> {
                 (**self).finish_run(run_id, finish).await

@@ -1,6 +1,7 @@
 //! The [`ScheduleStore`] contract, on both stores: one run per instant, claim moves the
 //! next fire (a one-off becomes done), start only from `claimed`, finish once with its
-//! deliveries enqueued in the same step, recovery sees the open runs after a restart.
+//! deliveries enqueued in the same step, recovery sees the open runs after a restart,
+//! an interrupted run is taken over for a rerun once.
 
 use super::*;
 
@@ -9,6 +10,7 @@ contract!(
     a_claim_is_once_per_instant_and_moves_the_next_fire,
     start_and_finish_move_forward_only_and_enqueue_once,
     open_runs_survive_a_restart,
+    a_running_run_is_rerun_once,
 );
 
 fn record(id: &str, agent: &str, next: Option<i64>) -> ScheduleRecord {
@@ -328,4 +330,38 @@ async fn open_runs_survive_a_restart<B: Backend>() {
         store.get_schedule("r").await.unwrap().unwrap().next_fire_at,
         Some(4_000)
     );
+}
+
+async fn a_running_run_is_rerun_once<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
+    store
+        .put_schedule(record("r", "a", Some(1_000)))
+        .await
+        .unwrap();
+    store
+        .claim_run(claim("r", "run_1", 1_000, Some(2_000)))
+        .await
+        .unwrap()
+        .unwrap();
+    // Only a running run can be rerun.
+    assert!(!store.rerun_run("run_1", "boot-2", 1_500).await.unwrap());
+    assert!(store.start_run("run_1", 1_100).await.unwrap());
+    drop(store);
+
+    let store = db.open();
+    assert!(store.rerun_run("run_1", "boot-2", 1_500).await.unwrap());
+    let run = store.get_run("run_1").await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(run.claimed_by, format!("{RERUN_PREFIX}boot-2"));
+    assert_eq!(run.started_at, Some(1_500));
+    // Never twice, by this boot or the next.
+    assert!(!store.rerun_run("run_1", "boot-2", 1_600).await.unwrap());
+    assert!(!store.rerun_run("run_1", "boot-3", 1_700).await.unwrap());
+    store
+        .finish_run("run_1", finish(RunStatus::Ok, vec![]))
+        .await
+        .unwrap();
+    assert!(!store.rerun_run("run_1", "boot-4", 1_800).await.unwrap());
+    assert!(!store.rerun_run("missing", "boot-4", 1_800).await.unwrap());
 }

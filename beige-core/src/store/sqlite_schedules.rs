@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use super::{corrupt, now_ms, Fail, SqliteStore};
 use crate::store::schedule::{
     Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
-    ScheduleStore,
+    ScheduleStore, RERUN_PREFIX,
 };
 use crate::store::StoreError;
 
@@ -337,6 +337,32 @@ impl ScheduleStore for SqliteStore {
                      WHERE id = ?1 AND status = 'claimed'",
                 )?
                 .execute(params![run_id, started_at])?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn rerun_run(
+        &self,
+        run_id: &str,
+        boot_id: &str,
+        started_at: i64,
+    ) -> Result<bool, StoreError> {
+        let run_id = run_id.to_string();
+        let claimed_by = format!("{RERUN_PREFIX}{boot_id}");
+        self.run(move |conn, _| {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE schedule_runs SET claimed_by = ?2, started_at = ?3
+                     WHERE id = ?1 AND status = 'running' AND substr(claimed_by, 1, ?4) <> ?5",
+                )?
+                .execute(params![
+                    run_id,
+                    claimed_by,
+                    started_at,
+                    i64::try_from(RERUN_PREFIX.len()).unwrap_or(i64::MAX),
+                    RERUN_PREFIX
+                ])?;
             Ok(n == 1)
         })
         .await

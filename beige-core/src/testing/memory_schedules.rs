@@ -139,6 +139,26 @@ impl ScheduleStore for MemoryStore {
         }
     }
 
+    async fn rerun_run(
+        &self,
+        run_id: &str,
+        boot_id: &str,
+        started_at: i64,
+    ) -> Result<bool, StoreError> {
+        let mut guard = self.lock();
+        match guard.schedules.runs.get_mut(run_id) {
+            Some((_, r))
+                if r.status == RunStatus::Running
+                    && !r.claimed_by.starts_with(crate::store::RERUN_PREFIX) =>
+            {
+                r.claimed_by = format!("{}{boot_id}", crate::store::RERUN_PREFIX);
+                r.started_at = Some(started_at);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn finish_run(&self, run_id: &str, finish: RunFinish) -> Result<bool, StoreError> {
         let mut guard = self.lock();
         match guard.schedules.runs.get_mut(run_id) {

@@ -156,5 +156,7 @@ pub fn approval(id: &str) -> Approval {
         scope: None,
         decision_reason: None,
         joined: 0,
+        kind: Default::default(),
+        attempts: None,
     }
 }

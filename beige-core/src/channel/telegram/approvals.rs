@@ -206,6 +206,8 @@ mod tests {
             scope: None,
             decision_reason: None,
             joined: 0,
+            kind: Default::default(),
+            attempts: None,
         }
     }
 

@@ -1,0 +1,270 @@
+//! `GET /metrics` (observability.md §2) after a scripted workload: a prompt answered by
+//! the fake Anthropic server (a scripted model on 127.0.0.1), three allowed `kv` calls,
+//! a call of a tool the agent lacks and one of a tool nobody configured. The scrape is
+//! read back with an independent parser of the Prometheus text format; the test checks
+//! exact counter values, histogram counts equal to call counts, the naming conventions,
+//! that no label carries a session key or a made-up tool name, and the route's refusals
+//! (no token, metrics not enabled).
+//!
+//! The gateway runs whole with a `MemorySandbox` (no sandbox behaviour is measured: the
+//! plugin calls take the socket's guarded path, `LocalGateway::handle_tool_request`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use beige_core::channel::http::{router, ApiState};
+use beige_core::testing::MemorySandbox;
+use beige_core::{BeigeHome, Gateway as _, GatewayBuilder, LocalGateway, PromptRequest};
+use beige_protocol::socket::ToolRequest;
+use beige_testkit::anthropic::MessageStream;
+use beige_testkit::llm::FakeLlmServer;
+use serde_json::json;
+use tower::ServiceExt;
+
+const TOKEN: &str = "metrics-test-token-0123456789";
+const SESSION: &str = "api:a:metrics-session-4711";
+
+async fn gateway(dir: &tempfile::TempDir, llm: &FakeLlmServer, enabled: bool) -> LocalGateway {
+    let agent = |tools: serde_json::Value| {
+        json!({
+            "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
+            "tools": tools,
+        })
+    };
+    let config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": "sk-ant-test-0123456789", "baseUrl": llm.url()}}},
+        "plugins": {"kv": {}},
+        "agents": {"a": agent(json!(["kv"])), "b": agent(json!([]))},
+        "telemetry": {"metrics": {"enabled": enabled}},
+    }))
+    .unwrap();
+    GatewayBuilder::new(config, BeigeHome::new(dir.path().join("home")))
+        .sandbox(Arc::new(MemorySandbox::new()))
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn scrape(gw: &LocalGateway, token: Option<&str>) -> (StatusCode, String) {
+    let app = router(ApiState::new(Arc::new(gw.clone()), Some(TOKEN.to_string())));
+    let mut req = Request::get("/metrics").header(header::HOST, "127.0.0.1");
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let response = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The value of the sample `name` whose labels include all of `labels`.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            prometheus_parse::Value::Histogram(h) => h.last().map_or(0.0, |b| b.count),
+            prometheus_parse::Value::Summary(_) => f64::NAN,
+        })
+}
+
+#[tokio::test]
+async fn a_scrape_after_a_scripted_workload_has_the_expected_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlmServer::start().await;
+    llm.push(MessageStream::new().text("hello").usage(120, 7).reply());
+    let gw = gateway(&dir, &llm, true).await;
+
+    let events = gw
+        .prompt(PromptRequest::new("a", SESSION, "say hello"))
+        .await
+        .unwrap()
+        .collect_all()
+        .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, beige_core::AgentEvent::Done { .. })),
+        "{events:?}"
+    );
+    for i in 0..3 {
+        let r = gw
+            .handle_tool_request(
+                "a",
+                ToolRequest::new("kv", vec!["set".into(), format!("k{i}"), "v".into()]),
+            )
+            .await;
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["exitCode"], 0, "{v}");
+    }
+    // b lacks kv; nobody configured "made-up-tool-4711".
+    for (agent, tool) in [("b", "kv"), ("a", "made-up-tool-4711")] {
+        let r = gw
+            .handle_tool_request(
+                agent,
+                ToolRequest::new(tool, vec!["get".into(), "k0".into()]),
+            )
+            .await;
+        let v = serde_json::to_value(&r).unwrap();
+        assert_ne!(v["exitCode"], 0, "{v}");
+    }
+
+    // Refused without the token; answered with it.
+    let (status, _) = scrape(&gw, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, text) = scrape(&gw, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let parsed = prometheus_parse::Scrape::parse(lines).unwrap();
+    assert!(!parsed.samples.is_empty(), "{text}");
+
+    let kv_allowed = [
+        ("agent", "a"),
+        ("kind", "plugin"),
+        ("tool", "kv"),
+        ("decision", "allowed"),
+    ];
+    assert_eq!(
+        value(&parsed, "beige_tool_calls_total", &kv_allowed),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &parsed,
+            "beige_tool_calls_total",
+            &[("agent", "b"), ("tool", "kv"), ("decision", "denied")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &parsed,
+            "beige_tool_calls_total",
+            &[("agent", "a"), ("tool", "other"), ("decision", "denied")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    // The histogram counted every timed call of kv.
+    assert_eq!(
+        value(
+            &parsed,
+            "beige_tool_call_duration_seconds",
+            &[("agent", "a"), ("tool", "kv")]
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &parsed,
+            "beige_prompts_total",
+            &[("agent", "a"), ("channel", "api"), ("outcome", "done")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&parsed, "beige_prompt_duration_seconds", &[("agent", "a")]),
+        Some(1.0),
+        "{text}"
+    );
+    let model = [("provider", "anthropic"), ("model", "claude-sonnet-4-6")];
+    assert_eq!(
+        value(&parsed, "beige_model_calls_total", &model),
+        Some(1.0),
+        "{text}"
+    );
+    let input: Vec<(&str, &str)> = model.iter().copied().chain([("kind", "input")]).collect();
+    let output: Vec<(&str, &str)> = model.iter().copied().chain([("kind", "output")]).collect();
+    assert_eq!(
+        value(&parsed, "beige_model_tokens_total", &input),
+        Some(120.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&parsed, "beige_model_tokens_total", &output),
+        Some(7.0),
+        "{text}"
+    );
+    assert!(
+        value(&parsed, "beige_model_cost_usd_total", &[("agent", "a")]).is_some_and(|c| c > 0.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&parsed, "beige_approvals_pending", &[("agent", "a")]),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        value(&parsed, "beige_audit_records_total", &[("type", "tool")]).is_some_and(|n| n >= 5.0),
+        "{text}"
+    );
+
+    // Conventions: the beige_ prefix, valid names, _total on counters, base units, and
+    // bounded labels only.
+    let mut types: HashMap<String, String> = HashMap::new();
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line["# TYPE ".len()..].split(' ');
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        types.insert(name.to_string(), kind.to_string());
+        assert!(name.starts_with("beige_"), "{line}");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "{line}"
+        );
+        if kind == "histogram" {
+            assert!(
+                name.ends_with("_seconds"),
+                "a histogram in base units: {line}"
+            );
+        }
+    }
+    for sample in &parsed.samples {
+        let family = sample
+            .metric
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_sum")
+            .trim_end_matches("_count")
+            .trim_end_matches("_total")
+            .trim_end_matches("_created");
+        let kind = types
+            .get(family)
+            .or_else(|| types.get(&sample.metric))
+            .unwrap_or_else(|| panic!("{} has no TYPE line", sample.metric));
+        if kind == "counter" {
+            assert!(sample.metric.ends_with("_total"), "{}", sample.metric);
+        }
+        for (k, v) in sample.labels.iter() {
+            assert!(
+                !v.contains("metrics-session-4711") && !v.contains("made-up-tool"),
+                "{} has an unbounded label {k}={v}",
+                sample.metric
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn metrics_are_not_served_unless_enabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlmServer::start().await;
+    let gw = gateway(&dir, &llm, false).await;
+    let (status, body) = scrape(&gw, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
+    assert!(body.contains("telemetry.metrics.enabled"), "{body}");
+}
