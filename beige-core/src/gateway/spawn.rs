@@ -177,6 +177,26 @@ fn store_failed(what: &str, e: impl std::fmt::Display) -> ToolError {
     ToolError::Failed(format!("spawn: {what} failed in the store: {e}"))
 }
 
+/// Why a sub-agent may not make a call of a tool it has: a schedule outlives the child
+/// and runs later as its agent, with the agent's own rights and rules, not the child's,
+/// so a child may read, pause and cancel its agent's schedules but not add, resume or
+/// fire one. `None` when the call is not such a step out of its rights.
+pub(crate) fn beyond_child(tool: &str, args: &[String]) -> Option<String> {
+    if tool != "schedule" {
+        return None;
+    }
+    let sub = args.first().map(String::as_str).unwrap_or("help");
+    if matches!(
+        sub,
+        "help" | "--help" | "-h" | "list" | "get" | "history" | "pause" | "cancel"
+    ) {
+        return None;
+    }
+    Some(format!(
+        "schedule {sub}: not allowed for this sub-agent (a schedule runs later with its agent's own rights, beyond the sub-agent's; only list, get, history, pause and cancel are)"
+    ))
+}
+
 /// Totals of `session` and every session below it.
 fn tree(session_id: &str) -> LedgerFilter {
     LedgerFilter {

@@ -8,7 +8,8 @@
 //! Covered: a tool the parent lacks stays out of the child's system prompt and every call
 //! of it from the child (its model's command and a raw shim call with a forged session)
 //! is denied `parent lacks it` while the target agent itself may use it; a narrowed
-//! schedule run passes its narrowed tools down; a daemon the child leaves behind gets
+//! schedule run passes its narrowed tools down; a child cannot add schedules (which run
+//! later with its agent's own rights); a daemon the child leaves behind gets
 //! none of the target's rights; a target with egress its parent lacks is not started
 //! (the gateway's decision: streams are not attributed per child, so the intersection
 //! cannot be enforced inside the sandbox yet); the depth limit read from the caller's
@@ -1436,5 +1437,61 @@ async fn spawn_message_file_is_read_in_the_sandbox() {
         assert!(!r.raw_body.contains(HOST_MARKER));
     }
     assert!(tool_outputs(&events)[0].ends_with("---\ntask done"));
+    f.gw.shutdown().await.unwrap();
+}
+
+/// A child cannot step out of its rights through a schedule: a schedule runs later as
+/// its agent with the agent's own tools and rules, so a child with `schedule` in its
+/// rights may list its agent's schedules but not add (or fire) one; the target on its
+/// own may.
+#[tokio::test]
+async fn spawn_child_cannot_schedule_work_beyond_its_rights() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn", "schedule"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": ["schedule", "gh"]},
+        }),
+        json!({"plugins": {"spawn": {}, "kv": {}, "schedule": {}}}),
+    )
+    .await;
+    f.llm.push(run(
+        "tu_p",
+        "spawn --target researcher 'plan nightly gh work'",
+        (10, 1),
+    ));
+    f.llm.push(run(
+        "tu_c",
+        "schedule add --cron '0 8 * * *' --prompt 'merge the PRs with gh' 2>&1; echo \"add=$?\"; \
+         schedule list 2>&1; echo \"list=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("could not schedule", (10, 1)));
+    f.llm.push(answer("done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("done"), "{events:#?}");
+    let child_saw = tool_results(&f.llm.requests()[2]);
+    assert!(
+        child_saw.contains("schedule add: not allowed for this sub-agent")
+            && child_saw.contains("add=1"),
+        "{child_saw}"
+    );
+    assert!(child_saw.contains("list=0"), "{child_saw}");
+    assert!(f.gw.schedules(Some("researcher")).await.unwrap().is_empty());
+    // The researcher on its own may.
+    let own = exec(
+        &f.gw,
+        "researcher",
+        "schedule add --cron '0 8 * * *' --prompt 'merge the PRs with gh' 2>&1; echo \"add=$?\"",
+    )
+    .await;
+    assert!(own.joined_text().contains("add=0"), "{}", own.joined_text());
+    assert_eq!(f.gw.schedules(Some("researcher")).await.unwrap().len(), 1);
     f.gw.shutdown().await.unwrap();
 }
