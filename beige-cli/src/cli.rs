@@ -334,6 +334,12 @@ pub enum AuditCommand {
         /// Only this agent's calls
         #[arg(short, long, value_name = "AGENT")]
         agent: Option<String>,
+        /// Only this session's records (its key, e.g. telegram:42)
+        #[arg(long, value_name = "KEY")]
+        session: Option<String>,
+        /// With --session: its sub-agents' records too (`spawn`), at any depth
+        #[arg(long, requires = "session")]
+        tree: bool,
         /// How many calls to print first
         #[arg(short = 'n', long, value_name = "N", default_value_t = 20)]
         lines: usize,

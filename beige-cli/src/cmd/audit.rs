@@ -1,4 +1,6 @@
-//! `beige audit tail [-f] [--agent A] [-n N] [--json]`: the audit log for people;
+//! `beige audit tail [-f] [--agent A] [--session KEY [--tree]] [-n N] [--json]`: the audit
+//! log for people (`--tree` adds the session's sub-agents, followed through the `spawn`
+//! records and the child records' `parentSession`);
 //! `beige audit verify` and `beige audit pubkey`: its hash chain checked offline
 //! ([`beige_core::audit::chain`]).
 //!
@@ -7,6 +9,7 @@
 //! one line, e.g. `✓ CORE assistant/exec ls → exit 0 (12 ms)`; `started` records are
 //! skipped (every call has a `finished` one, denied calls only that).
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::Result;
@@ -50,6 +53,23 @@ pub fn render(r: &AuditRecord) -> String {
         r.agent,
         r.tool
     );
+    // A spawn: which child, how deep, how it ended.
+    let args = match (&r.spawn, args.is_empty()) {
+        (Some(s), true) => {
+            let mut facts = Vec::new();
+            if let Some(child) = s["child"]["session"].as_str() {
+                facts.push(format!("child={child}"));
+            }
+            if let Some(depth) = s["depth"].as_u64() {
+                facts.push(format!("depth={depth}"));
+            }
+            if let Some(status) = s["status"].as_str() {
+                facts.push(format!("status={status}"));
+            }
+            facts.join(" ")
+        }
+        _ => args,
+    };
     if !args.is_empty() {
         line.push(' ');
         line.push_str(&args);
@@ -71,13 +91,67 @@ fn shorten(s: &str, max: usize) -> String {
     }
 }
 
-/// Parse the finished records of a file's lines that match `agent`.
-fn finished<'a>(
-    lines: impl Iterator<Item = &'a str>,
-    agent: Option<&'a str>,
-) -> impl Iterator<Item = (AuditRecord, &'a str)> {
+/// `--session KEY [--tree]`: the records of one session and, with `tree`, of the
+/// sub-agents below it, learnt from the records in log order: a `spawn` record of a
+/// session in the tree names its child, and a child's records name their parent
+/// (`parentSession`).
+#[derive(Debug, Clone)]
+pub struct SessionFilter {
+    sessions: HashSet<String>,
+    tree: bool,
+}
+
+impl SessionFilter {
+    /// Session `key`, with its sub-agents when `tree`.
+    pub fn new(key: String, tree: bool) -> Self {
+        Self {
+            sessions: HashSet::from([key]),
+            tree,
+        }
+    }
+
+    /// Whether `r` belongs (every record goes through here, in log order).
+    fn admits(&mut self, r: &AuditRecord) -> bool {
+        let Some(session) = r.session.as_deref() else {
+            return false;
+        };
+        let mut inside = self.sessions.contains(session);
+        if self.tree {
+            if !inside
+                && r.parent_session
+                    .as_deref()
+                    .is_some_and(|p| self.sessions.contains(p))
+            {
+                self.sessions.insert(session.to_string());
+                inside = true;
+            }
+            if inside {
+                if let Some(child) = r
+                    .spawn
+                    .as_ref()
+                    .and_then(|s| s["child"]["session"].as_str())
+                {
+                    self.sessions.insert(child.to_string());
+                }
+            }
+        }
+        inside
+    }
+}
+
+/// Parse the finished records of a file's lines that match `agent` (and `session`,
+/// which sees every record, finished or not).
+fn finished<'a, 'f>(
+    lines: impl Iterator<Item = &'a str> + 'f,
+    agent: Option<&'f str>,
+    session: &'f mut Option<SessionFilter>,
+) -> impl Iterator<Item = (AuditRecord, &'a str)> + 'f
+where
+    'a: 'f,
+{
     lines
         .filter_map(|l| serde_json::from_str::<AuditRecord>(l).ok().map(|r| (r, l)))
+        .filter(move |(r, _)| session.as_mut().is_none_or(|f| f.admits(r)))
         .filter(|(r, _)| r.phase == Phase::Finished)
         .filter(move |(r, _)| agent.is_none_or(|a| r.agent == a))
 }
@@ -94,6 +168,7 @@ pub fn tail(
     home: &BeigeHome,
     follow: bool,
     agent: Option<&str>,
+    mut session: Option<SessionFilter>,
     count: usize,
     json: bool,
 ) -> Result<()> {
@@ -109,29 +184,47 @@ pub fn tail(
         .into());
     }
     let current = std::fs::read_to_string(&path).unwrap_or_default();
-    let mut records: Vec<(AuditRecord, &str)> = finished(current.lines(), agent).collect();
     let older;
-    if records.len() < count {
+    let mut records: Vec<(AuditRecord, &str)> = if session.is_some() {
+        // A session's tree is learnt in log order: the rotated file first.
         older = std::fs::read_to_string(logfile::numbered(&path, 1)).unwrap_or_default();
-        let mut before: Vec<(AuditRecord, &str)> = finished(older.lines(), agent).collect();
-        before.append(&mut records);
-        records = before;
-    }
+        let mut all: Vec<(AuditRecord, &str)> =
+            finished(older.lines(), agent, &mut session).collect();
+        all.extend(finished(current.lines(), agent, &mut session));
+        all
+    } else {
+        let mut records: Vec<(AuditRecord, &str)> =
+            finished(current.lines(), agent, &mut session).collect();
+        if records.len() < count {
+            older = std::fs::read_to_string(logfile::numbered(&path, 1)).unwrap_or_default();
+            let mut before: Vec<(AuditRecord, &str)> =
+                finished(older.lines(), agent, &mut session).collect();
+            before.append(&mut records);
+            records = before;
+        }
+        records
+    };
     let skip = records.len().saturating_sub(count);
     for (r, raw) in &records[skip..] {
         print(r, raw, json);
     }
+    records.clear();
     if !follow {
         return Ok(());
     }
-    follow_file(&path, agent, json)
+    follow_file(&path, agent, session, json)
 }
 
-fn follow_file(path: &Path, agent: Option<&str>, json: bool) -> Result<()> {
+fn follow_file(
+    path: &Path,
+    agent: Option<&str>,
+    mut session: Option<SessionFilter>,
+    json: bool,
+) -> Result<()> {
     let mut follower = Follower::new(path, false);
     loop {
         let lines = follower.poll_lines();
-        for (r, raw) in finished(lines.iter().map(String::as_str), agent) {
+        for (r, raw) in finished(lines.iter().map(String::as_str), agent, &mut session) {
             print(&r, raw, json);
         }
         std::thread::sleep(logfile::POLL);
@@ -226,6 +319,57 @@ pub fn pubkey(home: &BeigeHome) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_session_tree_follows_spawns_and_parent_sessions() {
+        let log = [
+            json!({"session": "telegram:42", "phase": "finished", "type": "core_tool", "tool": "exec"}),
+            json!({"session": "telegram:42", "phase": "started", "type": "spawn", "tool": "spawn",
+                   "spawn": {"child": {"agent": "r", "session": "spawn:telegram:42:r:1"}, "depth": 1}}),
+            json!({"session": "spawn:telegram:42:r:1", "parentSession": "telegram:42",
+                   "phase": "finished", "type": "tool", "tool": "kv"}),
+            // A grandchild, known only through its records' parent.
+            json!({"session": "spawn:spawn:telegram:42:r:1:r:2", "parentSession": "spawn:telegram:42:r:1",
+                   "phase": "finished", "type": "tool", "tool": "kv"}),
+            json!({"session": "telegram:7", "phase": "finished", "type": "tool", "tool": "kv"}),
+            json!({"session": "telegram:42", "phase": "finished", "type": "spawn", "tool": "spawn",
+                   "spawn": {"child": {"agent": "r", "session": "spawn:telegram:42:r:1"}, "depth": 1,
+                             "status": "ok"}}),
+        ]
+        .map(|mut v| {
+            let o = v.as_object_mut().unwrap();
+            o.insert("ts".into(), json!("2026-01-02T03:04:05.678+00:00"));
+            o.insert("agent".into(), json!("a"));
+            o.insert("decision".into(), json!("allowed"));
+            o.insert("args".into(), json!([]));
+            v.to_string()
+        });
+        let sessions = |filter: SessionFilter| {
+            let mut filter = Some(filter);
+            finished(log.iter().map(String::as_str), None, &mut filter)
+                .map(|(r, _)| r.session.unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            sessions(SessionFilter::new("telegram:42".into(), false)),
+            ["telegram:42", "telegram:42"]
+        );
+        assert_eq!(
+            sessions(SessionFilter::new("telegram:42".into(), true)),
+            [
+                "telegram:42",
+                "spawn:telegram:42:r:1",
+                "spawn:spawn:telegram:42:r:1:r:2",
+                "telegram:42"
+            ]
+        );
+        let spawn: AuditRecord = serde_json::from_str(&log[5]).unwrap();
+        assert_eq!(
+            render(&spawn),
+            "03:04:05 ✓ SPAWN a/spawn child=spawn:telegram:42:r:1 depth=1 status=ok → finished"
+        );
+    }
 
     #[test]
     fn lines_for_people() {

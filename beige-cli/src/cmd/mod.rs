@@ -114,10 +114,19 @@ pub fn run(cli: Cli) -> Result<()> {
                 Some(AuditCommand::Tail {
                     follow,
                     agent,
+                    session,
+                    tree,
                     lines,
                     json,
                 }),
-        }) => audit::tail(&home, follow, agent.as_deref(), lines, json),
+        }) => audit::tail(
+            &home,
+            follow,
+            agent.as_deref(),
+            session.map(|key| audit::SessionFilter::new(key, tree)),
+            lines,
+            json,
+        ),
         Some(Command::Audit {
             command:
                 Some(AuditCommand::Verify {

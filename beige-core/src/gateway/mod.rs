@@ -1081,6 +1081,11 @@ impl Inner {
                     meta.tool
                 )));
             }
+            if meta.kind == ToolKind::Plugin {
+                if let Some(reason) = spawn::beyond_child(meta.tool, &meta.args) {
+                    return Err(Refusal::denied(reason));
+                }
+            }
         }
         let request_of = |agent| {
             PolicyRequest::new(agent, meta.tool, meta.kind, &meta.args)

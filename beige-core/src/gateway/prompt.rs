@@ -413,6 +413,8 @@ impl Inner {
         turn: UsageTotals,
         started: Instant,
     ) -> Result<Used, GatewayError> {
+        // A turn that spawned sub-agents spends their money too.
+        let turn = self.turn_totals(&session.id, turn).await?;
         let (needs_session, needs_day) = limits.needs_ledger();
         let session_totals = if needs_session {
             // The session's sub-agents spend its money too.

@@ -56,11 +56,13 @@ pub(crate) struct SpawnState {
     spawned: std::sync::OnceLock<BTreeSet<String>>,
 }
 
-/// When a turn started: on the ledger's clock (Unix ms) and for its wall time.
+/// When a turn started: on the ledger's clock (Unix ms) and for its wall time; and
+/// whether it has spawned sub-agents (whose spending its budgets then count).
 #[derive(Debug, Clone, Copy)]
 struct TurnStart {
     ms: i64,
     at: Instant,
+    spawned: bool,
 }
 
 /// Keeps a session's turn known to its sub-agents ([`Inner::turn_started`]).
@@ -173,6 +175,26 @@ struct Caller {
 
 fn store_failed(what: &str, e: impl std::fmt::Display) -> ToolError {
     ToolError::Failed(format!("spawn: {what} failed in the store: {e}"))
+}
+
+/// Why a sub-agent may not make a call of a tool it has: a schedule outlives the child
+/// and runs later as its agent, with the agent's own rights and rules, not the child's,
+/// so a child may read, pause and cancel its agent's schedules but not add, resume or
+/// fire one. `None` when the call is not such a step out of its rights.
+pub(crate) fn beyond_child(tool: &str, args: &[String]) -> Option<String> {
+    if tool != "schedule" {
+        return None;
+    }
+    let sub = args.first().map(String::as_str).unwrap_or("help");
+    if matches!(
+        sub,
+        "help" | "--help" | "-h" | "list" | "get" | "history" | "pause" | "cancel"
+    ) {
+        return None;
+    }
+    Some(format!(
+        "schedule {sub}: not allowed for this sub-agent (a schedule runs later with its agent's own rights, beyond the sub-agent's; only list, get, history, pause and cancel are)"
+    ))
 }
 
 /// Totals of `session` and every session below it.
@@ -326,11 +348,39 @@ impl Inner {
                 TurnStart {
                     ms: crate::store::now_ms(),
                     at: Instant::now(),
+                    spawned: false,
                 },
             );
         TurnGuard {
             state: &self.spawn,
             session_id: session_id.to_string(),
+        }
+    }
+
+    /// What the running turn of `session_id` has used, for its own `budgets.turn`:
+    /// `own` (its model calls), or, once it has spawned sub-agents, everything its
+    /// session tree recorded since the turn started — its calls and its children's.
+    pub(crate) async fn turn_totals(
+        &self,
+        session_id: &str,
+        own: UsageTotals,
+    ) -> Result<UsageTotals, GatewayError> {
+        let start = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+            .copied();
+        match start {
+            Some(start) if start.spawned => Ok(self
+                .ledger
+                .usage_totals(LedgerFilter {
+                    since_ms: Some(start.ms),
+                    ..tree(session_id)
+                })
+                .await?),
+            _ => Ok(own),
         }
     }
 
@@ -817,6 +867,16 @@ impl Inner {
             key: session.key.clone(),
             child: child.clone(),
         };
+        // From now on the caller's turn counts its children's spending.
+        if let Some(t) = self
+            .spawn
+            .turns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&caller.session.id)
+        {
+            t.spawned = true;
+        }
         self.spawn
             .children
             .write()

@@ -885,6 +885,32 @@ mod tests {
     }
 
     #[test]
+    fn spawned_agents_are_the_targets_of_other_agents() {
+        let config: Config = serde_json::from_value(serde_json::json!({
+            "llm": {"providers": {}},
+            "plugins": {"spawn": {"config": {"targets": {"helper": {}}}}},
+            "agents": {
+                "a": {"model": {"provider": "p", "model": "m"}, "tools": [],
+                      "pluginConfigs": {"spawn": {"targets": {"SELF": {}, "b": {}, "a": {}}}}},
+                "b": {"model": {"provider": "p", "model": "m"}, "tools": [],
+                      "pluginConfigs": {"spawn": {"targets": {"SELF": {}}}}},
+                "helper": {"model": {"provider": "p", "model": "m"}, "tools": []},
+            }
+        }))
+        .unwrap();
+        let spawned = spawned_agents(&config);
+        // b by a; helper by a and b through the shared config (not by itself); a only by
+        // itself, which is not another agent.
+        assert_eq!(
+            spawned.into_iter().collect::<Vec<_>>(),
+            [
+                ("b".to_string(), "a".to_string()),
+                ("helper".to_string(), "a".to_string())
+            ]
+        );
+    }
+
+    #[test]
     fn output_keeps_the_original_format() {
         let ok = SpawnReport {
             session: Some("spawn:telegram:42:r:1".into()),

@@ -7,17 +7,19 @@
 //!
 //! Covered: a tool the parent lacks stays out of the child's system prompt and every call
 //! of it from the child (its model's command and a raw shim call with a forged session)
-//! is denied `parent lacks it` while the target agent itself may use it; the depth limit
-//! read from the caller's exec, not from a forged `BEIGE_SESSION_KEY`; the child's usage
-//! in the parent's ledger totals and the parent's budget stopping the child and further
-//! spawns; the child is unattended (an ask is denied at once and becomes the spawn's
-//! failure reason, nothing waits for the parent to approve); the `spawn` audit records
-//! and the child's tool records naming the parent session and exec; the
-//! `SESSION: …\n---\n<answer>` output.
-//!
-//! Not covered here: egress. `RightSet::egress_agents` is computed and stored with the
-//! child, but the gateway's egress proxy sees a stream per sandbox, not per exec or
-//! session, so nothing narrows a child's destinations yet (see the report of issue #17).
+//! is denied `parent lacks it` while the target agent itself may use it; a narrowed
+//! schedule run passes its narrowed tools down; a child cannot add schedules (which run
+//! later with its agent's own rights); a daemon the child leaves behind gets
+//! none of the target's rights; a target with egress its parent lacks is not started
+//! (the gateway's decision: streams are not attributed per child, so the intersection
+//! cannot be enforced inside the sandbox yet); the depth limit read from the caller's
+//! exec, not from a forged `BEIGE_SESSION_KEY`; the child's usage in the parent's ledger
+//! totals, and the parent's session and turn budgets and the target's budget stopping
+//! the child and further spawns; the child is unattended (an ask is denied at once, told
+//! to the owner and becomes the spawn's failure reason; nothing waits for the parent to
+//! approve); the `spawn` audit records and the child's tool records naming the parent
+//! session and exec; the `SESSION: …\n---\n<answer>` output; `--session`, one spawn at a
+//! time per child, `timeoutSeconds` and `--message-file`.
 
 use std::sync::{Arc, Mutex};
 
@@ -496,8 +498,11 @@ async fn spawn_budget() {
         &env,
         json!({
             "assistant": {"tools": ["spawn"],
-                          "budgets": {"session": {"tokens": 10000}, "turn": {"tokens": 5000}},
+                          "budgets": {"session": {"tokens": 10000}},
                           "pluginConfigs": {"spawn": {"targets": {"researcher": {"budget": {"tokens": 9500}}}}}},
+            "planner": {"tools": ["spawn"],
+                        "budgets": {"turn": {"tokens": 5000}},
+                        "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
             "researcher": {"tools": []},
         }),
         json!({}),
@@ -659,9 +664,10 @@ async fn spawn_budget() {
     assert!(out.contains("rc=77"), "{out}");
     assert_eq!(f.llm.request_count(), 9);
 
-    // 4. What is left of the parent's turn (5000 tokens): the parent's call spent 110,
-    // the child's first 4900 (5010 in this turn), well within the session's and the
-    // target's budgets; the child stops, and the turn can spawn no more.
+    // 4. What is left of the parent's turn (`planner`: 5000 tokens a turn, no session
+    // limit): its call spent 110, the child's first 4900 (5010 in this turn). The child
+    // stops, the turn can spawn no more, and the parent's own next model call is refused
+    // too: the turn counts its children's spending.
     f.llm.push(run(
         "tu_p4",
         "spawn --target researcher 'one more' 2>&1; echo \"rc=$?\"; \
@@ -669,20 +675,25 @@ async fn spawn_budget() {
         (100, 10),
     ));
     f.llm.push(run("tu_c4", "echo child-ran", (4000, 900)));
-    f.llm.push(answer("the turn is spent", (10, 1)));
     let events = prompt(
         &f.gw,
-        PromptRequest::new("assistant", "api:assistant:four", "one more"),
+        PromptRequest::new("planner", "api:planner:four", "one more"),
     )
     .await;
-    assert_eq!(done(&events), Some("the turn is spent"), "{events:#?}");
-    assert_eq!(f.llm.request_count(), 12);
+    assert_eq!(f.llm.request_count(), 11);
+    let turn = "Turn budget of 5000 tokens reached (5010 used). Raise budgets.turn.tokens (or agents.planner.budgets.turn.tokens) to continue.";
     let out = tool_outputs(&events).join("\n");
-    let turn = "spawn failed: budget exhausted: Turn budget of 5000 tokens reached (5010 used). Raise budgets.turn.tokens (or agents.assistant.budgets.turn.tokens) to continue.";
     assert!(
-        out.contains(&format!("---\n{turn}\nrc=77"))
-            && out.contains(&format!("SESSION: none\n---\n{turn}\nagain=77")),
+        out.contains(&format!(
+            "---\nspawn failed: budget exhausted: {turn}\nrc=77"
+        )) && out.contains(&format!(
+            "SESSION: none\n---\nspawn failed: budget exhausted: {turn}\nagain=77"
+        )),
         "{out}"
+    );
+    assert!(
+        matches!(events.last(), Some(AgentEvent::Error { message: m, .. }) if m == turn),
+        "{events:#?}"
     );
     f.gw.shutdown().await.unwrap();
 }
@@ -1377,4 +1388,110 @@ async fn a_spawned_agent_may_not_serve_unbound_calls() {
     build(json!({"unboundCalls": "deny"}), json!({"researcher": {}}))
         .await
         .unwrap();
+}
+
+/// `message_file_in_sandbox` with the real tool: `spawn --message-file` sends what the
+/// path holds in the sandbox as the child's message; the host's file at the same path
+/// never reaches the fake LLM.
+#[tokio::test]
+async fn spawn_message_file_is_read_in_the_sandbox() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": []},
+        }),
+        json!({}),
+    )
+    .await;
+    const HOST_MARKER: &str = "HOST-ONLY-MARKER-77c1";
+    std::fs::create_dir_all(f.t.home.root().join(".beige")).unwrap();
+    std::fs::write(
+        f.t.home.root().join(".beige/config.json5"),
+        format!("{{ secret: \"{HOST_MARKER}\" }}"),
+    )
+    .unwrap();
+    f.llm.push(run(
+        "tu_p",
+        "mkdir -p ~/.beige && printf 'the task from the sandbox file' > ~/.beige/config.json5 && \
+         spawn --target researcher --message-file '~/.beige/config.json5'",
+        (10, 1),
+    ));
+    f.llm.push(answer("task done", (10, 1)));
+    f.llm.push(answer("all done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("all done"), "{events:#?}");
+    let requests = f.llm.requests();
+    let child_messages = requests[1].body["messages"].to_string();
+    assert!(
+        child_messages.contains("the task from the sandbox file"),
+        "{child_messages}"
+    );
+    for r in &requests {
+        assert!(!r.raw_body.contains(HOST_MARKER));
+    }
+    assert!(tool_outputs(&events)[0].ends_with("---\ntask done"));
+    f.gw.shutdown().await.unwrap();
+}
+
+/// A child cannot step out of its rights through a schedule: a schedule runs later as
+/// its agent with the agent's own tools and rules, so a child with `schedule` in its
+/// rights may list its agent's schedules but not add (or fire) one; the target on its
+/// own may.
+#[tokio::test]
+async fn spawn_child_cannot_schedule_work_beyond_its_rights() {
+    let env = docker_or_skip!();
+    let f = fixture(
+        &env,
+        json!({
+            "assistant": {"tools": ["spawn", "schedule"],
+                          "pluginConfigs": {"spawn": {"targets": {"researcher": {}}}}},
+            "researcher": {"tools": ["schedule", "gh"]},
+        }),
+        json!({"plugins": {"spawn": {}, "kv": {}, "schedule": {}}}),
+    )
+    .await;
+    f.llm.push(run(
+        "tu_p",
+        "spawn --target researcher 'plan nightly gh work'",
+        (10, 1),
+    ));
+    f.llm.push(run(
+        "tu_c",
+        "schedule add --cron '0 8 * * *' --prompt 'merge the PRs with gh' 2>&1; echo \"add=$?\"; \
+         schedule list 2>&1; echo \"list=$?\"",
+        (10, 1),
+    ));
+    f.llm.push(answer("could not schedule", (10, 1)));
+    f.llm.push(answer("done", (10, 1)));
+    let events = prompt(
+        &f.gw,
+        PromptRequest::new("assistant", "api:assistant:main", "go"),
+    )
+    .await;
+    assert_eq!(done(&events), Some("done"), "{events:#?}");
+    let child_saw = tool_results(&f.llm.requests()[2]);
+    assert!(
+        child_saw.contains("schedule add: not allowed for this sub-agent")
+            && child_saw.contains("add=1"),
+        "{child_saw}"
+    );
+    assert!(child_saw.contains("list=0"), "{child_saw}");
+    assert!(f.gw.schedules(Some("researcher")).await.unwrap().is_empty());
+    // The researcher on its own may.
+    let own = exec(
+        &f.gw,
+        "researcher",
+        "schedule add --cron '0 8 * * *' --prompt 'merge the PRs with gh' 2>&1; echo \"add=$?\"",
+    )
+    .await;
+    assert!(own.joined_text().contains("add=0"), "{}", own.joined_text());
+    assert_eq!(f.gw.schedules(Some("researcher")).await.unwrap().len(), 1);
+    f.gw.shutdown().await.unwrap();
 }
