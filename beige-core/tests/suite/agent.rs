@@ -432,7 +432,7 @@ async fn provider_concurrency_is_capped_and_fifo() {
     for i in 0..6 {
         let body = MessageStream::new().text(&format!("answer {i}")).body();
         server.push(Reply::sse_parts(vec![
-            Part::Pause(Duration::from_millis(200)),
+            Part::Pause(Duration::from_millis(1_000)),
             Part::Bytes(body.into()),
         ]));
     }
@@ -452,7 +452,9 @@ async fn provider_concurrency_is_capped_and_fifo() {
             .await
             .unwrap(),
         );
-        tokio::time::sleep(Duration::from_millis(30)).await; // a clear submission order
+        // A clear submission order, with room for a loaded machine: each prompt reaches
+        // the provider's queue long before the next is submitted.
+        tokio::time::sleep(Duration::from_millis(120)).await;
     }
     let mut results = Vec::new();
     for s in streams {
