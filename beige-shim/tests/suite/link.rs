@@ -708,9 +708,13 @@ fn a_flood_streams_at_most_the_cap() {
     );
     assert!(streamed.iter().all(|&b| b == 0));
     assert!(got.outputs.iter().map(|o| o.3.len()).sum::<usize>() <= MAX_STREAMED_BYTES);
-    assert_eq!(
-        got.seqs(),
-        (0..got.outputs.len() as u64).collect::<Vec<_>>()
+    // Under a flood the shim skips a piece when the socket is full (progress is best
+    // effort, see `LinkMessage::Output`), so `seq` may jump, but it never repeats or
+    // goes back: a gap tells the gateway a piece was skipped.
+    let seqs = got.seqs();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "seqs not increasing: {seqs:?}"
     );
     let reply = exec_reply(got.result);
     assert_eq!(reply.exit_code, Some(0));
