@@ -669,6 +669,8 @@ impl DiskGuard {
     ) {
         let Some(audit) = &self.audit else { return };
         let record = AuditRecord {
+            trace_id: None,
+            span_id: None,
             ts: now_ts(),
             agent: agent.to_string(),
             session: None,

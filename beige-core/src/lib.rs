@@ -108,6 +108,7 @@
 //! | `telegram` | yes, for now | the built-in Telegram channel and plugin, `channel::telegram` |
 //! | `egress` | yes | governed network access for agents, [`egress`] (rules, the address classifier, hickory DNS) |
 //! | `metrics` | no (the `beige` binary turns it on) | the Prometheus registry behind [`metrics::Metrics`] and `GET /metrics` (prometheus-client); without it the counters are no-ops |
+//! | `otel` | no (the `beige` binary turns it on) | OpenTelemetry traces exported over OTLP/HTTP by [`telemetry::Traces`] (opentelemetry_sdk, opentelemetry-otlp); without it spans are no-ops and a config with `telemetry.otlp.traces` is refused |
 //! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
 //! With none of them the crate still has the gateway traits, [`RemoteGateway`],
@@ -146,6 +147,7 @@ mod skills;
 #[cfg(feature = "docker")]
 mod socket;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod tools;

@@ -176,6 +176,13 @@ pub struct AuditRecord {
     /// bound to `exec` (`session-id`, `ancestry`), or `unbound`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attribution: Option<crate::ident::AttributionMethod>,
+    /// New in beige, with traces on: the trace of the span the record was written in
+    /// (32 hex digits), as exported over OTLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// New in beige, with traces on: that span's id (16 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
     /// On `type: approval` records: the request and the step (`phase` requested,
     /// decided, refused, expired, consumed, unattended), with the approver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -304,6 +311,8 @@ impl AuditRecord {
     /// A record of an event that is not a tool call (`type: security`), `finished`.
     pub fn security(agent: &str, tool: &str, args: Vec<String>, decision: AuditDecision) -> Self {
         Self {
+            trace_id: None,
+            span_id: None,
             ts: now_ts(),
             agent: agent.to_string(),
             session: None,
@@ -1015,6 +1024,10 @@ pub fn secrets_of(config: &crate::config::Config) -> Vec<String> {
                 .map(|c| c.secret.expose().to_string()),
         );
     }
+    // The OTLP collector's headers (an `authorization` token, typically).
+    if let Some(otlp) = config.telemetry.as_ref().and_then(|t| t.otlp.as_ref()) {
+        out.extend(otlp.headers.values().cloned());
+    }
     out.retain(|s| s.len() >= MIN_SECRET_LEN);
     out
 }
@@ -1039,6 +1052,8 @@ mod tests {
 
     fn record(args: Vec<String>) -> AuditRecord {
         AuditRecord {
+            trace_id: None,
+            span_id: None,
             ts: now_ts(),
             agent: "a".into(),
             session: Some("socket:a".into()),

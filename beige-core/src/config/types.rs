@@ -64,6 +64,49 @@ pub struct TelemetryConfig {
     /// Prometheus metrics at `GET /metrics` on the API's port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// OpenTelemetry traces over OTLP/HTTP (off unless `traces: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp: Option<OtlpConfig>,
+}
+
+/// `telemetry.otlp`: where the gateway sends its spans. Only this turns export on;
+/// `OTEL_EXPORTER_OTLP_*` variables are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318`; spans go to
+    /// `<endpoint>/v1/traces` as protobuf.
+    pub endpoint: String,
+    /// Headers sent with every export (e.g. `authorization`); values are secrets,
+    /// `${VAR}` expands, and they are redacted wherever the config is shown.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub headers: IndexMap<String, String>,
+    /// Export traces (default false).
+    #[serde(default)]
+    pub traces: bool,
+    /// The share of turns traced, 0.0–1.0 (default 1.0).
+    #[serde(default = "one")]
+    pub sample_ratio: f64,
+    /// Content that spans leave out unless asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<OtlpCapture>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `telemetry.otlp.capture`: content put into spans (redacted like the audit log, cut
+/// at 4 KiB). Both default to false.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OtlpCapture {
+    /// The prompt's text on the turn's root span (`beige.prompt`).
+    #[serde(default)]
+    pub prompts: bool,
+    /// A tool call's arguments on its span (`beige.tool.args`).
+    #[serde(default)]
+    pub tool_args: bool,
 }
 
 /// `telemetry.metrics`.

@@ -30,6 +30,9 @@ pub use serve::{
 };
 
 use std::collections::HashMap;
+
+use opentelemetry::trace::FutureExt as _;
+use opentelemetry::KeyValue;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -110,6 +113,9 @@ pub struct GatewayBuilder {
     gateway_slot: GatewaySlot,
     /// The gateway's metrics, kept by every reload.
     metrics: Arc<crate::metrics::Metrics>,
+    /// The tracer, made by the first build from `telemetry.otlp` and kept by every
+    /// reload (a change of `telemetry.otlp` takes a restart).
+    traces: Arc<std::sync::Mutex<Option<Arc<crate::telemetry::Traces>>>>,
 }
 
 impl GatewayBuilder {
@@ -151,6 +157,7 @@ impl GatewayBuilder {
             schedule_clock: None,
             gateway_slot: GatewaySlot::default(),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            traces: Arc::default(),
         }
     }
 
@@ -405,6 +412,30 @@ impl GatewayBuilder {
             self.metrics.clone(),
             config.plugins.keys().cloned(),
         ));
+        // Spans: the first build makes the tracer, every reload keeps it.
+        let traces = {
+            let mut slot = self.traces.lock().unwrap_or_else(|e| e.into_inner());
+            match &*slot {
+                Some(t) => t.clone(),
+                None => {
+                    let t =
+                        Arc::new(crate::telemetry::Traces::from_config(&config).map_err(|e| {
+                            GatewayError::Config {
+                                source: Box::new(e),
+                            }
+                        })?);
+                    *slot = Some(t.clone());
+                    t
+                }
+            }
+        };
+        // Records written under a span carry its trace and span ids (before the chain
+        // hashes them).
+        let audit: Arc<dyn AuditSink> = if traces.is_on() {
+            Arc::new(crate::telemetry::TracedAudit::new(audit))
+        } else {
+            audit
+        };
 
         let router = build_router(&config, stores.health.clone(), self.providers)
             .await?
@@ -561,6 +592,7 @@ impl GatewayBuilder {
             spawn: spawn::SpawnState::default(),
             me: std::sync::OnceLock::new(),
             metrics: self.metrics.clone(),
+            traces,
         });
         let _ = inner.me.set(Arc::downgrade(&inner));
         platform.set(Arc::downgrade(&inner) as Weak<dyn crate::platform::Host>);
@@ -693,6 +725,8 @@ struct Inner {
     me: std::sync::OnceLock<Weak<Inner>>,
     /// The gateway's metrics (shared with every reload).
     metrics: Arc<crate::metrics::Metrics>,
+    /// The gateway's tracer (shared with every reload).
+    traces: Arc<crate::telemetry::Traces>,
 }
 
 /// Where a session's prompts come from — recorded from the trusted [`PromptRequest`]
@@ -869,6 +903,9 @@ impl Engine {
         } else {
             self.inner.sandbox.remove_all().await?;
         }
+        // Spans still queued leave now (bounded: 5 s).
+        let traces = self.inner.traces.clone();
+        let _ = tokio::task::spawn_blocking(move || traces.flush()).await;
         Ok(())
     }
 
@@ -978,6 +1015,8 @@ impl Inner {
 
     fn record(&self, meta: &CallMeta<'_>, phase: Phase, decision: AuditDecision) -> AuditRecord {
         AuditRecord {
+            trace_id: None,
+            span_id: None,
             ts: now_ts(),
             agent: meta.agent.to_string(),
             session: meta.session.clone(),
@@ -1182,7 +1221,24 @@ impl Inner {
             settings.hold()
         };
         use crate::approvals::AskOutcome;
-        match self.approvals.ask(call, hold).await {
+        let wait_cx = self.traces.child(
+            &opentelemetry::Context::current(),
+            crate::telemetry::names::SPAN_APPROVAL_WAIT.to_string(),
+            Vec::new(),
+        );
+        let outcome = self.approvals.ask(call, hold).await;
+        let word = match &outcome {
+            AskOutcome::Approved { .. } => "approved",
+            AskOutcome::Denied { .. } => "denied",
+            AskOutcome::Expired { .. } => "expired",
+            AskOutcome::TooMany { .. } => "too_many",
+            AskOutcome::Pending { .. } => "pending",
+        };
+        crate::telemetry::end(
+            &wait_cx,
+            vec![KeyValue::new(crate::telemetry::names::DECISION, word)],
+        );
+        match outcome {
             AskOutcome::Approved { .. } => Ok(()),
             AskOutcome::Denied { approval, by, reason } => Err(Refusal::denied(format!(
                 "Permission denied: '{line}' was denied by {by} (approval {approval}){}",
@@ -1232,7 +1288,15 @@ impl Inner {
         if let Err(low) = self.disk.check(meta.agent).await {
             return Ok(Guarded::Denied(Refusal::denied(low.to_string())));
         }
+        let span = opentelemetry::Context::current();
+        let decided = |word: &'static str| {
+            crate::telemetry::annotate(
+                &span,
+                vec![KeyValue::new(crate::telemetry::names::DECISION, word)],
+            );
+        };
         if let Err(refusal) = self.decide(&meta).await {
+            decided("denied");
             self.audit_denied(&meta, &refusal.message).await;
             return Ok(Guarded::Denied(refusal));
         }
@@ -1243,6 +1307,7 @@ impl Inner {
             agent_name: meta.agent.to_string(),
         };
         if let Err(reason) = self.hooks().pre_tool_exec(&pre).await {
+            decided("denied");
             self.audit_denied(&meta, &reason).await;
             return Ok(Guarded::Denied(Refusal::denied(reason)));
         }
@@ -1251,6 +1316,7 @@ impl Inner {
             .await?;
         let started = Instant::now();
         let outcome = run.await;
+        decided(if outcome.is_ok() { "ran" } else { "failed" });
         let mut finished = self.record(&meta, Phase::Finished, AuditDecision::Allowed);
         finished.duration_ms = Some(started.elapsed().as_millis() as u64);
         let out = match outcome {
@@ -1366,6 +1432,28 @@ impl Inner {
             let _running = exec
                 .as_ref()
                 .map(|(id, command)| RunningExec::register(&self.execs, agent, id, &ctx, command));
+            // The op's span; a script's calls attributed to the exec join it.
+            let op_cx = {
+                let mut attributes = Vec::new();
+                if let Some(id) = &exec_id {
+                    attributes.push(KeyValue::new(
+                        crate::telemetry::names::EXEC_ID,
+                        id.as_str().to_string(),
+                    ));
+                }
+                self.traces.child(
+                    &opentelemetry::Context::current(),
+                    format!(
+                        "{} {}",
+                        crate::telemetry::names::SPAN_SANDBOX_OP,
+                        call.name()
+                    ),
+                    attributes,
+                )
+            };
+            let _bound = exec_id
+                .as_ref()
+                .and_then(|id| self.traces.bind_exec(id.as_str(), &op_cx));
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -1377,8 +1465,10 @@ impl Inner {
                 &exec_env,
                 exec_id.clone(),
             )
+            .with_context(op_cx.clone())
             .await
             .map_err(|e| e.to_string());
+            crate::telemetry::end(&op_cx, op_attributes(&out));
             // The exec has ended: its count goes with it.
             drop(exec_guard);
             let out = out?;
@@ -1525,7 +1615,50 @@ impl Inner {
         }
     }
 
+    /// A script's plugin call, in an `execute_tool` span under its exec's
+    /// `beige.sandbox.op` span (found from the kernel's attribution, never from the
+    /// request), or a root of its own when the caller is bound to no running exec.
     async fn handle_tool_request(
+        &self,
+        agent: &str,
+        caller: &Attribution,
+        request: ToolRequest,
+    ) -> ToolResponse {
+        use crate::telemetry::names;
+        if !self.traces.is_on() {
+            return self.handle_tool_request_in(agent, caller, request).await;
+        }
+        let parent = self
+            .traces
+            .exec_context(caller.exec.as_ref().map(|e| e.as_str()));
+        // A name the sandbox made up is not put into a span.
+        let tool = if self.registry.tool(&request.tool).is_some() {
+            request.tool.clone()
+        } else {
+            "other".to_string()
+        };
+        let mut attributes = vec![
+            KeyValue::new(names::OPERATION, names::SPAN_TOOL),
+            KeyValue::new(names::TOOL_NAME, tool.clone()),
+            KeyValue::new(names::TOOL_KIND, "plugin"),
+            KeyValue::new(names::AGENT_NAME, agent.to_string()),
+        ];
+        if let Some(exec) = &caller.exec {
+            attributes.push(KeyValue::new(names::EXEC_ID, exec.as_str().to_string()));
+        }
+        attributes.extend(self.traces.args_attribute(&request.args));
+        let cx = self
+            .traces
+            .child(&parent, format!("{} {tool}", names::SPAN_TOOL), attributes);
+        let response = self
+            .handle_tool_request_in(agent, caller, request)
+            .with_context(cx.clone())
+            .await;
+        crate::telemetry::end(&cx, Vec::new());
+        response
+    }
+
+    async fn handle_tool_request_in(
         &self,
         agent: &str,
         caller: &Attribution,
@@ -1730,6 +1863,19 @@ impl RunningExec {
 impl Drop for RunningExec {
     fn drop(&mut self) {
         self.execs.ended(&self.agent, &self.id);
+    }
+}
+
+/// `beige.transport` and `beige.exit_code` of a finished sandbox op.
+fn op_attributes(out: &Result<ToolOutput, String>) -> Vec<KeyValue> {
+    use crate::telemetry::names;
+    match out {
+        Ok(o) => o
+            .transport
+            .iter()
+            .map(|t| KeyValue::new(names::TRANSPORT, t.as_str().to_string()))
+            .collect(),
+        Err(_) => vec![KeyValue::new(names::DECISION, "failed")],
     }
 }
 

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use opentelemetry::trace::{FutureExt as _, TraceContextExt as _};
+use opentelemetry::KeyValue;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +27,7 @@ use crate::hooks::{
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
 use crate::store::{LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, UsageTotals};
+use crate::telemetry::names;
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
 pub(crate) use beige_client::PromptRequest;
@@ -76,6 +79,29 @@ struct Run<'a> {
     cancel: CancellationToken,
     /// How the run ended, for the metrics (`OUTCOME_*`).
     outcome: Arc<std::sync::atomic::AtomicU8>,
+    /// The turn's root span, once the session is known; ended by `run_prompt`.
+    span: Arc<std::sync::OnceLock<opentelemetry::Context>>,
+}
+
+/// `beige.decision` of a finished call.
+pub(crate) fn decision_word(out: &ToolOutput) -> &'static str {
+    match out.outcome() {
+        beige_client::tools::ToolOutcome::Denied => "denied",
+        beige_client::tools::ToolOutcome::Failed => "failed",
+        _ => "ran",
+    }
+}
+
+/// How a principal reads on a span.
+fn principal_label(p: &beige_client::Principal) -> String {
+    match p {
+        beige_client::Principal::Unverified => "unverified".into(),
+        beige_client::Principal::Sandbox => "sandbox".into(),
+        beige_client::Principal::User { channel, id } => format!("user:{channel}:{id}"),
+        beige_client::Principal::ApiToken => "api_token".into(),
+        beige_client::Principal::Embedder => "embedder".into(),
+        _ => "other".into(),
+    }
 }
 
 impl Inner {
@@ -226,12 +252,14 @@ impl Inner {
         let agent = req.agent.clone();
         let channel = req.channel();
         let outcome = Arc::new(std::sync::atomic::AtomicU8::new(OUTCOME_NONE));
+        let span = Arc::new(std::sync::OnceLock::new());
         let run = Run {
             inner: self,
             req,
             events: events.clone(),
             cancel,
             outcome: outcome.clone(),
+            span: span.clone(),
         };
         let result = run.go().await;
         if let Err(e) = &result {
@@ -249,6 +277,15 @@ impl Inner {
         };
         self.metrics
             .prompt(&agent, &channel, outcome, started.elapsed());
+        if let Some(cx) = span.get() {
+            crate::telemetry::end(
+                cx,
+                vec![opentelemetry::KeyValue::new(
+                    names::OUTCOME,
+                    outcome.as_str(),
+                )],
+            );
+        }
     }
 
     /// Summarise the older part of a session's context into one message.
@@ -559,6 +596,21 @@ impl Run<'_> {
 
         let session = inner.session_for(&agent_name, &key, &channel).await?;
         inner.register_prompt_session(&self.req);
+        // One root span per turn; the session's random id, never its key.
+        let turn_cx = {
+            let mut attributes = vec![
+                KeyValue::new(names::OPERATION, names::SPAN_TURN),
+                KeyValue::new(names::AGENT_NAME, agent_name.clone()),
+                KeyValue::new(names::CONVERSATION_ID, session.id.clone()),
+                KeyValue::new(names::CHANNEL, channel.clone()),
+                KeyValue::new(names::PRINCIPAL, principal_label(&self.req.principal)),
+            ];
+            attributes.extend(inner.traces.prompt_attribute(&message));
+            inner
+                .traces
+                .root(format!("{} {agent_name}", names::SPAN_TURN), attributes)
+        };
+        let _ = self.span.set(turn_cx.clone());
         // A sub-agent's session: its rights narrow the tools and add its ancestors'
         // budgets.
         let child = inner.child_of(&session).await?;
@@ -684,7 +736,23 @@ impl Run<'_> {
                     reasoning: info.reasoning,
                 }
             };
-            let routed = match inner
+            let chat_cx = {
+                let first = candidates.first();
+                let model = first.map(|m| m.model.clone()).unwrap_or_default();
+                let mut attributes = vec![
+                    KeyValue::new(names::OPERATION, names::SPAN_CHAT),
+                    KeyValue::new(names::REQUEST_MODEL, model.clone()),
+                ];
+                if let Some(m) = first {
+                    attributes.push(KeyValue::new(names::PROVIDER, m.provider.clone()));
+                }
+                inner.traces.client(
+                    &turn_cx,
+                    format!("{} {model}", names::SPAN_CHAT),
+                    attributes,
+                )
+            };
+            let routed = inner
                 .router
                 .call(
                     &candidates,
@@ -693,8 +761,34 @@ impl Run<'_> {
                     &self.events,
                     &self.cancel,
                 )
-                .await
-            {
+                .await;
+            match &routed {
+                Ok(r) => {
+                    let u = &r.response.usage;
+                    let span = chat_cx.span();
+                    if span.span_context().is_valid() {
+                        span.update_name(format!("{} {}", names::SPAN_CHAT, r.model.model));
+                    }
+                    crate::telemetry::end(
+                        &chat_cx,
+                        vec![
+                            KeyValue::new(names::REQUEST_MODEL, r.model.model.clone()),
+                            KeyValue::new(names::PROVIDER, r.model.provider.clone()),
+                            KeyValue::new(names::INPUT_TOKENS, u.input_tokens as i64),
+                            KeyValue::new(names::OUTPUT_TOKENS, u.output_tokens as i64),
+                            KeyValue::new(names::CACHE_READ_TOKENS, u.cache_read_tokens as i64),
+                            KeyValue::new(names::CACHE_WRITE_TOKENS, u.cache_write_tokens as i64),
+                        ],
+                    );
+                }
+                Err(e) => {
+                    chat_cx
+                        .span()
+                        .set_status(opentelemetry::trace::Status::error(e.to_string()));
+                    crate::telemetry::end(&chat_cx, vec![]);
+                }
+            }
+            let routed = match routed {
                 Ok(r) => r,
                 Err(RouteError::Cancelled) => {
                     self.persist(&session, exchange, Some("[cancelled by the user]"))
@@ -826,6 +920,16 @@ impl Run<'_> {
                     name: name.clone(),
                     args: input.clone(),
                 });
+                let tool_cx = inner.traces.child(
+                    &turn_cx,
+                    format!("{} {name}", names::SPAN_TOOL),
+                    vec![
+                        KeyValue::new(names::OPERATION, names::SPAN_TOOL),
+                        KeyValue::new(names::TOOL_NAME, name.clone()),
+                        KeyValue::new(names::TOOL_CALL_ID, id.clone()),
+                        KeyValue::new(names::TOOL_KIND, "core"),
+                    ],
+                );
                 let started = Instant::now();
                 let out = match CoreToolCall::parse(&name, input) {
                     Err(e) => ToolOutput::error(e.message),
@@ -842,13 +946,15 @@ impl Run<'_> {
                             attended,
                         };
                         let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
-                        let run = inner.call_core_cancellable(
-                            &agent_name,
-                            call,
-                            ctx,
-                            Some(&self.cancel),
-                            Some(sink),
-                        );
+                        let run = inner
+                            .call_core_cancellable(
+                                &agent_name,
+                                call,
+                                ctx,
+                                Some(&self.cancel),
+                                Some(sink),
+                            )
+                            .with_context(tool_cx.clone());
                         tokio::pin!(run);
                         let mut live = LiveOutput::default();
                         let mut approvals_open = true;
@@ -883,6 +989,11 @@ impl Run<'_> {
                         }
                     }
                 };
+                // A call refused before the guarded path (bad arguments) says so too.
+                crate::telemetry::end(
+                    &tool_cx,
+                    vec![KeyValue::new(names::DECISION, decision_word(&out))],
+                );
                 self.send(AgentEvent::ToolCallFinished {
                     id: id.clone(),
                     name: name.clone(),

@@ -152,6 +152,8 @@ fn record_of(event: &SecurityEvent) -> AuditRecord {
                 None => ("op", None, None, None, Some("unreadable reply".to_string())),
             };
             AuditRecord {
+                trace_id: None,
+                span_id: None,
                 ts: now_ts(),
                 agent: agent.clone(),
                 session: None,

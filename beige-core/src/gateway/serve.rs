@@ -561,6 +561,13 @@ impl LocalGateway {
         self.engine_now().running_prompts()
     }
 
+    /// The OTLP exporter's last success and failure (`beige doctor`, `gateway status`);
+    /// `None` when traces are off.
+    #[cfg(feature = "otel")]
+    pub fn telemetry_health(&self) -> Option<crate::telemetry::ExportHealth> {
+        self.engine_now().inner.traces.health()
+    }
+
     /// A handle that asks this gateway to reload from its [`ConfigSource`], or `None`
     /// when it has none.
     pub fn reload_handle(&self) -> Option<ReloadHandle> {

@@ -615,6 +615,8 @@ impl Inner {
         body: serde_json::Value,
     ) {
         let record = AuditRecord {
+            trace_id: None,
+            span_id: None,
             ts: now_ts(),
             agent: agent.to_string(),
             session: Some(caller_key.to_string()),

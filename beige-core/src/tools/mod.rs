@@ -233,6 +233,14 @@ pub(crate) fn format_reply(
                 OpRequest::Exec(r) => r.timeout_secs,
                 _ => 0,
             };
+            // The op's span (current here) records the command's exit code.
+            crate::telemetry::annotate(
+                &opentelemetry::Context::current(),
+                vec![opentelemetry::KeyValue::new(
+                    crate::telemetry::names::EXIT_CODE,
+                    i64::from(e.exit_code.unwrap_or_else(|| 128 + e.signal.unwrap_or(9))),
+                )],
+            );
             format_exec(&e, timeout)
         }
         (call, other) => ToolOutput::error(format!(

@@ -31,3 +31,4 @@ mod spawn;
 mod support;
 mod telegram;
 mod tools_socket;
+mod traces;
