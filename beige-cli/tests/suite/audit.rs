@@ -401,18 +401,14 @@ fn export_otlp_prints_export_logs_service_requests() {
     assert!(records.iter().any(|r| r["eventName"] == "beige.egress"));
 }
 
+/// What the collector received: each POST's path, content type and body.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
+
 /// A collector on loopback: records each POST's path, content type and body, and answers
 /// `status`.
-fn collector(
-    rt: &tokio::runtime::Runtime,
-    status: u16,
-) -> (
-    std::net::SocketAddr,
-    std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
-) {
+fn collector(rt: &tokio::runtime::Runtime, status: u16) -> (std::net::SocketAddr, Seen) {
     use axum::extract::{Request, State};
     use axum::http::StatusCode;
-    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
     let seen: Seen = Default::default();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
