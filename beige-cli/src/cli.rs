@@ -367,6 +367,40 @@ pub enum AuditCommand {
     },
     /// Print the public key that verifies the audit log's checkpoints
     Pubkey,
+    /// Export the audit log offline: as stored (jsonl), as OCSF 1.3 events or as OTLP logs
+    #[command(
+        after_help = "Reads <BEIGE_HOME>/logs/audit.jsonl.N … .1, then audit.jsonl (oldest first); no gateway\nneeded. A line that is not a record (torn, edited) is skipped with a warning naming\nfile:line; a summary goes to stderr.\n\nOCSF: tool calls are API Activity (6003), exec Process Activity (1007), egress Network\n(4001) or, when inspected, HTTP Activity (4002); denials and security.* events Detection\nFindings (2004); the rest as docs/audit.md says. OTLP: one ExportLogsServiceRequest\n(OTLP/JSON) per 512 records, one per line, or POSTed with --endpoint.\n\nExamples:\n  beige audit export --format ocsf --since 24h > audit.ocsf.jsonl\n  beige audit export --format jsonl --agent intern --since 2026-11-30T00:00:00Z\n  beige audit export --format otlp --endpoint http://127.0.0.1:4318"
+    )]
+    Export {
+        /// The output form
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        format: ExportFormat,
+        /// Only records from this time on: RFC 3339 (2026-11-30T08:00:00Z) or a duration back
+        /// from now (30m, 24h, 7d)
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Only this agent's records
+        #[arg(short, long, value_name = "AGENT")]
+        agent: Option<String>,
+        /// With --format otlp: POST each batch to this OTLP/HTTP collector (http:// or https://;
+        /// /v1/logs is appended when the URL has no path) instead of printing it
+        #[arg(long, value_name = "URL", conflicts_with = "output")]
+        endpoint: Option<String>,
+        /// Write to this file (created with mode 0600, replaced if it exists) instead of stdout
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+/// `beige audit export --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// The stored lines as they are
+    Jsonl,
+    /// One OCSF 1.3 event per line
+    Ocsf,
+    /// OTLP/JSON logs: one ExportLogsServiceRequest per batch, per line
+    Otlp,
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,6 +2,7 @@
 //! the async runtime for the commands that need one.
 
 mod audit;
+mod audit_export;
 pub mod config;
 mod demo;
 mod doctor;
@@ -138,6 +139,23 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Audit {
             command: Some(AuditCommand::Pubkey),
         }) => audit::pubkey(&home),
+        Some(Command::Audit {
+            command:
+                Some(AuditCommand::Export {
+                    format,
+                    since,
+                    agent,
+                    endpoint,
+                    output,
+                }),
+        }) => block_on(audit_export::run(
+            &home,
+            format,
+            since.as_deref(),
+            agent,
+            endpoint.as_deref(),
+            output.as_deref(),
+        )),
         Some(Command::Doctor(args)) => block_on(doctor::run(&home, config, args.agent.as_deref())),
         Some(Command::Egress { command: None }) => print_help(&["egress"]),
         Some(Command::Egress {

@@ -24,6 +24,7 @@ fn help_of_every_command() {
         ("help_policy_check", &["policy", "check", "--help"]),
         ("help_policy_list", &["policy", "list", "--help"]),
         ("help_audit_verify", &["audit", "verify", "--help"]),
+        ("help_audit_export", &["audit", "export", "--help"]),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),

@@ -23,6 +23,8 @@ use sha2::Digest as _;
 use crate::vocab::ToolKind;
 
 pub mod chain;
+/// `beige audit export`: the log as JSONL, OCSF events or OTLP logs, offline.
+pub mod export;
 
 /// `started` before a call runs, `finished` after (or at once for a denied call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
