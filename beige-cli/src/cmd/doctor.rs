@@ -540,6 +540,7 @@ async fn links(r: &mut Report, home: &BeigeHome, explicit_config: Option<&Path>)
             return;
         }
     };
+    telemetry_check(r, &gw).await;
     for agent in agents {
         match gw.sandbox_status(&agent.name).await {
             Ok(status) => link_check(r, &status),
@@ -559,6 +560,35 @@ async fn links(r: &mut Report, home: &BeigeHome, explicit_config: Option<&Path>)
                 agent.name
             )),
         }
+    }
+}
+
+/// The running gateway's trace exporter: when traces are on, whether its last export
+/// reached the collector.
+async fn telemetry_check(r: &mut Report, gw: &RemoteGateway) {
+    let Ok(summary) = gw.config_summary().await else {
+        return;
+    };
+    let traces = &summary["telemetry"]["traces"];
+    if traces["enabled"] != serde_json::Value::Bool(true) {
+        return;
+    }
+    let endpoint = traces["endpoint"].as_str().unwrap_or("the collector");
+    let success = traces["lastSuccess"].as_str();
+    let error = traces["lastError"]["message"].as_str();
+    let error_at = traces["lastError"]["at"].as_str();
+    match (success, error.zip(error_at)) {
+        // RFC 3339 times in UTC with the same precision compare as strings.
+        (Some(ok), Some((_, at))) if ok > at => {
+            r.ok(format!("traces: exported to {endpoint} (last at {ok})"));
+        }
+        (_, Some((message, at))) => r.warn(format!(
+            "traces: the last export to {endpoint} failed at {at}: {message}; prompts are not affected, spans are dropped until the collector answers (check telemetry.otlp.endpoint and headers)"
+        )),
+        (Some(ok), None) => r.ok(format!("traces: exported to {endpoint} (last at {ok})")),
+        (None, None) => r.note(format!(
+            "traces: on, to {endpoint}; nothing exported yet (spans leave in batches after a prompt)"
+        )),
     }
 }
 

@@ -826,6 +826,36 @@ enum Guarded<T> {
 }
 
 impl Engine {
+    /// What `config_summary` says of telemetry: whether traces and metrics are on, the
+    /// collector (never its headers) and the exporter's last success and failure.
+    fn telemetry_summary(&self) -> serde_json::Value {
+        let c = &self.inner.config;
+        let otlp = c.telemetry.as_ref().and_then(|t| t.otlp.as_ref());
+        #[allow(unused_mut)]
+        let mut traces = serde_json::json!({
+            "enabled": self.inner.traces.is_on(),
+            "endpoint": otlp.filter(|o| o.traces).map(|o| o.endpoint.clone()),
+        });
+        #[cfg(feature = "otel")]
+        if let Some(h) = self.inner.traces.health() {
+            let at = |t: std::time::SystemTime| {
+                chrono::DateTime::<chrono::Utc>::from(t)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            };
+            traces["lastSuccess"] = serde_json::json!(h.last_success.map(at));
+            traces["lastError"] = match h.last_error {
+                Some((t, message)) => serde_json::json!({"at": at(t), "message": message}),
+                None => serde_json::Value::Null,
+            };
+        }
+        serde_json::json!({
+            "traces": traces,
+            "metrics": {"enabled": c.metrics_enabled()},
+        })
+    }
+}
+
+impl Engine {
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
@@ -2325,7 +2355,11 @@ impl Admin for Engine {
                 )
             })
             .collect();
-        Ok(serde_json::json!({"agents": agents, "providers": providers}))
+        Ok(serde_json::json!({
+            "agents": agents,
+            "providers": providers,
+            "telemetry": self.telemetry_summary(),
+        }))
     }
 
     async fn run_hook(

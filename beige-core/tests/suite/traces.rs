@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use beige_core::testing::MemorySandbox;
-use beige_core::{AgentEvent, BeigeHome, Gateway as _, GatewayBuilder, PromptRequest};
+use beige_core::{Admin as _, AgentEvent, BeigeHome, Gateway as _, GatewayBuilder, PromptRequest};
 use beige_testkit::anthropic::MessageStream;
 use beige_testkit::llm::FakeLlmServer;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -301,6 +301,19 @@ async fn captured_prompts_are_redacted_and_a_failing_collector_never_stops_a_pro
         } else {
             let (_, error) = health.last_error.expect("the 503 is remembered");
             assert!(error.contains("503"), "{error}");
+        }
+        // What `beige doctor` reads: the collector and the last outcome, never the
+        // headers.
+        let summary = gw.config_summary().await.unwrap();
+        let traces = &summary["telemetry"]["traces"];
+        assert_eq!(traces["enabled"], true, "{summary}");
+        assert_eq!(traces["endpoint"], url.as_str(), "{summary}");
+        assert!(!summary.to_string().contains(OTLP_TOKEN), "{summary}");
+        if status == 503 {
+            let message = traces["lastError"]["message"].as_str().unwrap();
+            assert!(message.contains("HTTP 503"), "{summary}");
+        } else {
+            assert!(traces["lastSuccess"].is_string(), "{summary}");
         }
     }
 }
