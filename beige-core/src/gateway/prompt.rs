@@ -781,10 +781,17 @@ impl Run<'_> {
                         ],
                     );
                 }
+                // The provider's error text stays out of the span (it may quote the
+                // request); the kind says enough.
                 Err(e) => {
+                    let kind = match e {
+                        RouteError::Cancelled => "cancelled",
+                        RouteError::ContextOverflow(_) => "context_overflow",
+                        _ => "model_call_failed",
+                    };
                     chat_cx
                         .span()
-                        .set_status(opentelemetry::trace::Status::error(e.to_string()));
+                        .set_status(opentelemetry::trace::Status::error(kind));
                     crate::telemetry::end(&chat_cx, vec![]);
                 }
             }
@@ -920,12 +927,19 @@ impl Run<'_> {
                     name: name.clone(),
                     args: input.clone(),
                 });
+                // The model names the tool: a name that is not one of the core tools
+                // (the model's own invention) does not go into a span.
+                let span_tool = if tool_specs.iter().any(|t| t.name == name) {
+                    name.as_str()
+                } else {
+                    "other"
+                };
                 let tool_cx = inner.traces.child(
                     &turn_cx,
-                    format!("{} {name}", names::SPAN_TOOL),
+                    format!("{} {span_tool}", names::SPAN_TOOL),
                     vec![
                         KeyValue::new(names::OPERATION, names::SPAN_TOOL),
-                        KeyValue::new(names::TOOL_NAME, name.clone()),
+                        KeyValue::new(names::TOOL_NAME, span_tool.to_string()),
                         KeyValue::new(names::TOOL_CALL_ID, id.clone()),
                         KeyValue::new(names::TOOL_KIND, "core"),
                     ],
