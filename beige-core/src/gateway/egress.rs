@@ -264,6 +264,7 @@ impl GatewayEgress {
             refusals: None,
             sandbox: None,
             admitted: None,
+            traces: None,
         };
         engine
             .serve(agent, rules, DEFAULT_MAX_STREAMS, stream, &recorder)
@@ -280,6 +281,7 @@ impl GatewayEgress {
                 refusals: Some(&self.refusals),
                 sandbox: Some(gateway.sandbox.as_ref()),
                 admitted: None,
+                traces: None,
             };
             let rules = Arc::new(RuleSet::new(Vec::new(), 0));
             return self
@@ -308,6 +310,7 @@ impl GatewayEgress {
             refusals: Some(&self.refusals),
             sandbox: Some(gateway.sandbox.as_ref()),
             admitted: Some((&self.ask, approvals, &run)),
+            traces: run.exec.as_deref().map(|e| (gateway.traces.as_ref(), e)),
         };
         let asking = AskFor {
             ask: &self.ask,
@@ -462,6 +465,42 @@ struct Recorder<'a> {
         &'a crate::approvals::Approvals,
         &'a EgressRun,
     )>,
+    /// The tracer and the exec the streams are attributed to: a stream's
+    /// `beige.egress.request` span goes under that exec's span (none without one).
+    traces: Option<(&'a crate::telemetry::Traces, &'a str)>,
+}
+
+impl Recorder<'_> {
+    /// The span of the stream `r` is a record of: begun at `started` (and kept open),
+    /// taken back at `finished`; a stream refused before it started gets one at its
+    /// `finished` record. `None` when traces are off or no exec is running.
+    fn span(&self, r: &ConnectionRecord) -> Option<(opentelemetry::Context, bool)> {
+        use crate::telemetry::names;
+        use opentelemetry::trace::TraceContextExt as _;
+        use opentelemetry::KeyValue;
+        let (traces, exec) = self.traces.filter(|(t, _)| t.is_on())?;
+        let key = format!("egress:{}:{}", r.agent, r.id);
+        if r.phase == ConnectionPhase::Finished {
+            if let Some(cx) = traces.take_open(&key) {
+                return Some((cx, true));
+            }
+        }
+        let parent = traces.exec_context(Some(exec));
+        if !parent.span().span_context().is_valid() {
+            return None;
+        }
+        let mut attributes = vec![
+            KeyValue::new(names::SERVER_ADDRESS, r.host.clone()),
+            KeyValue::new(names::SERVER_PORT, i64::from(r.port)),
+            KeyValue::new(names::EXEC_ID, exec.to_string()),
+        ];
+        if let Some(mode) = r.mode {
+            attributes.push(KeyValue::new(names::EGRESS_MODE, mode.as_str()));
+        }
+        let cx = traces.child(&parent, names::SPAN_EGRESS.to_string(), attributes);
+        let ends = r.phase == ConnectionPhase::Finished || !traces.keep_open(key, &cx);
+        Some((cx, ends))
+    }
 }
 
 impl Recorder<'_> {
@@ -488,13 +527,21 @@ impl Recorder<'_> {
 #[async_trait]
 impl EgressAudit for Recorder<'_> {
     async fn record(&self, r: &ConnectionRecord) -> Result<(), String> {
-        self.write(
-            &r.agent,
-            (&r.host, r.port),
-            r.reason.map(|reason| (reason, r.approval.as_ref())),
-            audit_record(r),
-        )
-        .await?;
+        use opentelemetry::trace::FutureExt as _;
+        let span = self.span(r);
+        let written = self
+            .write(
+                &r.agent,
+                (&r.host, r.port),
+                r.reason.map(|reason| (reason, r.approval.as_ref())),
+                audit_record(r),
+            )
+            .with_context(span.as_ref().map(|(cx, _)| cx.clone()).unwrap_or_default())
+            .await;
+        if let Some((cx, true)) = &span {
+            crate::telemetry::end(cx, stream_attributes(r));
+        }
+        written?;
         if let (ConnectionPhase::Started, Some(rule), Some((ask, approvals, run))) =
             (r.phase, &r.rule, self.admitted)
         {
@@ -642,6 +689,35 @@ impl GatewayEgress {
             })
             .collect()
     }
+}
+
+/// What a stream's span says when it ends: the decision, the rule, why it was refused
+/// and what it carried.
+fn stream_attributes(r: &ConnectionRecord) -> Vec<opentelemetry::KeyValue> {
+    use crate::telemetry::names;
+    use opentelemetry::KeyValue;
+    let mut v = vec![KeyValue::new(
+        names::DECISION,
+        if r.reason.is_some() {
+            "denied"
+        } else {
+            "allowed"
+        },
+    )];
+    if let Some(rule) = &r.rule {
+        v.push(KeyValue::new(names::RULE_ID, rule.clone()));
+    }
+    if let Some(mode) = r.mode {
+        v.push(KeyValue::new(names::EGRESS_MODE, mode.as_str()));
+    }
+    if let Some(reason) = r.reason {
+        v.push(KeyValue::new(names::EGRESS_REASON, reason.as_str()));
+    }
+    if r.phase == ConnectionPhase::Finished && r.reason.is_none() {
+        v.push(KeyValue::new(names::EGRESS_BYTES_UP, r.bytes_up as i64));
+        v.push(KeyValue::new(names::EGRESS_BYTES_DOWN, r.bytes_down as i64));
+    }
+    v
 }
 
 /// The audit record of a connection record.

@@ -65,7 +65,13 @@ pub struct Traces {
     secrets: Vec<String>,
     /// The `beige.sandbox.op` span of each running exec, by exec id.
     execs: Mutex<HashMap<String, Context>>,
+    /// Spans that end in a later call (an egress stream's, from its `started` record to
+    /// its `finished` one), by key; at most [`MAX_OPEN`].
+    open: Mutex<HashMap<String, Context>>,
 }
+
+/// Most spans kept open across calls; past it a stream's span ends with its start.
+const MAX_OPEN: usize = 4096;
 
 impl Default for Traces {
     fn default() -> Self {
@@ -83,6 +89,7 @@ impl Traces {
             capture_tool_args: false,
             secrets: Vec::new(),
             execs: Mutex::new(HashMap::new()),
+            open: Mutex::new(HashMap::new()),
         }
     }
 
@@ -188,6 +195,25 @@ impl Traces {
     pub fn exec_context(&self, exec: Option<&str>) -> Context {
         exec.and_then(|e| self.lock().get(e).cloned())
             .unwrap_or_default()
+    }
+
+    /// Keeps `cx` open under `key` until [`Traces::take_open`]; `false` when too many
+    /// are open already.
+    pub fn keep_open(&self, key: String, cx: &Context) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.len() >= MAX_OPEN {
+            return false;
+        }
+        open.insert(key, cx.clone());
+        true
+    }
+
+    /// The span kept open under `key`, if any.
+    pub fn take_open(&self, key: &str) -> Option<Context> {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Context>> {

@@ -12,6 +12,9 @@ pub const SPAN_TOOL: &str = "execute_tool";
 pub const SPAN_APPROVAL_WAIT: &str = "beige.approval.wait";
 /// An operation in the sandbox: `beige.sandbox.op <op>`.
 pub const SPAN_SANDBOX_OP: &str = "beige.sandbox.op";
+/// A stream a sandbox opened through the gateway's egress, under the exec it is
+/// attributed to.
+pub const SPAN_EGRESS: &str = "beige.egress.request";
 
 /// `gen_ai.operation.name`: `invoke_agent`, `chat` or `execute_tool`.
 pub const OPERATION: &str = "gen_ai.operation.name";
@@ -50,6 +53,20 @@ pub const TRANSPORT: &str = "beige.transport";
 pub const EXIT_CODE: &str = "beige.exit_code";
 /// `beige.exec.id`: the exec a sandbox op or a script's call belongs to.
 pub const EXEC_ID: &str = "beige.exec.id";
+/// `server.address`: an egress stream's target host.
+pub const SERVER_ADDRESS: &str = "server.address";
+/// `server.port`: its port.
+pub const SERVER_PORT: &str = "server.port";
+/// `beige.egress.mode`: `tunnel` or `inspect`.
+pub const EGRESS_MODE: &str = "beige.egress.mode";
+/// `beige.rule_id`: the rule that allowed or refused the call or stream.
+pub const RULE_ID: &str = "beige.rule_id";
+/// `beige.egress.reason`: why a stream was refused.
+pub const EGRESS_REASON: &str = "beige.egress.reason";
+/// `beige.egress.bytes_up` / `bytes_down`: what the stream carried.
+pub const EGRESS_BYTES_UP: &str = "beige.egress.bytes_up";
+/// See [`EGRESS_BYTES_UP`].
+pub const EGRESS_BYTES_DOWN: &str = "beige.egress.bytes_down";
 /// `beige.outcome`: how a turn ended (`done`, `blocked`, `failed`, `cancelled`).
 pub const OUTCOME: &str = "beige.outcome";
 /// `beige.prompt`: the prompt text, only with `telemetry.otlp.capture.prompts`.
@@ -64,6 +81,7 @@ pub const ALL: &[&str] = &[
     SPAN_TOOL,
     SPAN_APPROVAL_WAIT,
     SPAN_SANDBOX_OP,
+    SPAN_EGRESS,
     OPERATION,
     AGENT_NAME,
     CONVERSATION_ID,
@@ -82,6 +100,13 @@ pub const ALL: &[&str] = &[
     TRANSPORT,
     EXIT_CODE,
     EXEC_ID,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    EGRESS_MODE,
+    RULE_ID,
+    EGRESS_REASON,
+    EGRESS_BYTES_UP,
+    EGRESS_BYTES_DOWN,
     OUTCOME,
     PROMPT,
     TOOL_ARGS,

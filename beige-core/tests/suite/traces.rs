@@ -112,7 +112,11 @@ async fn a_prompt_with_an_exec_and_script_calls_exports_its_span_tree() {
     let env = docker_or_skip!();
     let (collector, url) = Collector::start(200).await;
     let llm = FakeLlmServer::start().await;
-    let command = "kv set alpha 1 && kv set beta 2 && kv get alpha";
+    // Three plugin calls, then a request to a host no egress rule allows (refused by
+    // the gateway's proxy; nothing leaves the machine).
+    let command = "kv set alpha 1 && kv set beta 2 && kv get alpha; \
+                   printf 'GET http://blocked.example.test/secret-path HTTP/1.1\\r\\nHost: blocked.example.test\\r\\n\\r\\n' \
+                   | nc -w 10 127.0.0.1 3128; true";
     llm.push(
         MessageStream::new()
             .tool_use("tu_1", "exec", json!({"command": command}))
@@ -123,7 +127,16 @@ async fn a_prompt_with_an_exec_and_script_calls_exports_its_span_tree() {
     llm.push(MessageStream::new().text("all set").usage(400, 5).reply());
 
     let t = TestHome::new();
-    let mut config = t.config(&env, &[("a", json!({"tools": ["kv"]}))]);
+    let mut config = t.config(
+        &env,
+        &[(
+            "a",
+            json!({
+                "tools": ["kv"],
+                "egress": {"rules": [{"id": "api", "hosts": ["api.example.test"]}]},
+            }),
+        )],
+    );
     config.plugins = serde_json::from_value(json!({"kv": {}})).unwrap();
     let mut value = serde_json::to_value(&config).unwrap();
     value["llm"]["providers"]["anthropic"]["baseUrl"] = json!(llm.url());
@@ -217,6 +230,21 @@ async fn a_prompt_with_an_exec_and_script_calls_exports_its_span_tree() {
         assert_eq!(attr(call, "beige.exec.id"), attr(op, "beige.exec.id"));
     }
 
+    // The refused request, under the exec it came from.
+    let egress = named(&spans, "beige.egress.request");
+    let log = std::fs::read_to_string(t.home.logs_dir().join("audit.jsonl")).unwrap();
+    let egress_log: Vec<&str> = log.lines().filter(|l| l.contains("egress")).collect();
+    assert_eq!(egress.len(), 1, "{names:?} {egress_log:#?} {events:#?}");
+    let egress = egress[0];
+    assert_eq!(egress.parent_span_id, op.span_id);
+    assert_eq!(
+        attr(egress, "server.address").as_deref(),
+        Some("blocked.example.test")
+    );
+    assert_eq!(attr(egress, "server.port").as_deref(), Some("80"));
+    assert_eq!(attr(egress, "beige.decision").as_deref(), Some("denied"));
+    assert!(attr(egress, "beige.egress.reason").is_some());
+
     // The audit records of the kv calls carry their spans' ids.
     let log = std::fs::read_to_string(t.home.logs_dir().join("audit.jsonl")).unwrap();
     let kv_span_ids: std::collections::HashSet<String> =
@@ -228,6 +256,15 @@ async fn a_prompt_with_an_exec_and_script_calls_exports_its_span_tree() {
         .filter(|r| r["tool"] == "kv")
         .collect();
     assert_eq!(kv_records.len(), 6, "started and finished of three calls");
+    let egress_records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["type"] == "egress")
+        .collect();
+    assert!(!egress_records.is_empty());
+    for r in &egress_records {
+        assert_eq!(r["spanId"], hex(&egress.span_id).as_str(), "{r}");
+    }
     for r in &kv_records {
         assert_eq!(r["traceId"], trace_hex.as_str(), "{r}");
         assert!(
@@ -240,7 +277,7 @@ async fn a_prompt_with_an_exec_and_script_calls_exports_its_span_tree() {
     let bodies = collector.bodies.lock().unwrap().clone();
     assert!(!bodies.is_empty());
     for body in &bodies {
-        for needle in [MARKER, "kv set alpha", API_KEY, OTLP_TOKEN] {
+        for needle in [MARKER, "kv set alpha", "secret-path", API_KEY, OTLP_TOKEN] {
             assert!(
                 memchr_find(body, needle.as_bytes()).is_none(),
                 "'{needle}' reached the collector"
