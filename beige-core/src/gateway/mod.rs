@@ -30,9 +30,6 @@ pub use serve::{
 };
 
 use std::collections::HashMap;
-
-use opentelemetry::trace::FutureExt as _;
-use opentelemetry::KeyValue;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -40,6 +37,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use base64::Engine as _;
 use beige_protocol::socket::{SessionContext, ToolRequest, ToolResponse, MAX_RESPONSE_OUTPUT};
+use opentelemetry::trace::FutureExt as _;
+use opentelemetry::KeyValue;
 
 use crate::agent::router::{model_key, HealthTracker, ModelHealth, Router};
 use crate::audit::{
