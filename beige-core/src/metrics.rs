@@ -44,6 +44,56 @@ impl PromptOutcome {
     }
 }
 
+/// The address `telemetry.metrics.listen` names: an IP literal with a port
+/// (`127.0.0.1:9464`, `[::1]:9464`) or `localhost:<port>` (127.0.0.1), port 0 meaning a
+/// free one. The listener serves without a token, so the address must be loopback; the
+/// error says what is wrong and what to write instead.
+pub fn listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let fix = "use a loopback address such as \"127.0.0.1:9464\" (the listener has no \
+               token; to scrape from another host, use telemetry.metrics.enabled and a token \
+               on the API's port)";
+    let trimmed = value.trim();
+    let addr = if let Ok(addr) = trimmed.parse::<SocketAddr>() {
+        addr
+    } else {
+        let Some((host, port)) = trimmed.rsplit_once(':') else {
+            return Err(format!("\"{value}\" has no port; {fix}"));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("\"{value}\" has no valid port (0-65535); {fix}"))?;
+        let host = host.trim_end_matches('.');
+        if host.contains(':') {
+            return Err(format!(
+                "\"{value}\" is not a valid address (an IPv6 address goes in brackets, \
+                 e.g. \"[::1]:9464\"); {fix}"
+            ));
+        } else if host.eq_ignore_ascii_case("localhost") {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+        } else if host.parse::<IpAddr>().is_ok() || host.starts_with('[') {
+            return Err(format!("\"{value}\" is not a valid address; {fix}"));
+        } else {
+            return Err(format!(
+                "\"{value}\" names host \"{host}\": only IP addresses and localhost are \
+                 accepted, since a name could resolve to a public address; {fix}"
+            ));
+        }
+    };
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "\"{value}\" is not a loopback address: the metrics listener serves without a \
+             token, so it would expose the gateway's metrics to {}; {fix}",
+            if addr.ip().is_unspecified() {
+                "every network the host is on"
+            } else {
+                "that network"
+            }
+        ));
+    }
+    Ok(addr)
+}
+
 /// The metrics of one gateway, shared by every engine a reload builds.
 #[derive(Debug, Default)]
 pub struct Metrics {

@@ -12,6 +12,8 @@
 #[cfg(feature = "egress")]
 pub(crate) mod egress;
 mod error;
+#[cfg(feature = "http-api")]
+mod metrics_listener;
 mod platform_host;
 mod prompt;
 mod sandbox_host;

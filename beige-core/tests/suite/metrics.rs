@@ -268,3 +268,151 @@ async fn metrics_are_not_served_unless_enabled() {
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
     assert!(body.contains("telemetry.metrics.enabled"), "{body}");
 }
+
+/// A gateway whose `telemetry.metrics` is `metrics` (no model is called).
+async fn gateway_with(dir: &tempfile::TempDir, metrics: serde_json::Value) -> LocalGateway {
+    let config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": "sk-ant-test-0123456789", "baseUrl": "http://127.0.0.1:9"}}},
+        "agents": {"a": {"model": {"provider": "anthropic", "model": "claude-sonnet-4-6"}, "tools": []}},
+        "telemetry": {"metrics": metrics},
+    }))
+    .unwrap();
+    GatewayBuilder::new(config, BeigeHome::new(dir.path().join("home")))
+        .sandbox(Arc::new(MemorySandbox::new()))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `GET path` over plain HTTP/1.1 to `addr` with this `Host` (and `Origin`): the status
+/// and the body.
+async fn raw_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    host: &str,
+    origin: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{origin}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_loopback_listener_serves_metrics_without_a_token_and_checks_host() {
+    use beige_core::Shutdown;
+    use tokio_util::sync::CancellationToken;
+
+    let dir = tempfile::tempdir().unwrap();
+    // Not enabled on the API's port: the listener serves on its own.
+    let gw = gateway_with(&dir, json!({"listen": "127.0.0.1:0"})).await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(std::time::Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    let addr = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            if let Some(addr) = gw.metrics_listen_addr() {
+                return addr;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the metrics listener started");
+    assert!(addr.ip().is_loopback(), "{addr}");
+    assert_ne!(addr.port(), 0);
+
+    // No token needed; the same text as the API's route.
+    let host = format!("127.0.0.1:{}", addr.port());
+    let (status, body) = raw_get(addr, "/metrics", &host, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(
+        body.contains("beige_approvals_pending{agent=\"a\"} 0"),
+        "{body}"
+    );
+    let (status, _) = raw_get(addr, "/metrics", "localhost", None).await;
+    assert_eq!(status, 200);
+
+    // The API's Host and Origin checks.
+    let (status, body) = raw_get(addr, "/metrics", "metrics.attacker.example", None).await;
+    assert_eq!(status, 421, "{body}");
+    assert!(body.contains("metrics.attacker.example"), "{body}");
+    let (status, body) = raw_get(addr, "/metrics", &host, Some("http://attacker.example")).await;
+    assert_eq!(status, 403, "{body}");
+    // Only /metrics.
+    let (status, _) = raw_get(addr, "/api/agents", &host, None).await;
+    assert_eq!(status, 404);
+
+    // The API's own /metrics is still off (not enabled).
+    let (status, _) = scrape(&gw, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
+
+    token.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(20), serving)
+        .await
+        .expect("serve ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(gw.metrics_listen_addr(), None);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener closed with the gateway"
+    );
+}
+
+#[tokio::test]
+async fn a_metrics_listener_on_a_non_loopback_address_is_refused() {
+    use beige_core::{ServeError, Shutdown};
+    use tokio_util::sync::CancellationToken;
+
+    for listen in [
+        "0.0.0.0:9464",
+        "10.1.2.3:9464",
+        "[::]:9464",
+        "metrics.example:9464",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let gw = gateway_with(&dir, json!({"listen": listen})).await;
+        let result = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            gw.serve(
+                Shutdown::on(CancellationToken::new()).drain(std::time::Duration::from_secs(1)),
+            ),
+        )
+        .await
+        .expect("serve refuses at once");
+        match result {
+            Err(e @ ServeError::MetricsListen { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("telemetry.metrics.listen") && message.contains(listen),
+                    "{message}"
+                );
+                assert!(
+                    message.contains("127.0.0.1:9464"),
+                    "says what to use: {message}"
+                );
+            }
+            other => panic!("{listen}: {other:?}"),
+        }
+        assert_eq!(gw.metrics_listen_addr(), None);
+    }
+}
