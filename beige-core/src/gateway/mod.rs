@@ -441,7 +441,8 @@ impl GatewayBuilder {
 
         let router = build_router(&config, stores.health.clone(), self.providers)
             .await?
-            .with_watchdog(self.watchdog);
+            .with_watchdog(self.watchdog)
+            .with_metrics(self.metrics.clone());
 
         let writable = crate::config::WritableTrees::of_config(&config, &home);
         let mut specs = Vec::with_capacity(config.agents.len());
@@ -1456,6 +1457,7 @@ impl Inner {
             let _bound = exec_id
                 .as_ref()
                 .and_then(|id| self.traces.bind_exec(id.as_str(), &op_cx));
+            let op_started = Instant::now();
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -1470,6 +1472,12 @@ impl Inner {
             .with_context(op_cx.clone())
             .await
             .map_err(|e| e.to_string());
+            let transport = match &out {
+                Ok(o) => o.transport.as_ref().map_or("none", |t| t.as_str()),
+                Err(_) => "none",
+            };
+            self.metrics
+                .sandbox_op(call.name(), transport, op_started.elapsed());
             crate::telemetry::end(&op_cx, op_attributes(&out));
             // The exec has ended: its count goes with it.
             drop(exec_guard);

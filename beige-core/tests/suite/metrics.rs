@@ -118,6 +118,19 @@ async fn a_scrape_after_a_scripted_workload_has_the_expected_counters() {
         assert_ne!(v["exitCode"], 0, "{v}");
     }
 
+    // Two core tool ops reach the (in-memory) sandbox: one write, one read.
+    for (tool, params) in [
+        ("write", json!({"path": "notes.txt", "content": "hi"})),
+        ("read", json!({"path": "notes.txt"})),
+    ] {
+        let call = beige_core::api::CoreToolCall::parse(tool, params).unwrap();
+        let out = gw
+            .call_tool("a", call, beige_core::api::ToolContext::default())
+            .await
+            .unwrap();
+        assert!(!out.is_error, "{out:?}");
+    }
+
     // Refused without the token; answered with it.
     let (status, _) = scrape(&gw, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -211,6 +224,47 @@ async fn a_scrape_after_a_scripted_workload_has_the_expected_counters() {
     );
     assert!(
         value(&parsed, "beige_audit_records_total", &[("type", "tool")]).is_some_and(|n| n >= 5.0),
+        "{text}"
+    );
+
+    // Each core op timed once, by op and the transport it took.
+    for op in ["write", "read"] {
+        assert_eq!(
+            value(
+                &parsed,
+                "beige_sandbox_op_duration_seconds",
+                &[("op", op), ("transport", "direct")]
+            ),
+            Some(1.0),
+            "{text}"
+        );
+    }
+    // Every record written was timed, and none failed; nobody waited for a session or
+    // a provider slot (no gauge was ever made).
+    let records: f64 = parsed
+        .samples
+        .iter()
+        .filter(|s| s.metric == "beige_audit_records_total")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    assert!(records >= 9.0, "{text}");
+    assert_eq!(
+        value(&parsed, "beige_audit_commit_duration_seconds", &[]),
+        Some(records),
+        "{text}"
+    );
+    assert_eq!(
+        value(&parsed, "beige_audit_write_failures_total", &[]),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(value(&parsed, "beige_session_waiters", &[]), None, "{text}");
+    assert_eq!(
+        value(&parsed, "beige_provider_queue_depth", &[]),
+        None,
         "{text}"
     );
 
