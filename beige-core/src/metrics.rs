@@ -136,6 +136,13 @@ impl Metrics {
         self.imp.sandbox_op(op, transport, took);
     }
 
+    /// What happened to `agent`'s sandbox link (up, down, a refused peer, a ping).
+    #[allow(unused_variables)]
+    pub fn link_event(&self, agent: &str, event: crate::sandbox::LinkEvent) {
+        #[cfg(feature = "metrics")]
+        self.imp.link_event(agent, event);
+    }
+
     /// A prompt of `agent` waits for its session's lock while the guard lives.
     #[allow(unused_variables)]
     pub fn session_waiting(&self, agent: &str) -> Waiting {
@@ -402,6 +409,10 @@ mod imp {
         audit_failures: Counter,
         session_waiters: Family<AgentLabels, Gauge>,
         provider_queue: Family<ProviderLabels, Gauge>,
+        link_up: Family<AgentLabels, Gauge>,
+        link_reconnects: Family<AgentLabels, Counter>,
+        link_rejected: Family<AgentLabels, Counter>,
+        link_ping: Histograms<AgentLabels>,
     }
 
     impl Default for Families {
@@ -509,6 +520,31 @@ mod imp {
                 "Model calls waiting for a slot of their provider (llm.providers.<p>.concurrency)",
                 provider_queue.clone(),
             );
+            let link_up = Family::<AgentLabels, Gauge>::default();
+            registry.register(
+                "beige_link_up",
+                "Whether the agent's sandbox link to its PID 1 is up (1) or down (0)",
+                link_up.clone(),
+            );
+            let link_reconnects = Family::<AgentLabels, Counter>::default();
+            registry.register(
+                "beige_link_reconnects",
+                "Sandbox links that came up again after the first, by agent",
+                link_reconnects.clone(),
+            );
+            let link_rejected = Family::<AgentLabels, Counter>::default();
+            registry.register(
+                "beige_link_rejected_peers",
+                "Connections to the sandbox control socket refused (not PID 1), by agent",
+                link_rejected.clone(),
+            );
+            let link_ping: Histograms<AgentLabels> = Family::new_with_constructor(op_histogram);
+            registry.register_with_unit(
+                "beige_link_ping",
+                "Round trip of a sandbox link keepalive, by agent",
+                Unit::Seconds,
+                link_ping.clone(),
+            );
             Self {
                 registry: Mutex::new(registry),
                 prompts,
@@ -527,6 +563,10 @@ mod imp {
                 audit_failures,
                 session_waiters,
                 provider_queue,
+                link_up,
+                link_reconnects,
+                link_rejected,
+                link_ping,
             }
         }
     }
@@ -609,6 +649,32 @@ mod imp {
                     transport: transport.to_string(),
                 })
                 .observe(took.as_secs_f64());
+        }
+
+        pub(super) fn link_event(&self, agent: &str, event: crate::sandbox::LinkEvent) {
+            use crate::sandbox::LinkEvent;
+            let labels = AgentLabels {
+                agent: agent.to_string(),
+            };
+            match event {
+                LinkEvent::Up { reconnect } => {
+                    self.link_up.get_or_create(&labels).set(1);
+                    if reconnect {
+                        self.link_reconnects.get_or_create(&labels).inc();
+                    }
+                }
+                LinkEvent::Down => {
+                    self.link_up.get_or_create(&labels).set(0);
+                }
+                LinkEvent::RejectedPeer => {
+                    self.link_rejected.get_or_create(&labels).inc();
+                }
+                LinkEvent::Ping(rtt) => {
+                    self.link_ping
+                        .get_or_create(&labels)
+                        .observe(rtt.as_secs_f64());
+                }
+            }
         }
 
         pub(super) fn session_waiters(&self, agent: &str) -> Gauge {
@@ -859,6 +925,49 @@ mod tests {
         assert_eq!(
             sample(&text, r#"beige_provider_queue_depth{provider="anthropic"}"#),
             Some(0.0),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn link_events_set_the_gauge_and_count_reconnects() {
+        use crate::sandbox::LinkEvent;
+        let metrics = Metrics::new();
+        metrics.link_event("a", LinkEvent::Up { reconnect: false });
+        metrics.link_event("a", LinkEvent::Down);
+        metrics.link_event("a", LinkEvent::Up { reconnect: true });
+        metrics.link_event("a", LinkEvent::RejectedPeer);
+        metrics.link_event("a", LinkEvent::Ping(Duration::from_micros(300)));
+        metrics.link_event("b", LinkEvent::Up { reconnect: false });
+        metrics.link_event("b", LinkEvent::Down);
+        let text = metrics.render(&[]).unwrap_or_default();
+        assert_eq!(
+            sample(&text, r#"beige_link_up{agent="a"}"#),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"beige_link_up{agent="b"}"#),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"beige_link_reconnects_total{agent="a"}"#),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"beige_link_reconnects_total{agent="b"}"#),
+            None
+        );
+        assert_eq!(
+            sample(&text, r#"beige_link_rejected_peers_total{agent="a"}"#),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, r#"beige_link_ping_seconds_count{agent="a"}"#),
+            Some(1.0),
             "{text}"
         );
     }
