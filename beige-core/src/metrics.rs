@@ -1,6 +1,7 @@
 //! Prometheus metrics of one gateway (observability.md §2): prompts, model calls and
-//! their tokens and cost, tool calls by kind and decision, audit records by type, and
-//! approvals pending.
+//! their tokens and cost, tool calls by kind and decision, sandbox ops, sandbox links,
+//! egress connections and bytes, audit records, writes and failures, waiters for a
+//! session or a provider slot, and approvals pending.
 //!
 //! Owns one registry per gateway (no global state: two gateways in one process stay
 //! apart), the metric families and their bounded label sets, and the text a scrape
@@ -8,8 +9,10 @@
 //! and fixed words: a tool name a sandbox made up is counted as `other`, and nothing
 //! carries a session, user, chat, host or path. Tool calls are counted from the audit
 //! records (the authority on what ran and how it was decided) through
-//! [`ObservedAudit`], so every path that audits is counted. Without the `metrics`
-//! feature every method is a no-op and [`Metrics::render`] is `None`.
+//! [`ObservedAudit`], so every path that audits is counted; egress connections too.
+//! Also owns the rule for `telemetry.metrics.listen` ([`listen_address`]: loopback
+//! only). Without the `metrics` feature every method is a no-op and [`Metrics::render`]
+//! is `None`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
