@@ -470,3 +470,43 @@ async fn a_metrics_listener_on_a_non_loopback_address_is_refused() {
         assert_eq!(gw.metrics_listen_addr(), None);
     }
 }
+
+/// A Docker sandbox on the Unix link: the link's gauge and an op's transport, as the
+/// link hub and the gateway report them.
+#[tokio::test]
+async fn a_docker_sandbox_reports_its_link_and_the_ops_transport() {
+    use beige_core::Admin as _;
+
+    let env = crate::docker_or_skip!();
+    let t = super::support::TestHome::new();
+    let mut config = t.config(&env, &[("a", json!({"sandbox": {"link": "unix"}}))]);
+    config.telemetry = Some(serde_json::from_value(json!({"metrics": {"enabled": true}})).unwrap());
+    let gw = t.gateway(&env, config).await;
+    let call = beige_core::api::CoreToolCall::parse("exec", json!({"command": "true"})).unwrap();
+    let out = gw
+        .call_tool("a", call, beige_core::api::ToolContext::default())
+        .await
+        .unwrap();
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(
+        out.transport.map(|t| t.as_str().to_string()).as_deref(),
+        Some("link-unix")
+    );
+    let text = gw.metrics().await.unwrap();
+    let sample = |series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(sample(r#"beige_link_up{agent="a"}"#), Some(1.0), "{text}");
+    assert_eq!(
+        sample(r#"beige_sandbox_op_duration_seconds_count{op="exec",transport="link-unix"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(r#"beige_link_rejected_peers_total{agent="a"}"#),
+        None
+    );
+    gw.shutdown().await.unwrap();
+}
