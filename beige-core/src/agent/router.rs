@@ -155,6 +155,8 @@ pub(crate) struct Router {
     /// Inactivity watchdog of one model call: no event for this long aborts the attempt
     /// (a timeout for fallback). Tools run between calls, so they never trip it.
     watchdog: Duration,
+    /// Counts the calls waiting for a provider's slot.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// Default of [`Router::with_watchdog`].
@@ -177,7 +179,14 @@ impl Router {
             limits: HashMap::new(),
             health,
             watchdog: DEFAULT_WATCHDOG,
+            metrics: None,
         }
+    }
+
+    /// Count the calls waiting for a provider's slot in `metrics`.
+    pub(crate) fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Set the inactivity watchdog (default 10 minutes).
@@ -256,10 +265,21 @@ impl Router {
                 };
                 tried_any = true;
                 let permit = match self.limits.get(&cand.provider) {
-                    Some(sem) => Some(tokio::select! {
-                        p = sem.clone().acquire_owned() => p.ok(),
-                        _ = cancel.cancelled() => return Err(RouteError::Cancelled),
-                    }),
+                    Some(sem) => match sem.clone().try_acquire_owned() {
+                        Ok(p) => Some(Some(p)),
+                        Err(_) => {
+                            // Queued behind the provider's `concurrency`: counted while
+                            // waiting.
+                            let _waiting = self
+                                .metrics
+                                .as_ref()
+                                .map(|m| m.provider_waiting(&cand.provider));
+                            Some(tokio::select! {
+                                p = sem.clone().acquire_owned() => p.ok(),
+                                _ = cancel.cancelled() => return Err(RouteError::Cancelled),
+                            })
+                        }
+                    },
                     None => None,
                 };
                 let outcome = tokio::select! {

@@ -532,42 +532,8 @@ async fn method_not_allowed() -> ApiError {
 /// `/api/health`), a declared body over the limit. Non-JSON error answers (extractor
 /// rejections) are rewrapped as `{"error": …}`.
 async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let authority = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-        });
-    match authority {
-        None => {
-            return ApiError::bad_request("Missing Host header").into_response();
-        }
-        Some(h) if !s.host_allowed(&h) => {
-            tracing::warn!(host = %h, "refused a request with a foreign Host header");
-            return ApiError::new(
-                StatusCode::MISDIRECTED_REQUEST,
-                format!(
-                    "Host '{h}' is not allowed: use localhost or 127.0.0.1 (requests for other names are refused to prevent DNS rebinding)"
-                ),
-            )
-            .into_response();
-        }
-        Some(_) => {}
-    }
-    if let Some(origin) = req.headers().get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("<invalid>");
-        if !s.origin_allowed(origin) {
-            tracing::warn!(origin, "refused a cross-origin request");
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("Origin '{origin}' is not allowed: cross-site requests to the gateway are refused"),
-            )
-            .into_response();
-        }
+    if let Some(refused) = refuse_foreign(&s, &req) {
+        return refused;
     }
     if req.uri().path() != "/api/health" && !s.token_ok(req.headers()) {
         return ApiError::new(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
@@ -586,6 +552,50 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
     }
     let response = next.run(req).await;
     rewrap_error(response).await
+}
+
+/// The `Host` and `Origin` checks of [`guard`] (against DNS rebinding and cross-site
+/// requests): the refusal to answer with, or `None` when the request may go on. The
+/// metrics listener applies the same checks.
+pub(crate) fn refuse_foreign(s: &ApiState, req: &Request) -> Option<Response> {
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        });
+    match authority {
+        None => {
+            return Some(ApiError::bad_request("Missing Host header").into_response());
+        }
+        Some(h) if !s.host_allowed(&h) => {
+            tracing::warn!(host = %h, "refused a request with a foreign Host header");
+            return Some(ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host '{h}' is not allowed: use localhost or 127.0.0.1 (requests for other names are refused to prevent DNS rebinding)"
+                ),
+            )
+            .into_response());
+        }
+        Some(_) => {}
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("<invalid>");
+        if !s.origin_allowed(origin) {
+            tracing::warn!(origin, "refused a cross-origin request");
+            return Some(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("Origin '{origin}' is not allowed: cross-site requests to the gateway are refused"),
+            )
+            .into_response());
+        }
+    }
+    None
 }
 
 impl ApiError {

@@ -116,6 +116,11 @@ pub struct MetricsConfig {
     /// Serve `GET /metrics` on the API's port, behind the API token (default false).
     #[serde(default)]
     pub enabled: bool,
+    /// Also serve `GET /metrics`, without a token, on this loopback address
+    /// (`127.0.0.1:9464`, `[::1]:9464` or `localhost:9464`; port 0 picks a free one). Any
+    /// other address is refused. Independent of `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 impl Config {
@@ -125,6 +130,14 @@ impl Config {
             .as_ref()
             .and_then(|t| t.metrics.as_ref())
             .is_some_and(|m| m.enabled)
+    }
+
+    /// `telemetry.metrics.listen`, as written.
+    pub fn metrics_listen(&self) -> Option<&str> {
+        self.telemetry
+            .as_ref()
+            .and_then(|t| t.metrics.as_ref())
+            .and_then(|m| m.listen.as_deref())
     }
 }
 

@@ -568,6 +568,15 @@ pub(crate) fn validate(
     }
     validate_budgets(config, file)?;
     validate_schedules(config, file)?;
+    if let Some(listen) = config.metrics_listen() {
+        if let Err(message) = crate::metrics::listen_address(listen) {
+            let path = KeyPath::root()
+                .key("telemetry")
+                .key("metrics")
+                .key("listen");
+            return Err(invalid(file, path, message));
+        }
+    }
     Ok(())
 }
 

@@ -646,3 +646,37 @@ fn policy_rules_are_checked_at_load() {
     assert_eq!(policy.opaque_exec, crate::policy::RuleDecision::Ask);
     assert_eq!(policy.rule_id(0), "r0");
 }
+
+#[test]
+fn the_metrics_listener_must_be_loopback() {
+    let with_listen = |listen: &str| {
+        with_agent("intern", "").replacen(
+            "plugins:",
+            &format!(r#"telemetry: {{ metrics: {{ listen: "{listen}" }} }}, plugins:"#),
+            1,
+        )
+    };
+    for ok in [
+        "127.0.0.1:9464",
+        "[::1]:9464",
+        "localhost:9464",
+        "127.0.0.1:0",
+    ] {
+        let loaded = load(&with_listen(ok)).unwrap();
+        assert_eq!(loaded.config.metrics_listen(), Some(ok));
+    }
+    for (bad, why) in [
+        ("0.0.0.0:9464", "not a loopback address"),
+        ("10.1.2.3:9464", "not a loopback address"),
+        ("[::]:9464", "not a loopback address"),
+        ("metrics.example:9464", "only IP addresses and localhost"),
+        ("127.0.0.1", "no port"),
+        ("::1:9464", "in brackets"),
+    ] {
+        let e = err(&with_listen(bad));
+        assert!(e.contains("telemetry.metrics.listen"), "{e}");
+        assert!(e.contains(bad), "{e}");
+        assert!(e.contains(why), "{bad}: {e}");
+        assert!(e.contains("127.0.0.1:9464"), "says what to use: {e}");
+    }
+}

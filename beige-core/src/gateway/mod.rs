@@ -12,6 +12,8 @@
 #[cfg(feature = "egress")]
 pub(crate) mod egress;
 mod error;
+#[cfg(feature = "http-api")]
+mod metrics_listener;
 mod platform_host;
 mod prompt;
 mod sandbox_host;
@@ -438,7 +440,8 @@ impl GatewayBuilder {
 
         let router = build_router(&config, stores.health.clone(), self.providers)
             .await?
-            .with_watchdog(self.watchdog);
+            .with_watchdog(self.watchdog)
+            .with_metrics(self.metrics.clone());
 
         let writable = crate::config::WritableTrees::of_config(&config, &home);
         let mut specs = Vec::with_capacity(config.agents.len());
@@ -1483,6 +1486,7 @@ impl Inner {
             let _bound = exec_id
                 .as_ref()
                 .and_then(|id| self.traces.bind_exec(id.as_str(), &op_cx));
+            let op_started = Instant::now();
             let out = run_core_tool(
                 sandbox.as_ref(),
                 agent,
@@ -1497,6 +1501,12 @@ impl Inner {
             .with_context(op_cx.clone())
             .await
             .map_err(|e| e.to_string());
+            let transport = match &out {
+                Ok(o) => o.transport.as_ref().map_or("none", |t| t.as_str()),
+                Err(_) => "none",
+            };
+            self.metrics
+                .sandbox_op(call.name(), transport, op_started.elapsed());
             crate::telemetry::end(&op_cx, op_attributes(&out));
             // The exec has ended: its count goes with it.
             drop(exec_guard);

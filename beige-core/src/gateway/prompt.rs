@@ -551,11 +551,18 @@ impl Run<'_> {
         // One prompt at a time per session key.
         let lock = inner.session_lock(&key);
         let _guard = if self.req.wait {
-            tokio::select! {
-                g = lock.lock_owned() => g,
-                _ = self.cancel.cancelled() => {
-                    self.send(AgentEvent::Error { message: "cancelled while waiting for the session".into(), kind: None, hint: None });
-                    return Ok(());
+            match lock.clone().try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => {
+                    // Another prompt holds the session: counted while this one waits.
+                    let _waiting = inner.metrics.session_waiting(&agent_name);
+                    tokio::select! {
+                        g = lock.lock_owned() => g,
+                        _ = self.cancel.cancelled() => {
+                            self.send(AgentEvent::Error { message: "cancelled while waiting for the session".into(), kind: None, hint: None });
+                            return Ok(());
+                        }
+                    }
                 }
             }
         } else {

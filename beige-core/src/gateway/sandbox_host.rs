@@ -94,6 +94,12 @@ impl SandboxHost for GatewayHost {
             }
         }
     }
+
+    fn link_event(&self, agent: &str, event: crate::sandbox::LinkEvent) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.metrics.link_event(agent, event);
+        }
+    }
 }
 
 /// The audit record of a sandbox event.

@@ -153,6 +153,21 @@ pub enum ServeError {
     /// Stopping the engine did not finish in time.
     #[error("shutdown did not finish within {} s", .0.as_secs())]
     ShutdownTimeout(Duration),
+    /// `telemetry.metrics.listen` is not an address the metrics listener may use.
+    #[error("{message}")]
+    MetricsListen {
+        /// What is wrong with it and what to write instead (names the key and value).
+        message: String,
+    },
+    /// The metrics listener could not listen on its address.
+    #[error("cannot listen for metrics on {addr} (telemetry.metrics.listen); is another gateway or exporter using that port?")]
+    MetricsBind {
+        /// The address it tried.
+        addr: std::net::SocketAddr,
+        /// Why the bind failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// When [`LocalGateway::serve`] stops: a token, and with [`Shutdown::on_signals`] also
@@ -276,6 +291,8 @@ struct Shared {
     gate: tokio::sync::RwLock<()>,
     /// The parts to build with again, holding the config now in force.
     template: tokio::sync::Mutex<GatewayBuilder>,
+    /// Where the metrics listener listens while `serve` runs it.
+    metrics_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// The channels `serve` runs (taken by the first `serve`).
     channels: std::sync::Mutex<Option<Vec<Registered>>>,
     /// Every registered channel, for [`LocalGateway::send`].
@@ -428,6 +445,7 @@ impl GatewayBuilder {
                 outcomes,
                 reloads: AtomicU64::new(0),
                 scheduler,
+                metrics_addr: std::sync::Mutex::new(None),
             }),
         };
         slot.set(&gateway.shared);
@@ -568,6 +586,61 @@ impl LocalGateway {
         self.engine_now().inner.traces.health()
     }
 
+    /// Where the metrics listener (`telemetry.metrics.listen`) listens while
+    /// [`LocalGateway::serve`] runs, with the port it picked for port 0; `None` otherwise.
+    pub fn metrics_listen_addr(&self) -> Option<std::net::SocketAddr> {
+        *self
+            .shared
+            .metrics_addr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bind the metrics listener the config asks for and run it until `stop`.
+    async fn start_metrics_listener(
+        &self,
+        stop: CancellationToken,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
+        let Some(listen) = self
+            .engine()
+            .await
+            .config()
+            .metrics_listen()
+            .map(str::to_string)
+        else {
+            return Ok(None);
+        };
+        #[cfg(not(feature = "http-api"))]
+        {
+            let _ = stop;
+            Err(ServeError::MetricsListen {
+                message: format!(
+                    "telemetry.metrics.listen: \"{listen}\" cannot be served: this build has no `http-api` feature; remove the key or use a build with it"
+                ),
+            })
+        }
+        #[cfg(feature = "http-api")]
+        {
+            let listener = super::metrics_listener::bind(&listen).await?;
+            let addr = listener
+                .local_addr()
+                .map_err(|source| ServeError::MetricsBind {
+                    addr: crate::metrics::listen_address(&listen)
+                        .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                    source,
+                })?;
+            *self
+                .shared
+                .metrics_addr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(addr);
+            let gateway = self.clone();
+            Ok(Some(tokio::spawn(super::metrics_listener::run(
+                listener, addr, gateway, stop,
+            ))))
+        }
+    }
+
     /// A handle that asks this gateway to reload from its [`ConfigSource`], or `None`
     /// when it has none.
     pub fn reload_handle(&self) -> Option<ReloadHandle> {
@@ -694,6 +767,21 @@ impl LocalGateway {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .ok_or(ServeError::AlreadyServing)?;
+        // The metrics listener, if configured: refused (and the gateway stopped) before
+        // any channel starts when its address is not loopback or cannot be bound.
+        let metrics_stop = CancellationToken::new();
+        let metrics_task = match self.start_metrics_listener(metrics_stop.clone()).await {
+            Ok(task) => task,
+            Err(e) => {
+                tracing::error!("{e}");
+                match tokio::time::timeout(shutdown.drain, self.shutdown()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(stop)) => tracing::warn!(error = %stop, "stopping the gateway failed"),
+                    Err(_) => tracing::warn!("stopping the gateway timed out"),
+                }
+                return Err(e);
+            }
+        };
         let gateway: Arc<dyn GatewayFull> = Arc::new(self.clone());
         let mut running = Vec::with_capacity(channels.len());
         let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
@@ -768,6 +856,15 @@ impl LocalGateway {
                 tracing::warn!("a channel did not stop within {} s", CHANNEL_STOP.as_secs());
             }
         }
+        metrics_stop.cancel();
+        if let Some(task) = metrics_task {
+            let _ = tokio::time::timeout(CHANNEL_STOP, task).await;
+        }
+        *self
+            .shared
+            .metrics_addr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         let stopped = tokio::time::timeout(shutdown.drain, self.shutdown()).await;
         match (failed, stopped) {
             (Some(e), _) => Err(e),
@@ -1013,12 +1110,20 @@ impl Admin for LocalGateway {
             .map_err(manage_error)
     }
     async fn metrics(&self) -> Result<String, GatewayError> {
-        let engine = self.engine().await;
-        if !engine.config().metrics_enabled() {
+        if !self.engine().await.config().metrics_enabled() {
             return Err(GatewayError::Unsupported {
                 what: "metrics (set telemetry.metrics.enabled: true)",
             });
         }
+        self.render_metrics().await
+    }
+}
+
+impl LocalGateway {
+    /// The metrics text, whether or not the API serves it (the metrics listener's
+    /// answer); `Unsupported` without the `metrics` feature.
+    pub(crate) async fn render_metrics(&self) -> Result<String, GatewayError> {
+        let engine = self.engine().await;
         let mut pending: std::collections::BTreeMap<String, usize> = engine
             .config()
             .agents

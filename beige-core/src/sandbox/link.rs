@@ -26,7 +26,9 @@ use beige_protocol::link::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use super::{EgressStream, OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent};
+use super::{
+    EgressStream, LinkEvent, OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent,
+};
 
 /// How long the shim has to answer the gateway's hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -473,6 +475,7 @@ impl LinkHub {
 
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let (close_tx, mut close_rx) = oneshot::channel();
+        let host = self.host();
         let gen = {
             let mut st = link.state();
             st.next_gen += 1;
@@ -493,6 +496,12 @@ impl LinkHub {
             });
             st.status.connects += 1;
             st.pings.clear();
+            // Told under the state's lock, so that the host hears ups and downs in
+            // the order they happened.
+            if let Some(host) = &host {
+                let reconnect = st.status.connects > 1;
+                host.link_event(agent, LinkEvent::Up { reconnect });
+            }
             gen
         };
         link.current.send_replace((gen, boot_id.clone()));
@@ -553,6 +562,9 @@ impl LinkHub {
             let mut st = link.state();
             if st.conn.as_ref().map(|c| c.gen) == Some(gen) {
                 st.conn = None;
+                if let Some(host) = &host {
+                    host.link_event(agent, LinkEvent::Down);
+                }
                 true
             } else {
                 false
@@ -638,13 +650,20 @@ impl LinkHub {
                 let _ = tx.send(encode(&LinkMessage::Pong { seq }, b""));
             }
             LinkMessage::Pong { seq } => {
-                let mut st = link.state();
-                if let Some((at, done)) = st.pings.remove(&seq) {
-                    st.status.last_ping_us =
-                        Some(u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX));
-                    if let Some(done) = done {
-                        let _ = done.send(());
-                    }
+                let rtt = {
+                    let mut st = link.state();
+                    st.pings.remove(&seq).map(|(at, done)| {
+                        let rtt = at.elapsed();
+                        st.status.last_ping_us =
+                            Some(u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX));
+                        if let Some(done) = done {
+                            let _ = done.send(());
+                        }
+                        rtt
+                    })
+                };
+                if let (Some(rtt), Some(host)) = (rtt, self.host()) {
+                    host.link_event(&link.agent, LinkEvent::Ping(rtt));
                 }
             }
             other => {
@@ -852,6 +871,7 @@ impl LinkHub {
         let Some(host) = self.host() else {
             return;
         };
+        host.link_event(agent, LinkEvent::RejectedPeer);
         host.security_event(SecurityEvent::LinkRejected {
             agent: agent.to_string(),
             pid,
@@ -1077,6 +1097,60 @@ mod tests {
 
         shim.send(LinkMessage::Ping { seq: 9 }, b"").await;
         assert_eq!(shim.next().await.message, LinkMessage::Pong { seq: 9 });
+    }
+
+    /// Hears only the link events.
+    #[derive(Default)]
+    struct Events(Mutex<Vec<LinkEvent>>);
+
+    #[async_trait]
+    impl SandboxHost for Events {
+        async fn tool_call(
+            &self,
+            _agent: &str,
+            _caller: &crate::ident::Attribution,
+            _request: beige_protocol::socket::ToolRequest,
+        ) -> beige_protocol::socket::ToolResponse {
+            unreachable!("the link carries no tool calls")
+        }
+
+        async fn rejected(&self, _agent: &str, _tool: Option<&str>, _error: &str, _raw: &[u8]) {}
+
+        async fn security_event(&self, _event: SecurityEvent) {}
+
+        fn link_event(&self, agent: &str, event: LinkEvent) {
+            assert_eq!(agent, "a");
+            self.0.lock().unwrap().push(event);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_host_hears_the_link_go_up_down_and_up_again() {
+        let hub = LinkHub::new();
+        let host = Arc::new(Events::default());
+        hub.set_host(host.clone());
+        let mut first = connect(&hub, "a");
+        first.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        drop(first);
+        for _ in 0..200 {
+            if !hub.is_connected("a") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!hub.is_connected("a"));
+        let mut second = connect(&hub, "a");
+        second.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        assert_eq!(
+            *host.0.lock().unwrap(),
+            [
+                LinkEvent::Up { reconnect: false },
+                LinkEvent::Down,
+                LinkEvent::Up { reconnect: true },
+            ]
+        );
     }
 
     #[tokio::test]

@@ -335,6 +335,31 @@ pub trait SandboxHost: Send + Sync {
     async fn egress(&self, agent: &str, stream: EgressStream) {
         let _ = (agent, stream);
     }
+
+    /// What happened to the agent's link to its sandbox's PID 1 (for the metrics).
+    /// Nothing by default.
+    fn link_event(&self, agent: &str, event: LinkEvent) {
+        let _ = (agent, event);
+    }
+}
+
+/// A change of an agent's link to its sandbox's PID 1, as [`SandboxHost::link_event`]
+/// hears it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinkEvent {
+    /// The link came up; `reconnect` when it is not the agent's first since the hub
+    /// started (PID 1 dialled again, or a newer connection replaced an older one).
+    Up {
+        /// Not the first connection.
+        reconnect: bool,
+    },
+    /// The link went down (and no newer connection had replaced it).
+    Down,
+    /// A peer that is not the sandbox's PID 1 was refused.
+    RejectedPeer,
+    /// A keepalive was answered after this long.
+    Ping(std::time::Duration),
 }
 
 /// A [`SandboxHost`] that answers every call with an error and records nothing (a

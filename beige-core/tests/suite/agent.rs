@@ -46,6 +46,20 @@ fn config(
     serde_json::from_value(json!({"llm": {"providers": providers}, "agents": {"a": a}})).unwrap()
 }
 
+/// Metrics on, through the API's route (`Admin::metrics`).
+fn with_metrics(mut config: Config) -> Config {
+    config.telemetry = Some(serde_json::from_value(json!({"metrics": {"enabled": true}})).unwrap());
+    config
+}
+
+/// The value of the gauge sample written exactly as `series` in `gw`'s metrics.
+async fn gauge(gw: &LocalGateway, series: &str) -> Option<f64> {
+    let text = gw.metrics().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
 async fn fake_gateway(home: &BeigeHome, config: Config) -> Option<LocalGateway> {
     Some(
         GatewayBuilder::new(config, home.clone())
@@ -436,7 +450,7 @@ async fn provider_concurrency_is_capped_and_fifo() {
             Part::Bytes(body.into()),
         ]));
     }
-    let mut cfg = config(&server, None, json!({}));
+    let mut cfg = with_metrics(config(&server, None, json!({})));
     cfg.llm.providers.get_mut("anthropic").unwrap().concurrency = 2;
     let Some(gw) = fake_gateway(&home, cfg).await else {
         return;
@@ -456,11 +470,15 @@ async fn provider_concurrency_is_capped_and_fifo() {
         // the provider's queue long before the next is submitted.
         tokio::time::sleep(Duration::from_millis(120)).await;
     }
+    // Two calls run (each takes a second); the other four wait for a slot.
+    let queued = r#"beige_provider_queue_depth{provider="anthropic"}"#;
+    assert_eq!(gauge(&gw, queued).await, Some(4.0));
     let mut results = Vec::new();
     for s in streams {
         results.push(done_text(&s.collect_all().await));
     }
     assert!(results.iter().all(Option::is_some), "{results:?}");
+    assert_eq!(gauge(&gw, queued).await, Some(0.0));
     assert!(server.max_in_flight() <= 2, "{}", server.max_in_flight());
     assert_eq!(server.max_in_flight(), 2);
     let order: Vec<String> = server
@@ -484,7 +502,7 @@ async fn one_prompt_at_a_time_per_session_and_sessions_in_parallel() {
     let dir = tempfile::tempdir().unwrap();
     let home = BeigeHome::new(dir.path().join("home"));
     let server = FakeLlmServer::start().await;
-    let Some(gw) = fake_gateway(&home, config(&server, None, json!({}))).await else {
+    let Some(gw) = fake_gateway(&home, with_metrics(config(&server, None, json!({})))).await else {
         return;
     };
     for _ in 0..2 {
@@ -502,8 +520,13 @@ async fn one_prompt_at_a_time_per_session_and_sessions_in_parallel() {
         .prompt(PromptRequest::new("a", "api:a:one", "second"))
         .await
         .unwrap();
+    // The second prompt waits for the session while the first one's answer is slow.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiters = r#"beige_session_waiters{agent="a"}"#;
+    assert_eq!(gauge(&gw, waiters).await, Some(1.0));
     let (ea, eb) = tokio::join!(a.collect_all(), b.collect_all());
     assert!(done_text(&ea).is_some() && done_text(&eb).is_some());
+    assert_eq!(gauge(&gw, waiters).await, Some(0.0));
     assert_eq!(
         server.max_in_flight(),
         1,

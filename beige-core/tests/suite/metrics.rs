@@ -118,6 +118,19 @@ async fn a_scrape_after_a_scripted_workload_has_the_expected_counters() {
         assert_ne!(v["exitCode"], 0, "{v}");
     }
 
+    // Two core tool ops reach the (in-memory) sandbox: one write, one read.
+    for (tool, params) in [
+        ("write", json!({"path": "notes.txt", "content": "hi"})),
+        ("read", json!({"path": "notes.txt"})),
+    ] {
+        let call = beige_core::api::CoreToolCall::parse(tool, params).unwrap();
+        let out = gw
+            .call_tool("a", call, beige_core::api::ToolContext::default())
+            .await
+            .unwrap();
+        assert!(!out.is_error, "{out:?}");
+    }
+
     // Refused without the token; answered with it.
     let (status, _) = scrape(&gw, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -214,6 +227,47 @@ async fn a_scrape_after_a_scripted_workload_has_the_expected_counters() {
         "{text}"
     );
 
+    // Each core op timed once, by op and the transport it took.
+    for op in ["write", "read"] {
+        assert_eq!(
+            value(
+                &parsed,
+                "beige_sandbox_op_duration_seconds",
+                &[("op", op), ("transport", "direct")]
+            ),
+            Some(1.0),
+            "{text}"
+        );
+    }
+    // Every record written was timed, and none failed; nobody waited for a session or
+    // a provider slot (no gauge was ever made).
+    let records: f64 = parsed
+        .samples
+        .iter()
+        .filter(|s| s.metric == "beige_audit_records_total")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    assert!(records >= 9.0, "{text}");
+    assert_eq!(
+        value(&parsed, "beige_audit_commit_duration_seconds", &[]),
+        Some(records),
+        "{text}"
+    );
+    assert_eq!(
+        value(&parsed, "beige_audit_write_failures_total", &[]),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(value(&parsed, "beige_session_waiters", &[]), None, "{text}");
+    assert_eq!(
+        value(&parsed, "beige_provider_queue_depth", &[]),
+        None,
+        "{text}"
+    );
+
     // Conventions: the beige_ prefix, valid names, _total on counters, base units, and
     // bounded labels only.
     let mut types: HashMap<String, String> = HashMap::new();
@@ -267,4 +321,192 @@ async fn metrics_are_not_served_unless_enabled() {
     let (status, body) = scrape(&gw, Some(TOKEN)).await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
     assert!(body.contains("telemetry.metrics.enabled"), "{body}");
+}
+
+/// A gateway whose `telemetry.metrics` is `metrics` (no model is called).
+async fn gateway_with(dir: &tempfile::TempDir, metrics: serde_json::Value) -> LocalGateway {
+    let config = serde_json::from_value(json!({
+        "llm": {"providers": {"anthropic": {"apiKey": "sk-ant-test-0123456789", "baseUrl": "http://127.0.0.1:9"}}},
+        "agents": {"a": {"model": {"provider": "anthropic", "model": "claude-sonnet-4-6"}, "tools": []}},
+        "telemetry": {"metrics": metrics},
+    }))
+    .unwrap();
+    GatewayBuilder::new(config, BeigeHome::new(dir.path().join("home")))
+        .sandbox(Arc::new(MemorySandbox::new()))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `GET path` over plain HTTP/1.1 to `addr` with this `Host` (and `Origin`): the status
+/// and the body.
+async fn raw_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    host: &str,
+    origin: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{origin}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_loopback_listener_serves_metrics_without_a_token_and_checks_host() {
+    use beige_core::Shutdown;
+    use tokio_util::sync::CancellationToken;
+
+    let dir = tempfile::tempdir().unwrap();
+    // Not enabled on the API's port: the listener serves on its own.
+    let gw = gateway_with(&dir, json!({"listen": "127.0.0.1:0"})).await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(std::time::Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    let addr = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            if let Some(addr) = gw.metrics_listen_addr() {
+                return addr;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the metrics listener started");
+    assert!(addr.ip().is_loopback(), "{addr}");
+    assert_ne!(addr.port(), 0);
+
+    // No token needed; the same text as the API's route.
+    let host = format!("127.0.0.1:{}", addr.port());
+    let (status, body) = raw_get(addr, "/metrics", &host, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(
+        body.contains("beige_approvals_pending{agent=\"a\"} 0"),
+        "{body}"
+    );
+    let (status, _) = raw_get(addr, "/metrics", "localhost", None).await;
+    assert_eq!(status, 200);
+
+    // The API's Host and Origin checks.
+    let (status, body) = raw_get(addr, "/metrics", "metrics.attacker.example", None).await;
+    assert_eq!(status, 421, "{body}");
+    assert!(body.contains("metrics.attacker.example"), "{body}");
+    let (status, body) = raw_get(addr, "/metrics", &host, Some("http://attacker.example")).await;
+    assert_eq!(status, 403, "{body}");
+    // Only /metrics.
+    let (status, _) = raw_get(addr, "/api/agents", &host, None).await;
+    assert_eq!(status, 404);
+
+    // The API's own /metrics is still off (not enabled).
+    let (status, _) = scrape(&gw, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
+
+    token.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(20), serving)
+        .await
+        .expect("serve ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(gw.metrics_listen_addr(), None);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener closed with the gateway"
+    );
+}
+
+#[tokio::test]
+async fn a_metrics_listener_on_a_non_loopback_address_is_refused() {
+    use beige_core::{ServeError, Shutdown};
+    use tokio_util::sync::CancellationToken;
+
+    for listen in [
+        "0.0.0.0:9464",
+        "10.1.2.3:9464",
+        "[::]:9464",
+        "metrics.example:9464",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let gw = gateway_with(&dir, json!({"listen": listen})).await;
+        let result = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            gw.serve(
+                Shutdown::on(CancellationToken::new()).drain(std::time::Duration::from_secs(1)),
+            ),
+        )
+        .await
+        .expect("serve refuses at once");
+        match result {
+            Err(e @ ServeError::MetricsListen { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("telemetry.metrics.listen") && message.contains(listen),
+                    "{message}"
+                );
+                assert!(
+                    message.contains("127.0.0.1:9464"),
+                    "says what to use: {message}"
+                );
+            }
+            other => panic!("{listen}: {other:?}"),
+        }
+        assert_eq!(gw.metrics_listen_addr(), None);
+    }
+}
+
+/// A Docker sandbox on the Unix link: the link's gauge and an op's transport, as the
+/// link hub and the gateway report them.
+#[tokio::test]
+async fn a_docker_sandbox_reports_its_link_and_the_ops_transport() {
+    use beige_core::Admin as _;
+
+    let env = crate::docker_or_skip!();
+    let t = super::support::TestHome::new();
+    let mut config = t.config(&env, &[("a", json!({"sandbox": {"link": "unix"}}))]);
+    config.telemetry = Some(serde_json::from_value(json!({"metrics": {"enabled": true}})).unwrap());
+    let gw = t.gateway(&env, config).await;
+    let call = beige_core::api::CoreToolCall::parse("exec", json!({"command": "true"})).unwrap();
+    let out = gw
+        .call_tool("a", call, beige_core::api::ToolContext::default())
+        .await
+        .unwrap();
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(
+        out.transport.map(|t| t.as_str().to_string()).as_deref(),
+        Some("link-unix")
+    );
+    let text = gw.metrics().await.unwrap();
+    let sample = |series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(sample(r#"beige_link_up{agent="a"}"#), Some(1.0), "{text}");
+    assert_eq!(
+        sample(r#"beige_sandbox_op_duration_seconds_count{op="exec",transport="link-unix"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(r#"beige_link_rejected_peers_total{agent="a"}"#),
+        None
+    );
+    gw.shutdown().await.unwrap();
 }
