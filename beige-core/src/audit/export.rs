@@ -8,7 +8,7 @@
 //! Finding, Application Lifecycle, Device Config State Change, Authentication, Base
 //! Event), or an OTLP/JSON log record, batched into `ExportLogsServiceRequest`s that it
 //! can also POST to a collector's `/v1/logs`. Records are read as JSON objects, not as
-//! [`super::AuditRecord`]s, so that chain records and fields added by later versions are
+//! [`AuditRecord`](crate::audit::AuditRecord)s, so that chain records and fields added by later versions are
 //! exported too. Every value exported comes from the stored (already redacted) line;
 //! nothing is added from elsewhere but fixed names (product, schema version).
 

@@ -7,6 +7,8 @@
 
 #[cfg(feature = "http-api")]
 pub mod http;
+#[cfg(feature = "http-api")]
+pub(crate) mod metrics_listener;
 #[cfg(feature = "telegram")]
 pub mod telegram;
 
