@@ -24,9 +24,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 /// Renders the metrics text for one scrape.
 pub(crate) type Render = Arc<
-    dyn Fn() -> Pin<Box<dyn Future<Output = Result<String, GatewayError>> + Send>>
-        + Send
-        + Sync,
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<String, GatewayError>> + Send>> + Send + Sync,
 >;
 
 #[derive(Clone)]
