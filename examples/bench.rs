@@ -24,6 +24,8 @@ use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest
 
 #[path = "bench_egress.rs"]
 mod bench_egress;
+#[path = "bench_output.rs"]
+mod bench_output;
 
 struct Figure {
     name: &'static str,
@@ -42,12 +44,21 @@ impl Figure {
 
 /// `link`: how core tools reach the sandbox (`unix`, `attach` or `off` = `docker exec`).
 fn config(image: &str, link: &str) -> anyhow::Result<Config> {
+    config_with(image, link, serde_json::json!({}))
+}
+
+/// [`config`] with `sandbox` merged into the agent's sandbox block.
+fn config_with(image: &str, link: &str, sandbox: serde_json::Value) -> anyhow::Result<Config> {
+    let mut block = serde_json::json!({"image": image, "memoryLimit": "256m", "link": link});
+    if let (Some(block), Some(extra)) = (block.as_object_mut(), sandbox.as_object()) {
+        block.extend(extra.clone());
+    }
     Ok(serde_json::from_value(serde_json::json!({
         "llm": {"providers": {"anthropic": {}}},
         "agents": {"bench": {
             "model": {"provider": "anthropic", "model": "claude-sonnet-4-6"},
             "tools": ["noop"],
-            "sandbox": {"image": image, "memoryLimit": "256m", "link": link}
+            "sandbox": block
         }}
     }))?)
 }
@@ -618,6 +629,9 @@ async fn main() -> anyhow::Result<()> {
     if want("gateway_idle_rss") || want("exec_http_roundtrip") {
         figures.extend(daemon_figures(&image, &shim, "unix").await?);
         figures.extend(daemon_figures(&image, &shim, "off").await?);
+    }
+    if want("exec_output_10mb") {
+        figures.extend(bench_output::figures(&home, &image, &shim).await?);
     }
     if want("egress") {
         figures.extend(bench_egress::figures().await?);

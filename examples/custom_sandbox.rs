@@ -140,6 +140,7 @@ impl Sandbox for VirtualSandbox {
                     timed_out: false,
                     duration_ms: 0,
                     survivors: Vec::new(),
+                    output_file: None,
                 })
             }
             OpRequest::Write(w) => {

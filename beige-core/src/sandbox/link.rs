@@ -845,7 +845,7 @@ impl LinkHub {
         let event = SecurityEvent::OpRecovered {
             agent: agent.to_string(),
             op_id: id.to_string(),
-            reply: serde_json::from_slice(payload).ok(),
+            reply: beige_protocol::op::decode_reply(payload.to_vec()).ok(),
         };
         tokio::spawn(async move { host.security_event(event).await });
     }

@@ -82,6 +82,7 @@ impl MemorySandbox {
             timed_out: false,
             duration_ms: 0,
             survivors: Vec::new(),
+            output_file: None,
         }
     }
 
@@ -372,6 +373,7 @@ mod tests {
             cwd: None,
             max_output_bytes: 1 << 20,
             exec_id: None,
+            raw_output: false,
         })
     }
 

@@ -197,6 +197,7 @@ pub fn to_request(
                 cwd: None,
                 max_output_bytes: limits.exec_output_limit,
                 exec_id: None,
+                raw_output: true,
             })
         }
     }
@@ -229,9 +230,9 @@ pub(crate) fn format_reply(
             ToolOutput::text(format!("Successfully patched {}", p.path))
         }
         (CoreToolCall::Exec(_), OpReply::Exec(e)) => {
-            let timeout = match request {
-                OpRequest::Exec(r) => r.timeout_secs,
-                _ => 0,
+            let (timeout, exec_id) = match request {
+                OpRequest::Exec(r) => (r.timeout_secs, r.exec_id.as_deref()),
+                _ => (0, None),
             };
             // The op's span (current here) records the command's exit code.
             crate::telemetry::annotate(
@@ -241,7 +242,7 @@ pub(crate) fn format_reply(
                     i64::from(e.exit_code.unwrap_or_else(|| 128 + e.signal.unwrap_or(9))),
                 )],
             );
-            format_exec(&e, timeout)
+            format_exec(e, timeout, exec_id)
         }
         (call, other) => ToolOutput::error(format!(
             "Error: the sandbox answered `{}` with an unexpected reply ({other:?})",
@@ -296,30 +297,40 @@ fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
     }
 }
 
-fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
-    let mut parts = Vec::new();
+/// The text the model reads for an `exec`, built in one buffer: with the cap raised the
+/// output can be megabytes.
+fn format_exec(e: ExecReply, timeout_secs: u64, exec_id: Option<&str>) -> ToolOutput {
     let code = e.exit_code.unwrap_or_else(|| 128 + e.signal.unwrap_or(9));
-    if e.timed_out {
-        parts.push(format!(
+    let is_error = e.timed_out || code != 0;
+    let mut text = if e.timed_out {
+        format!(
             "Error: timed out after {timeout_secs} s; the command and every process it started were killed. Output so far:"
-        ));
+        )
     } else {
         let mut line = format!("Exit code: {code}");
         if let (None, Some(sig)) = (e.exit_code, e.signal) {
             line.push_str(&format!(" (killed by signal {sig})"));
         }
-        parts.push(line);
-    }
-    for (text, omitted, name) in [
-        (&e.stdout, e.stdout_omitted, "stdout"),
-        (&e.stderr, e.stderr_omitted, "stderr"),
+        line
+    };
+    for (out, omitted, name) in [
+        (e.stdout, e.stdout_omitted, "stdout"),
+        (e.stderr, e.stderr_omitted, "stderr"),
     ] {
-        if !text.is_empty() {
-            parts.push(text.trim_end_matches('\n').to_string());
+        let body = out.trim_end_matches('\n');
+        if !body.is_empty() {
+            text.reserve(body.len() + 1);
+            text.push('\n');
+            text.push_str(body);
         }
-        if omitted > 0 && !text.contains("bytes omitted") {
-            parts.push(format!("[{omitted} bytes of {name} omitted]"));
+        // The shim's own marker line says "bytes omitted"; then no note is added.
+        if omitted > 0 && !body.contains("bytes omitted") {
+            text.push_str(&format!("\n[{omitted} bytes of {name} omitted]"));
         }
+    }
+    if let Some(note) = e.output_file.as_ref().and_then(|f| output_file_note(f, exec_id?)) {
+        text.push('\n');
+        text.push_str(&note);
     }
     if !e.survivors.is_empty() {
         let list = e
@@ -328,17 +339,39 @@ fn format_exec(e: &ExecReply, timeout_secs: u64) -> ToolOutput {
             .map(|s| format!("pid {} `{}`", s.pid, s.command))
             .collect::<Vec<_>>()
             .join(", ");
-        parts.push(format!(
-            "[beige] {} process(es) left the command's process group and are still running: {list}. They were not killed; end them with `kill <pid>` if they are not wanted.",
+        text.push_str(&format!(
+            "\n[beige] {} process(es) left the command's process group and are still running: {list}. They were not killed; end them with `kill <pid>` if they are not wanted.",
             e.survivors.len()
         ));
     }
-    ToolOutput::new(
-        vec![ContentBlock::Text {
-            text: parts.join("\n"),
-        }],
-        e.timed_out || code != 0,
-    )
+    ToolOutput::new(vec![ContentBlock::Text { text }], is_error)
+}
+
+/// The line that tells the model where the whole output of a capped `exec` is. The
+/// path comes from the gateway's own exec id, never from the sandbox's reply.
+fn output_file_note(file: &beige_protocol::op::OutputFile, exec_id: &str) -> Option<String> {
+    let id = exec_id;
+    let path = format!(
+        "/workspace/{}",
+        beige_protocol::op::exec_output_file(id)
+    );
+    Some(match (&file.error, file.truncated) {
+        (Some(why), _) if file.bytes == 0 => format!(
+            "[beige] The output was cut to the exec output limit, and the whole output could not be kept: {why}"
+        ),
+        (Some(why), _) => format!(
+            "[beige] The output was cut to the exec output limit; the first {} bytes of it are in {path} (then: {why}). Read on with `read` (offset, limit) or search it with exec (`grep -n PATTERN {path}`).",
+            file.bytes
+        ),
+        (None, true) => format!(
+            "[beige] The output was cut to the exec output limit; its first {} bytes (stdout and stderr as they came; the rest was not kept) are in {path}. Read on with `read` (offset, limit) or search it with exec (`grep -n PATTERN {path}`).",
+            file.bytes
+        ),
+        (None, false) => format!(
+            "[beige] The output was cut to the exec output limit; all of it ({} bytes, stdout and stderr as they came) is in {path}. Read on with `read` (offset, limit) or search it with exec (`grep -n PATTERN {path}`).",
+            file.bytes
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -380,8 +413,9 @@ mod tests {
             timed_out: false,
             duration_ms: 1,
             survivors: Vec::new(),
+            output_file: None,
         };
-        let out = format_exec(&r, 10);
+        let out = format_exec(r.clone(), 10, None);
         assert_eq!(out.joined_text(), "Exit code: 3\nout\nerr");
         assert!(out.is_error);
         let ok = ExecReply {
@@ -389,7 +423,7 @@ mod tests {
             stderr: String::new(),
             ..r
         };
-        let out = format_exec(&ok, 10);
+        let out = format_exec(ok.clone(), 10, None);
         assert_eq!(out.joined_text(), "Exit code: 0\nout");
         assert!(!out.is_error);
         let escaped = ExecReply {
@@ -399,11 +433,50 @@ mod tests {
             }],
             ..ok
         };
-        let text = format_exec(&escaped, 10).joined_text();
+        let text = format_exec(escaped.clone(), 10, None).joined_text();
         assert!(
             text.ends_with("still running: pid 42 `sleep 100`. They were not killed; end them with `kill <pid>` if they are not wanted."),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_capped_exec_names_its_output_file_from_the_gateways_exec_id() {
+        let capped = ExecReply {
+            exit_code: Some(0),
+            signal: None,
+            stdout: "head\n[... 900 bytes omitted ...]\ntail\n".into(),
+            stderr: String::new(),
+            stdout_omitted: 900,
+            stderr_omitted: 0,
+            timed_out: false,
+            duration_ms: 1,
+            survivors: Vec::new(),
+            output_file: Some(beige_protocol::op::OutputFile {
+                bytes: 1000,
+                truncated: false,
+                error: None,
+            }),
+        };
+        let text = format_exec(capped.clone(), 10, Some("x1abc")).joined_text();
+        assert!(
+            text.ends_with("all of it (1000 bytes, stdout and stderr as they came) is in /workspace/.beige/out/x1abc.log. Read on with `read` (offset, limit) or search it with exec (`grep -n PATTERN /workspace/.beige/out/x1abc.log`)."),
+            "{text}"
+        );
+        assert!(!text.contains("bytes of stdout omitted"), "{text}");
+        // No exec id of the gateway's own: no path is named.
+        let text = format_exec(capped.clone(), 10, None).joined_text();
+        assert!(!text.contains(".beige/out"), "{text}");
+        let failed = ExecReply {
+            output_file: Some(beige_protocol::op::OutputFile {
+                bytes: 0,
+                truncated: false,
+                error: Some("cannot create /workspace/.beige/out/x1abc.log: No space left on device".into()),
+            }),
+            ..capped
+        };
+        let text = format_exec(failed, 10, Some("x1abc")).joined_text();
+        assert!(text.ends_with("the whole output could not be kept: cannot create /workspace/.beige/out/x1abc.log: No space left on device"), "{text}");
     }
 
     #[test]

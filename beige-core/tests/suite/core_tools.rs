@@ -93,6 +93,7 @@ on_every_carrier!(
     read_offset_limit_and_errors,
     images_with_and_without_vision,
     exec_exit_codes_flood_cap_and_timeout,
+    a_capped_output_is_kept_whole_where_the_result_says,
 );
 
 async fn write_read_round_trip_all_byte_values() {
@@ -335,6 +336,65 @@ async fn images_with_and_without_vision() {
     gw.shutdown().await.unwrap();
 }
 
+/// The path a capped result names, checked to be an output file in the workspace.
+fn output_file_named_in(text: &str) -> String {
+    let start = text
+        .find("/workspace/.beige/out/")
+        .unwrap_or_else(|| panic!("no output file named in: {}", &text[text.len().saturating_sub(600)..]));
+    let end = start + text[start..].find(".log").expect("a .log path") + 4;
+    text[start..end].to_string()
+}
+
+async fn a_capped_output_is_kept_whole_where_the_result_says() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let gw = start(&t, &env).await;
+
+    // 1,288,895 bytes of numbered lines, and a line on stderr in the middle: far over
+    // the 64 KiB cap.
+    let out = exec(&gw, "tools", "seq 1 100000; sleep 0.3; echo middle >&2; sleep 0.3; seq 100001 200000").await;
+    let text = out.joined_text();
+    assert!(text.len() < 80 * 1024, "{}", text.len());
+    assert!(text.contains("bytes omitted"), "{}", &text[..200]);
+    assert!(
+        text.contains("all of it (1288902 bytes, stdout and stderr as they came)"),
+        "{}",
+        &text[text.len() - 600..]
+    );
+    let path = output_file_named_in(&text);
+
+    // The model reads on through the path, with `read`'s offset and limit...
+    let part = call(&gw, "read", json!({"path": path, "offset": 150001, "limit": 3})).await;
+    assert!(!part.is_error, "{}", part.joined_text());
+    assert_eq!(part.joined_text(), "150000\n150001\n150002\n");
+    let middle = call(&gw, "read", json!({"path": path, "offset": 100001, "limit": 2})).await;
+    assert_eq!(middle.joined_text(), "middle\n100001\n");
+    // ...and the whole file is exactly the output, in the order it came.
+    let same = exec(
+        &gw,
+        "tools",
+        &format!("(seq 1 100000; echo middle; seq 100001 200000) | cmp - {path} && echo same"),
+    )
+    .await;
+    assert_eq!(same.joined_text(), "Exit code: 0\nsame");
+    // It belongs to the agent (the user its commands run as), mode 0600, in its
+    // workspace.
+    let owner = exec(&gw, "tools", &format!("stat -c '%u %a' {path}; id -u")).await;
+    let text = owner.joined_text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let uid = lines[2];
+    assert_eq!(lines[1], format!("{uid} 600"), "{text}");
+
+    // Output within the cap leaves no file behind.
+    let before = exec(&gw, "tools", "ls .beige/out | wc -l").await.joined_text();
+    let small = exec(&gw, "tools", "echo small").await;
+    assert_eq!(small.joined_text(), "Exit code: 0\nsmall");
+    let after = exec(&gw, "tools", "ls .beige/out | wc -l").await.joined_text();
+    assert_eq!(before, after);
+    gw.shutdown().await.unwrap();
+}
+
 async fn exec_exit_codes_flood_cap_and_timeout() {
     let env = docker_or_skip!();
     let t = TestHome::new();
@@ -357,7 +417,11 @@ async fn exec_exit_codes_flood_cap_and_timeout() {
     assert!(text.len() < 80 * 1024, "{}", text.len());
     assert!(text.starts_with("Exit code: 0\naaaa"));
     assert!(text.contains("omitted"), "{}", &text[..200]);
-    assert!(text.trim_end().ends_with("done"));
+    assert!(
+        text.contains("\ndone\n[beige] The output was cut to the exec output limit; all of it (50000006 bytes"),
+        "{}",
+        &text[text.len().saturating_sub(600)..]
+    );
 
     // A timeout kills the whole process group: no `sleep` survives.
     let out = gw

@@ -798,7 +798,7 @@ impl DockerSandbox {
             }
             return Ok(Err(self.protocol(spec, request, &why)));
         }
-        Ok(serde_json::from_slice::<OpReply>(&stdout).map_err(|e| {
+        Ok(beige_protocol::op::decode_reply(stdout).map_err(|e| {
             self.protocol(
                 spec,
                 request,
@@ -1165,7 +1165,7 @@ impl DockerSandbox {
                 output,
             )
             .await?;
-        Ok(serde_json::from_slice::<OpReply>(&bytes).map_err(|e| {
+        Ok(beige_protocol::op::decode_reply(bytes).map_err(|e| {
             self.protocol(
                 spec,
                 request,
