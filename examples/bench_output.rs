@@ -73,11 +73,7 @@ fn reset_peak() -> anyhow::Result<()> {
     std::fs::write("/proc/self/clear_refs", "5").context("resetting VmHWM (clear_refs)")
 }
 
-pub async fn figures(
-    home: &BeigeHome,
-    image: &str,
-    shim: &PathBuf,
-) -> anyhow::Result<Vec<Figure>> {
+pub async fn figures(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figure>> {
     let gw = gateway(home, image, shim).await?;
     let line = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     exec(&gw, &format!("yes {line} | head -c {BIG} > big.txt")).await?;

@@ -309,6 +309,10 @@ pub fn parse_header(header: &[u8]) -> Result<LinkMessage, FrameError> {
     serde_json::from_slice(header).map_err(|e| FrameError::BadHeader(e.to_string()))
 }
 
+/// Payloads from this size on are handed out in the decoder's own buffer rather than
+/// copied out of it.
+const LARGE_PAYLOAD: usize = 256 * 1024;
+
 /// An incremental decoder: feed it bytes as they arrive, take frames out.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
@@ -351,11 +355,27 @@ impl FrameDecoder {
         let (header_len, payload_len) = parse_prefix(&prefix)?;
         let total = PREFIX_LEN + header_len + payload_len;
         if self.buf.len() < total {
+            // Room for the whole frame at once, instead of doubling (and copying) its
+            // way up to a large payload — once a quarter of it is here, so a peer
+            // cannot make the decoder reserve more than four times what it sent.
+            if self.buf.len() >= total / 4 {
+                self.buf.reserve(total - self.buf.len());
+            }
             return Ok(None);
         }
         let message = parse_header(&self.buf[PREFIX_LEN..PREFIX_LEN + header_len])?;
-        let payload = self.buf[PREFIX_LEN + header_len..total].to_vec();
-        self.buf.drain(..total);
+        let payload = if payload_len >= LARGE_PAYLOAD {
+            // The frame's own buffer becomes the payload; only what follows it is
+            // copied (usually nothing).
+            let rest = self.buf.split_off(total);
+            let mut frame = std::mem::replace(&mut self.buf, rest);
+            frame.drain(..PREFIX_LEN + header_len);
+            frame
+        } else {
+            let payload = self.buf[PREFIX_LEN + header_len..total].to_vec();
+            self.buf.drain(..total);
+            payload
+        };
         Ok(Some(Frame { message, payload }))
     }
 }
@@ -390,6 +410,30 @@ mod tests {
             assert_eq!(frames.len(), 2, "split at {split}");
             assert_eq!(frames[1].message, LinkMessage::Ping { seq: 7 });
             assert_eq!(frames[0].payload, br#"{"op":"exec","command":"true"}"#);
+            assert_eq!(d.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn a_large_payload_comes_out_whole_with_what_follows_it() {
+        let big: Vec<u8> = (0..LARGE_PAYLOAD * 3).map(|i| (i % 251) as u8).collect();
+        let a = encode(&LinkMessage::Result { id: "r1".into() }, &big);
+        let b = encode(&LinkMessage::Ping { seq: 9 }, b"");
+        let mut all = a.clone();
+        all.extend_from_slice(&b);
+        for step in [1000, 65536, all.len()] {
+            let mut d = FrameDecoder::new();
+            let mut frames = Vec::new();
+            for piece in all.chunks(step) {
+                d.push(piece);
+                while let Some(f) = d.next_frame().unwrap() {
+                    frames.push(f);
+                }
+            }
+            assert_eq!(frames.len(), 2, "step {step}");
+            assert_eq!(frames[0].message, LinkMessage::Result { id: "r1".into() });
+            assert!(frames[0].payload == big, "step {step}");
+            assert_eq!(frames[1].message, LinkMessage::Ping { seq: 9 });
             assert_eq!(d.buffered(), 0);
         }
     }

@@ -23,6 +23,22 @@ pub const EXEC_KILL_GRACE_SECS: u64 = 5;
 pub const EXEC_ID_ENV: &str = "BEIGE_EXEC_ID";
 /// Longest accepted exec id, in bytes.
 pub const MAX_EXEC_ID_LEN: usize = 64;
+/// Where an `exec` whose output outgrew its cap keeps all of it, relative to the
+/// workspace: one file per exec, [`exec_output_file`].
+pub const EXEC_OUTPUT_DIR: &str = ".beige/out";
+/// Most bytes kept in one exec's output file (64 MiB); a command that writes more has
+/// the first ones kept and [`OutputFile::truncated`] set.
+pub const EXEC_OUTPUT_FILE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// Output files kept in [`EXEC_OUTPUT_DIR`]: making a new one removes the oldest beyond
+/// this many.
+pub const EXEC_OUTPUT_FILES_KEPT: usize = 16;
+
+/// The output file of exec `exec_id`, relative to the workspace
+/// (`.beige/out/<exec id>.log`). The gateway names it from its own exec id, never from
+/// anything the sandbox wrote.
+pub fn exec_output_file(exec_id: &str) -> String {
+    format!("{EXEC_OUTPUT_DIR}/{exec_id}.log")
+}
 
 /// Whether `id` is acceptable as an exec id: 1 to [`MAX_EXEC_ID_LEN`] characters of
 /// `[A-Za-z0-9_-]`. The shim refuses other ids with `bad_request`.
@@ -133,6 +149,11 @@ pub struct ExecRequest {
     /// [`OpRequest::Kill`] with the same id ends them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_id: Option<String>,
+    /// The gateway reads the raw reply form ([`encode_reply`]): large output may follow
+    /// the reply's JSON line as raw bytes instead of JSON strings. A shim that does not
+    /// know the field ignores it and replies in plain JSON, which is always accepted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw_output: bool,
 }
 
 /// `kill {execId}` — ends the processes of a running `exec` started with that id:
@@ -225,6 +246,27 @@ pub struct ExecReply {
     /// without cgroup delegation this is a best effort (see `docs/sandbox.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub survivors: Vec<Survivor>,
+    /// Set when output was dropped by the cap and the request had an `execId`: all of
+    /// it (stdout and stderr as they came, up to [`EXEC_OUTPUT_FILE_MAX_BYTES`]) is in
+    /// the workspace at [`exec_output_file`]. Absent when nothing was dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_file: Option<OutputFile>,
+}
+
+/// What became of an exec's output file ([`ExecReply::output_file`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputFile {
+    /// Bytes in the file.
+    pub bytes: u64,
+    /// The command wrote more than [`EXEC_OUTPUT_FILE_MAX_BYTES`]; the file holds the
+    /// first ones.
+    #[serde(default)]
+    pub truncated: bool,
+    /// Why the file could not be written (or was cut short), when it could not; the
+    /// capped output in the reply is complete as always.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A process that outlived the `exec` that started it.
@@ -278,9 +320,260 @@ pub enum OpErrorKind {
     Io,
 }
 
+/// Exec output from this size on (stdout and stderr together) is sent in the raw
+/// reply form when the request allows it; smaller replies stay plain JSON.
+pub const RAW_OUTPUT_MIN: usize = 64 * 1024;
+
+/// The field of a raw reply's JSON line that gives the byte lengths of the stdout and
+/// stderr that follow it.
+const RAW_FIELD: &str = "raw";
+
+/// Encodes a reply as the op contract's payload: one line of compact JSON ending in
+/// `\n`.
+///
+/// With `raw`, an exec reply whose output is at least [`RAW_OUTPUT_MIN`] bytes is sent
+/// in the *raw form*: the JSON line carries empty `stdout` and `stderr` and a field
+/// `"raw": [stdout bytes, stderr bytes]`, and the two texts follow the line as they are
+/// (UTF-8, no escaping). Megabytes of output then cost a copy instead of a JSON escape
+/// on one side and an unescape on the other. [`decode_reply`] reads both forms.
+pub fn encode_reply(reply: OpReply, raw: bool) -> Vec<u8> {
+    let mut line = match reply {
+        OpReply::Exec(mut e) if raw && e.stdout.len() + e.stderr.len() >= RAW_OUTPUT_MIN => {
+            let out = std::mem::take(&mut e.stdout);
+            let err = std::mem::take(&mut e.stderr);
+            let mut line = match serde_json::to_value(OpReply::Exec(e)) {
+                Ok(serde_json::Value::Object(mut map)) => {
+                    map.insert(RAW_FIELD.into(), serde_json::json!([out.len(), err.len()]));
+                    serde_json::to_vec(&map).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            line.push(b'\n');
+            line.reserve_exact(out.len() + err.len());
+            line.extend_from_slice(out.as_bytes());
+            line.extend_from_slice(err.as_bytes());
+            return line;
+        }
+        other => {
+            // Sized for the text it carries (plus room for escapes), so a large reply
+            // is not copied again and again as the buffer doubles.
+            let carried = match &other {
+                OpReply::Exec(e) => e.stdout.len() + e.stderr.len(),
+                OpReply::Read(ReadReply::Text { content, .. }) => content.len(),
+                _ => 0,
+            };
+            let mut line = Vec::with_capacity(carried + carried / 8 + 1024);
+            // A reply is plain data (strings, numbers, lists): it always serialises.
+            let _ = serde_json::to_writer(&mut line, &other);
+            line
+        }
+    };
+    line.push(b'\n');
+    line
+}
+
+/// Longest JSON line looked at for the raw form's lengths: a raw reply's line carries
+/// no output, so it is short; a longer line is plain JSON.
+const RAW_HEAD_MAX: usize = 64 * 1024;
+
+/// The `[stdout, stderr]` lengths of a reply line in the raw form.
+fn raw_lengths(head: &[u8]) -> Option<[u64; 2]> {
+    if head.len() > RAW_HEAD_MAX {
+        return None;
+    }
+    serde_json::from_slice::<RawMark>(head).ok()?.raw
+}
+
+/// Why a reply payload could not be decoded.
+#[derive(Debug)]
+pub enum ReplyError {
+    /// The JSON line is not a reply.
+    Json(serde_json::Error),
+    /// The raw bytes after the line do not match the lengths it gives.
+    RawLength { expected: u64, found: u64 },
+    /// A raw text is not UTF-8.
+    RawUtf8,
+}
+
+impl std::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyError::Json(e) => write!(f, "{e}"),
+            ReplyError::RawLength { expected, found } => write!(
+                f,
+                "the reply's raw output is {found} bytes where its header says {expected}"
+            ),
+            ReplyError::RawUtf8 => write!(f, "the reply's raw output is not UTF-8"),
+        }
+    }
+}
+
+impl std::error::Error for ReplyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplyError::Json(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The `raw` lengths of a reply's JSON line, if it has them.
+#[derive(Deserialize)]
+struct RawMark {
+    #[serde(default)]
+    raw: Option<[u64; 2]>,
+}
+
+/// Where a reply's first line ends (the index of its `\n`), searching from `from`.
+fn line_end(payload: &[u8], from: usize) -> Option<usize> {
+    payload
+        .get(from..)?
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| from + i)
+}
+
+/// Decodes a reply payload in either form ([`encode_reply`]). Takes the payload by
+/// value so large raw output becomes the reply's text without another copy.
+pub fn decode_reply(mut payload: Vec<u8>) -> Result<OpReply, ReplyError> {
+    let Some(end) = line_end(&payload, 0) else {
+        return serde_json::from_slice(&payload).map_err(ReplyError::Json);
+    };
+    let head = &payload[..end];
+    let mut reply: OpReply = serde_json::from_slice(head).map_err(ReplyError::Json)?;
+    let (Some([out_len, err_len]), OpReply::Exec(e)) = (raw_lengths(head), &mut reply) else {
+        // Plain JSON: nothing but white space may follow the line.
+        if payload[end..].iter().all(u8::is_ascii_whitespace) {
+            return Ok(reply);
+        }
+        return serde_json::from_slice(&payload).map_err(ReplyError::Json);
+    };
+    let found = (payload.len() - end - 1) as u64;
+    let expected = out_len.saturating_add(err_len);
+    if found != expected {
+        return Err(ReplyError::RawLength { expected, found });
+    }
+    let split = end + 1 + usize::try_from(out_len).unwrap_or(usize::MAX);
+    let err = payload.split_off(split);
+    payload.drain(..=end);
+    e.stdout = String::from_utf8(payload).map_err(|_| ReplyError::RawUtf8)?;
+    e.stderr = String::from_utf8(err).map_err(|_| ReplyError::RawUtf8)?;
+    Ok(reply)
+}
+
+/// How far a reply being read is: PID 1 reads an op's reply until it is complete,
+/// without waiting for the op process to close its end.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyProgress {
+    /// Bytes already searched for the end of the first line.
+    scanned: usize,
+    /// The whole reply's length, once the first line is in.
+    total: Option<usize>,
+}
+
+impl ReplyProgress {
+    /// Whether `payload` (everything read so far) is a whole reply: its JSON line
+    /// ended, and, in the raw form, every byte the line announces followed it. Each
+    /// call looks only at what is new since the last one.
+    pub fn complete(&mut self, payload: &[u8]) -> bool {
+        if self.total.is_none() {
+            let Some(end) = line_end(payload, self.scanned) else {
+                self.scanned = payload.len();
+                return false;
+            };
+            let raw = raw_lengths(&payload[..end]);
+            let extra = raw.map_or(0, |[out, err]| out.saturating_add(err));
+            self.total = Some(
+                (end as u64 + 1)
+                    .saturating_add(extra)
+                    .try_into()
+                    .unwrap_or(usize::MAX),
+            );
+        }
+        self.total.is_some_and(|total| payload.len() >= total)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exec_reply(stdout: String, stderr: &str) -> OpReply {
+        OpReply::Exec(ExecReply {
+            exit_code: Some(0),
+            signal: None,
+            stdout,
+            stderr: stderr.into(),
+            stdout_omitted: 0,
+            stderr_omitted: 0,
+            timed_out: false,
+            duration_ms: 3,
+            survivors: Vec::new(),
+            output_file: None,
+        })
+    }
+
+    #[test]
+    fn large_exec_output_goes_raw_and_comes_back_the_same() {
+        let big: String = (0..RAW_OUTPUT_MIN)
+            .map(|i| ["a\n", "\"é\\"][i % 2])
+            .collect();
+        let reply = exec_reply(big.clone(), "warn\n\u{0}");
+        let payload = encode_reply(reply.clone(), true);
+        let line = payload.iter().position(|&b| b == b'\n').unwrap();
+        let head = std::str::from_utf8(&payload[..line]).unwrap();
+        assert!(head.contains(r#""stdout":"""#), "{head}");
+        assert!(
+            head.contains(&format!(r#""raw":[{},6]"#, big.len())),
+            "{head}"
+        );
+        assert_eq!(&payload[line + 1..line + 1 + big.len()], big.as_bytes());
+        assert_eq!(decode_reply(payload).unwrap(), reply);
+        // Without the request's consent, or for small output, plain JSON.
+        let plain = encode_reply(reply.clone(), false);
+        assert_eq!(plain.iter().filter(|&&b| b == b'\n').count(), 1);
+        assert_eq!(decode_reply(plain).unwrap(), reply);
+        let small = exec_reply("hi\n".into(), "");
+        let payload = encode_reply(small.clone(), true);
+        assert!(!String::from_utf8_lossy(&payload).contains("\"raw\""));
+        assert_eq!(decode_reply(payload).unwrap(), small);
+    }
+
+    #[test]
+    fn a_raw_reply_is_complete_only_when_every_announced_byte_is_in() {
+        let big: String = "line\n".repeat(RAW_OUTPUT_MIN);
+        let payload = encode_reply(exec_reply(big, "e\n"), true);
+        let line = payload.iter().position(|&b| b == b'\n').unwrap();
+        let mut progress = ReplyProgress::default();
+        // Read in pieces; many end in a newline of the output, none is complete early.
+        let mut upto = 0;
+        while upto < payload.len() {
+            assert!(!progress.complete(&payload[..upto]), "complete at {upto}");
+            upto = (upto + 4099).min(payload.len());
+        }
+        assert!(progress.complete(&payload));
+        assert!(line < 200);
+        // Cut short: decoding says so instead of returning a shorter text.
+        let cut = payload[..payload.len() - 1].to_vec();
+        let e = decode_reply(cut).unwrap_err();
+        assert!(matches!(e, ReplyError::RawLength { .. }), "{e}");
+        // A plain reply is complete at its newline.
+        let plain = encode_reply(exec_reply("x".into(), ""), true);
+        let mut progress = ReplyProgress::default();
+        assert!(!progress.complete(&plain[..plain.len() - 1]));
+        assert!(progress.complete(&plain));
+    }
+
+    #[test]
+    fn bad_raw_replies_are_refused() {
+        let mut payload = encode_reply(exec_reply("é".repeat(RAW_OUTPUT_MIN), ""), true);
+        let last = payload.len() - 1;
+        payload[last] = 0xff;
+        assert!(matches!(decode_reply(payload), Err(ReplyError::RawUtf8)));
+        let mut plain = encode_reply(exec_reply("x".into(), ""), false);
+        plain.extend_from_slice(b"trailing");
+        assert!(matches!(decode_reply(plain), Err(ReplyError::Json(_))));
+    }
 
     #[test]
     fn request_wire_shape() {

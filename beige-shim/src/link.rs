@@ -59,7 +59,7 @@ use beige_protocol::link::{
     self as wire, Carrier, Frame, FrameError, LinkMessage, Role, MAGIC, MAX_PAYLOAD_BYTES,
     MAX_STREAMED_BYTES, PREFIX_LEN,
 };
-use beige_protocol::op::{OpError, OpErrorKind, OpReply};
+use beige_protocol::op::{OpError, OpErrorKind, OpReply, ReplyProgress};
 
 use crate::privdrop::PrivDrop;
 use crate::{op, sys};
@@ -536,6 +536,7 @@ impl Link {
             written: 0,
             stdout: Some(File::from(reply)),
             reply: Vec::new(),
+            reply_progress: ReplyProgress::default(),
             too_large: false,
             progress,
         };
@@ -737,6 +738,8 @@ struct RunningOp {
     /// Open until end-of-file.
     stdout: Option<File>,
     reply: Vec<u8>,
+    /// How much of the reply is in ([`ReplyProgress`]).
+    reply_progress: ReplyProgress,
     /// The reply grew beyond [`MAX_PAYLOAD_BYTES`]; the child was killed.
     too_large: bool,
     /// The progress pipe (`exec` only), until it ends or cannot be trusted.
@@ -778,21 +781,27 @@ impl RunningOp {
         let Some(stdout) = self.stdout.as_mut() else {
             return;
         };
-        let mut buf = vec![0u8; READ_CHUNK];
         loop {
-            match stdout.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) if self.reply.len() + n > MAX_PAYLOAD_BYTES => {
+            // Straight into the reply (no zeroed scratch buffer per wake-up).
+            if self.reply.capacity() - self.reply.len() < READ_CHUNK {
+                self.reply.reserve(READ_CHUNK.max(self.reply.len()));
+            }
+            let room = (MAX_PAYLOAD_BYTES + 1).saturating_sub(self.reply.len());
+            match (&mut *stdout)
+                .take(room as u64)
+                .read_to_end(&mut self.reply)
+            {
+                // End of file (or the limit, which the next check tells apart).
+                Ok(_) if self.reply.len() > MAX_PAYLOAD_BYTES => {
                     self.too_large = true;
                     let _ = sys::kill_process(self.pid, libc::SIGKILL);
                     break;
                 }
-                Ok(n) => self.reply.extend_from_slice(&buf[..n]),
-                // A reply is one line of compact JSON (no raw newline inside): once its
-                // newline is here it is complete, and the result need not wait for the
-                // child's exit to close the pipe.
+                Ok(_) => break,
+                // Once the whole reply is here it is complete, and the result need not
+                // wait for the child's exit to close the pipe.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.reply.last() != Some(&b'\n') {
+                    if !self.reply_progress.complete(&self.reply) {
                         return;
                     }
                     break;
@@ -806,7 +815,7 @@ impl RunningOp {
     }
 
     /// The result's payload: the child's reply, or an error when it is missing.
-    fn reply_payload(self) -> Vec<u8> {
+    fn reply_payload(mut self) -> Vec<u8> {
         if self.too_large {
             let message = format!(
                 "The {} operation's reply exceeded {MAX_PAYLOAD_BYTES} bytes; it was stopped.",
@@ -814,8 +823,11 @@ impl RunningOp {
             );
             return error_reply(OpErrorKind::Io, message);
         }
-        let readable = !self.reply.is_empty()
-            && serde_json::from_slice::<serde::de::IgnoredAny>(&self.reply).is_ok();
+        // A reply is complete when its JSON line (and, in the raw form, the output it
+        // announces) is all here. It is not parsed here (megabytes with the output cap
+        // raised); the gateway decodes it and treats a bad one as a protocol error.
+        let readable =
+            self.reply.first() == Some(&b'{') && self.reply_progress.complete(&self.reply);
         if !readable {
             let message = format!(
                 "The {} operation ended without a readable reply (its process failed or \

@@ -328,7 +328,11 @@ fn format_exec(e: ExecReply, timeout_secs: u64, exec_id: Option<&str>) -> ToolOu
             text.push_str(&format!("\n[{omitted} bytes of {name} omitted]"));
         }
     }
-    if let Some(note) = e.output_file.as_ref().and_then(|f| output_file_note(f, exec_id?)) {
+    if let Some(note) = e
+        .output_file
+        .as_ref()
+        .and_then(|f| output_file_note(f, exec_id?))
+    {
         text.push('\n');
         text.push_str(&note);
     }
@@ -351,10 +355,7 @@ fn format_exec(e: ExecReply, timeout_secs: u64, exec_id: Option<&str>) -> ToolOu
 /// path comes from the gateway's own exec id, never from the sandbox's reply.
 fn output_file_note(file: &beige_protocol::op::OutputFile, exec_id: &str) -> Option<String> {
     let id = exec_id;
-    let path = format!(
-        "/workspace/{}",
-        beige_protocol::op::exec_output_file(id)
-    );
+    let path = format!("/workspace/{}", beige_protocol::op::exec_output_file(id));
     Some(match (&file.error, file.truncated) {
         (Some(why), _) if file.bytes == 0 => format!(
             "[beige] The output was cut to the exec output limit, and the whole output could not be kept: {why}"
@@ -471,7 +472,9 @@ mod tests {
             output_file: Some(beige_protocol::op::OutputFile {
                 bytes: 0,
                 truncated: false,
-                error: Some("cannot create /workspace/.beige/out/x1abc.log: No space left on device".into()),
+                error: Some(
+                    "cannot create /workspace/.beige/out/x1abc.log: No space left on device".into(),
+                ),
             }),
             ..capped
         };

@@ -338,9 +338,12 @@ async fn images_with_and_without_vision() {
 
 /// The path a capped result names, checked to be an output file in the workspace.
 fn output_file_named_in(text: &str) -> String {
-    let start = text
-        .find("/workspace/.beige/out/")
-        .unwrap_or_else(|| panic!("no output file named in: {}", &text[text.len().saturating_sub(600)..]));
+    let start = text.find("/workspace/.beige/out/").unwrap_or_else(|| {
+        panic!(
+            "no output file named in: {}",
+            &text[text.len().saturating_sub(600)..]
+        )
+    });
     let end = start + text[start..].find(".log").expect("a .log path") + 4;
     text[start..end].to_string()
 }
@@ -352,7 +355,12 @@ async fn a_capped_output_is_kept_whole_where_the_result_says() {
 
     // 1,288,895 bytes of numbered lines, and a line on stderr in the middle: far over
     // the 64 KiB cap.
-    let out = exec(&gw, "tools", "seq 1 100000; sleep 0.3; echo middle >&2; sleep 0.3; seq 100001 200000").await;
+    let out = exec(
+        &gw,
+        "tools",
+        "seq 1 100000; sleep 0.3; echo middle >&2; sleep 0.3; seq 100001 200000",
+    )
+    .await;
     let text = out.joined_text();
     assert!(text.len() < 80 * 1024, "{}", text.len());
     assert!(text.contains("bytes omitted"), "{}", &text[..200]);
@@ -364,10 +372,20 @@ async fn a_capped_output_is_kept_whole_where_the_result_says() {
     let path = output_file_named_in(&text);
 
     // The model reads on through the path, with `read`'s offset and limit...
-    let part = call(&gw, "read", json!({"path": path, "offset": 150001, "limit": 3})).await;
+    let part = call(
+        &gw,
+        "read",
+        json!({"path": path, "offset": 150001, "limit": 3}),
+    )
+    .await;
     assert!(!part.is_error, "{}", part.joined_text());
     assert_eq!(part.joined_text(), "150000\n150001\n150002\n");
-    let middle = call(&gw, "read", json!({"path": path, "offset": 100001, "limit": 2})).await;
+    let middle = call(
+        &gw,
+        "read",
+        json!({"path": path, "offset": 100001, "limit": 2}),
+    )
+    .await;
     assert_eq!(middle.joined_text(), "middle\n100001\n");
     // ...and the whole file is exactly the output, in the order it came.
     let same = exec(
@@ -387,10 +405,14 @@ async fn a_capped_output_is_kept_whole_where_the_result_says() {
     assert_eq!(lines[1], format!("{uid} 600"), "{text}");
 
     // Output within the cap leaves no file behind.
-    let before = exec(&gw, "tools", "ls .beige/out | wc -l").await.joined_text();
+    let before = exec(&gw, "tools", "ls .beige/out | wc -l")
+        .await
+        .joined_text();
     let small = exec(&gw, "tools", "echo small").await;
     assert_eq!(small.joined_text(), "Exit code: 0\nsmall");
-    let after = exec(&gw, "tools", "ls .beige/out | wc -l").await.joined_text();
+    let after = exec(&gw, "tools", "ls .beige/out | wc -l")
+        .await
+        .joined_text();
     assert_eq!(before, after);
     gw.shutdown().await.unwrap();
 }

@@ -72,6 +72,38 @@ impl Capture {
             .sum()
     }
 
+    /// Bytes `from..from + len` of everything `stream` produced, as at most three
+    /// slices. Only meaningful while nothing was dropped (at most `cap` bytes in all):
+    /// the spool replays the first bytes of the output with it ([`super::spool`]).
+    pub fn untrimmed(&self, stream: Stream, from: u64, len: u64) -> Vec<&[u8]> {
+        let buf = &self.buffers[stream as usize];
+        let (a, b) = buf.tail.as_slices();
+        let mut skip = usize::try_from(from).unwrap_or(usize::MAX);
+        let mut want = usize::try_from(len).unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        for part in [buf.head.as_slice(), a, b] {
+            if want == 0 {
+                break;
+            }
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            let piece = &part[skip..part.len().min(skip.saturating_add(want))];
+            skip = 0;
+            want -= piece.len();
+            out.push(piece);
+        }
+        out
+    }
+
+    /// Whether any byte was dropped so far.
+    pub fn dropped(&self) -> bool {
+        self.buffers
+            .iter()
+            .any(|b| b.total > (b.head.len() + b.tail.len()) as u64)
+    }
+
     /// Records a chunk of `stream`.
     pub fn push(&mut self, stream: Stream, mut data: &[u8]) {
         let room = self.head_budget.saturating_sub(self.head_used());
@@ -119,21 +151,51 @@ impl Capture {
         trim_front(&mut self.buffers[stream.other() as usize].tail, keep_theirs);
     }
 
+    /// Like [`Capture::finish`], but moves the bytes out instead of copying them when
+    /// nothing was dropped (the common case, and the one that can be megabytes when
+    /// the cap is raised). The stream is empty afterwards.
+    pub fn take(&mut self, stream: Stream) -> Captured {
+        let buf = &mut self.buffers[stream as usize];
+        if buf.total > (buf.head.len() + buf.tail.len()) as u64 {
+            return self.finish(stream);
+        }
+        let mut all = std::mem::take(&mut buf.head);
+        let tail = std::mem::take(&mut buf.tail);
+        let (a, b) = tail.as_slices();
+        all.reserve_exact(a.len() + b.len());
+        all.extend_from_slice(a);
+        all.extend_from_slice(b);
+        buf.total = 0;
+        Captured {
+            text: String::from_utf8(all)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            omitted: 0,
+        }
+    }
+
     /// The captured text of `stream`. Characters cut by the head/tail boundaries are
     /// dropped (and counted as omitted) instead of being turned into U+FFFD.
     pub fn finish(&self, stream: Stream) -> Captured {
         let buf = &self.buffers[stream as usize];
         let kept = (buf.head.len() + buf.tail.len()) as u64;
         let omitted = buf.total - kept;
-        let tail: Vec<u8> = buf.tail.iter().copied().collect();
+        let (a, b) = buf.tail.as_slices();
         if omitted == 0 {
-            let mut all = buf.head.clone();
-            all.extend_from_slice(&tail);
+            // One copy: the bytes into the reply's string (validated in place; only
+            // output that is not UTF-8 takes the lossy path).
+            let mut all = Vec::with_capacity(buf.head.len() + a.len() + b.len());
+            all.extend_from_slice(&buf.head);
+            all.extend_from_slice(a);
+            all.extend_from_slice(b);
             return Captured {
-                text: String::from_utf8_lossy(&all).into_owned(),
+                text: String::from_utf8(all)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
                 omitted: 0,
             };
         }
+        let mut tail = Vec::with_capacity(a.len() + b.len());
+        tail.extend_from_slice(a);
+        tail.extend_from_slice(b);
         let head_keep = buf.head.len() - incomplete_suffix_len(&buf.head);
         let tail_skip = tail
             .iter()
@@ -203,6 +265,29 @@ mod tests {
         assert_eq!(out.text, "hello world");
         assert_eq!(out.omitted, 0);
         assert_eq!(c.finish(Stream::Stderr).text, "warn");
+    }
+
+    #[test]
+    fn take_gives_what_finish_gives() {
+        // Whole and capped, one stream and both, head only and head plus tail.
+        for cap in [0usize, 7, 64, 1000] {
+            for pushes in [1usize, 3, 40] {
+                let mut c = Capture::new(cap);
+                for i in 0..pushes {
+                    let stream = if i % 3 == 2 {
+                        Stream::Stderr
+                    } else {
+                        Stream::Stdout
+                    };
+                    let data = format!("{i}:{}é\n", "x".repeat(i % 11));
+                    c.push(stream, data.as_bytes());
+                }
+                for stream in [Stream::Stdout, Stream::Stderr] {
+                    let want = c.finish(stream);
+                    assert_eq!(c.take(stream), want, "cap {cap}, {pushes} pushes");
+                }
+            }
+        }
     }
 
     #[test]

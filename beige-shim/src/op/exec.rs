@@ -24,6 +24,9 @@
 //! streaming, and at most [`MAX_STREAMED_BYTES`] are streamed. Streaming never delays
 //! the command nor changes the reply.
 //!
+//! With an `execId`, output that outgrows the cap is also kept whole in the workspace at
+//! `.beige/out/<exec id>.log` ([`super::spool`]); the reply says how much.
+//!
 //! With an `execId`, the command runs with `BEIGE_EXEC_ID=<id>` in its environment, so
 //! a second `beige-shim op kill` can find its processes (see [`super::kill`]); the
 //! `exec` then replies as usual, with the signal that ended the shell.
@@ -42,6 +45,7 @@ use beige_protocol::op::{
 };
 
 use super::capture::{Capture, Stream};
+use super::spool::Spool;
 use super::survivors::Baseline;
 use super::{op_error, Context};
 use crate::link::{progress_header, MAX_PROGRESS_RECORD, PROGRESS_STDERR, PROGRESS_STDOUT};
@@ -140,6 +144,10 @@ pub fn exec(
         stdout: child.stdout.take(),
         stderr: child.stderr.take(),
         capture: Capture::new(usize::try_from(req.max_output_bytes).unwrap_or(usize::MAX)),
+        spool: req
+            .exec_id
+            .as_deref()
+            .map(|id| Spool::new(ctx.workspace(), id, req.max_output_bytes)),
         progress: progress.map(Progress::new),
     };
     pipes.set_nonblocking();
@@ -170,8 +178,10 @@ pub fn exec(
     }
 
     let survivors = baseline.map(|b| b.survivors(pgid)).unwrap_or_default();
-    let stdout = pipes.capture.finish(Stream::Stdout);
-    let stderr = pipes.capture.finish(Stream::Stderr);
+    let dropped = pipes.capture.dropped();
+    let output_file = pipes.spool.take().and_then(|s| s.finish(dropped));
+    let stdout = pipes.capture.take(Stream::Stdout);
+    let stderr = pipes.capture.take(Stream::Stderr);
     Ok(ExecReply {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
@@ -182,6 +192,7 @@ pub fn exec(
         timed_out: outcome.timed_out,
         duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
         survivors,
+        output_file,
     })
 }
 
@@ -191,6 +202,8 @@ struct Pipes {
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
     capture: Capture,
+    /// Where all of the output goes once it outgrows the cap (only with an exec id).
+    spool: Option<Spool>,
     /// Where the output is streamed as well, if anywhere.
     progress: Option<Progress>,
 }
@@ -232,16 +245,24 @@ impl Pipes {
         let mut ready = fds.iter().map(|f| f.revents != 0);
         if self.stdout.is_some() && ready.next() == Some(true) {
             if let Some(p) = self.stdout.as_mut() {
-                let progress = self.progress.as_mut();
-                if !read_into(p, Stream::Stdout, &mut self.capture, progress, buf) {
+                let sinks = Sinks {
+                    capture: &mut self.capture,
+                    spool: self.spool.as_mut(),
+                    progress: self.progress.as_mut(),
+                };
+                if !read_into(p, Stream::Stdout, sinks, buf) {
                     self.stdout = None;
                 }
             }
         }
         if self.stderr.is_some() && ready.next() == Some(true) {
             if let Some(p) = self.stderr.as_mut() {
-                let progress = self.progress.as_mut();
-                if !read_into(p, Stream::Stderr, &mut self.capture, progress, buf) {
+                let sinks = Sinks {
+                    capture: &mut self.capture,
+                    spool: self.spool.as_mut(),
+                    progress: self.progress.as_mut(),
+                };
+                if !read_into(p, Stream::Stderr, sinks, buf) {
                     self.stderr = None;
                 }
             }
@@ -267,22 +288,28 @@ impl Pipes {
     }
 }
 
-/// Reads what `pipe` has into the capture (and the progress pipe); returns whether it
-/// is still open.
-fn read_into(
-    pipe: &mut impl Read,
-    stream: Stream,
-    capture: &mut Capture,
-    mut progress: Option<&mut Progress>,
-    buf: &mut [u8],
-) -> bool {
+/// Where a chunk read from a pipe goes.
+struct Sinks<'a> {
+    capture: &'a mut Capture,
+    spool: Option<&'a mut Spool>,
+    progress: Option<&'a mut Progress>,
+}
+
+/// Reads what `pipe` has into the capture (and the spool and the progress pipe);
+/// returns whether it is still open.
+fn read_into(pipe: &mut impl Read, stream: Stream, mut sinks: Sinks<'_>, buf: &mut [u8]) -> bool {
     loop {
         match pipe.read(buf) {
             Ok(0) => return false,
             Ok(n) => {
-                capture.push(stream, &buf[..n]);
-                if let Some(progress) = progress.as_deref_mut() {
-                    progress.push(stream, &buf[..n]);
+                let chunk = &buf[..n];
+                if let Some(spool) = sinks.spool.as_deref_mut() {
+                    // Before the capture takes it: the spool replays what came earlier.
+                    spool.push(stream, chunk, sinks.capture);
+                }
+                sinks.capture.push(stream, chunk);
+                if let Some(progress) = sinks.progress.as_deref_mut() {
+                    progress.push(stream, chunk);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,

@@ -8,6 +8,7 @@ fn req(command: &str, timeout_secs: u64) -> ExecRequest {
         cwd: None,
         max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
         exec_id: None,
+        raw_output: false,
     }
 }
 
@@ -142,6 +143,7 @@ fn exit_is_noticed_without_a_pidfd() {
         stdout: child.stdout.take(),
         stderr: child.stderr.take(),
         capture: Capture::new(1024),
+        spool: None,
         progress: None,
     };
     pipes.set_nonblocking();

@@ -356,6 +356,7 @@ mod tests {
             cwd: None,
             max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
             exec_id: Some(id.clone()),
+            raw_output: false,
         };
         let ctx = super::super::Context::new(dir.path());
         let runner = thread::spawn(move || super::super::exec::exec(&ctx, &req, false, None));

@@ -27,6 +27,7 @@ mod exec;
 mod kill;
 mod patch;
 mod read;
+mod spool;
 mod survivors;
 mod write;
 
@@ -135,7 +136,8 @@ pub fn run(args: &[String]) -> i32 {
             let message =
                 format!("Cannot drop privileges to {user} for the {name} operation: {err}");
             eprintln!("beige-shim op: {message}");
-            if let Err(err) = write_reply(&OpReply::Error(op_error(OpErrorKind::Io, message))) {
+            if let Err(err) = write_reply(OpReply::Error(op_error(OpErrorKind::Io, message)), false)
+            {
                 eprintln!("beige-shim op: cannot write the reply: {err}");
             }
             return EXIT_DROP_FAILED;
@@ -166,8 +168,9 @@ pub fn serve(name: &str, input: &[u8], progress: Option<OwnedFd>) -> i32 {
             request.name()
         ));
     }
+    let raw = matches!(&request, OpRequest::Exec(e) if e.raw_output);
     let reply = perform(&Context::from_env(), request, true, progress);
-    match write_reply(&reply) {
+    match write_reply(reply, raw) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("beige-shim op {name}: cannot write the reply: {err}");
@@ -200,15 +203,16 @@ pub fn perform(
 fn bad_request(message: &str) -> i32 {
     eprintln!("beige-shim op: {message}");
     let reply = OpReply::Error(op_error(OpErrorKind::BadRequest, message));
-    if let Err(err) = write_reply(&reply) {
+    if let Err(err) = write_reply(reply, false) {
         eprintln!("beige-shim op: cannot write the reply: {err}");
     }
     EXIT_BAD_REQUEST
 }
 
-fn write_reply(reply: &OpReply) -> io::Result<()> {
-    let mut line = serde_json::to_vec(reply).map_err(io::Error::other)?;
-    line.push(b'\n');
+/// Writes the reply to stdout in one go; with `raw`, large exec output in the raw form
+/// ([`beige_protocol::op::encode_reply`]).
+fn write_reply(reply: OpReply, raw: bool) -> io::Result<()> {
+    let line = beige_protocol::op::encode_reply(reply, raw);
     let mut out = io::stdout().lock();
     out.write_all(&line)?;
     out.flush()

@@ -108,6 +108,7 @@ fn exec_children_hold_no_capabilities() {
         cwd: None,
         max_output_bytes: 64 * 1024,
         exec_id: None,
+        raw_output: false,
     });
     let out = run_dropped(ws.path(), &["exec", "--drop", "1000:1000"], &request);
     assert_eq!(out.status.code(), Some(0));

@@ -14,6 +14,7 @@ fn exec(command: &str, timeout_secs: u64) -> ExecRequest {
         cwd: None,
         max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
         exec_id: None,
+        raw_output: false,
     }
 }
 

@@ -28,6 +28,7 @@ fn exec_with_id(command: &str, id: &str) -> ExecRequest {
         cwd: None,
         max_output_bytes: beige_protocol::op::DEFAULT_EXEC_MAX_OUTPUT_BYTES,
         exec_id: Some(id.into()),
+        raw_output: false,
     }
 }
 

@@ -210,6 +210,7 @@ fn exec_op(command: &str, timeout_secs: u64) -> Vec<u8> {
         cwd: None,
         max_output_bytes: 64 * 1024,
         exec_id: None,
+        raw_output: false,
     }))
     .unwrap()
 }
