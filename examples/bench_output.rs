@@ -9,15 +9,17 @@
 //! - `exec_output_10mb_floor`: `cat big.txt | cat > /dev/null` through the same path —
 //!   the same 10 MiB through a pipe inside the container, but no output to carry;
 //! - `exec_output_10mb_rss_growth`: how far the harness process's resident memory (the
-//!   gateway runs in it) rose above where it was before the call, from the kernel's
-//!   peak counter (`VmHWM`, reset through `/proc/self/clear_refs` before each call).
+//!   gateway runs in it) rose during the call above where it was before the first big
+//!   output, from the kernel's peak counter (`VmHWM`, reset through
+//!   `/proc/self/clear_refs` before each call) — so memory kept from an earlier call
+//!   counts too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use beige_core::api::tools::{CoreToolCall, ToolContext};
+use beige_core::api::tools::{ContentBlock, CoreToolCall, ToolContext};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::{BeigeHome, Gateway as _, GatewayBuilder, LocalGateway};
 
@@ -52,7 +54,16 @@ async fn exec(gw: &LocalGateway, command: &str) -> anyhow::Result<(f64, usize)> 
     let out = gw.call_tool("bench", call, ToolContext::default()).await?;
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     anyhow::ensure!(!out.is_error, "`{command}` failed: {}", out.joined_text());
-    Ok((ms, out.joined_text().len()))
+    // Measured without copying the text (`joined_text` would add a copy of its own).
+    let len = out
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text } => text.len(),
+            _ => 0,
+        })
+        .sum();
+    Ok((ms, len))
 }
 
 /// `(VmRSS, VmHWM)` of this process, in KiB.
@@ -77,11 +88,12 @@ pub async fn figures(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::R
     let gw = gateway(home, image, shim).await?;
     let line = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     exec(&gw, &format!("yes {line} | head -c {BIG} > big.txt")).await?;
+    exec(&gw, "cat big.txt | cat > /dev/null").await?;
+    let (before, _) = rss_kib()?;
     let (mut full, mut floor, mut growth) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..SAMPLES + 3 {
         let (floor_ms, _) = exec(&gw, "cat big.txt | cat > /dev/null").await?;
         reset_peak()?;
-        let (before, _) = rss_kib()?;
         let (ms, len) = exec(&gw, "cat big.txt").await?;
         let (_, peak) = rss_kib()?;
         anyhow::ensure!(len >= BIG, "only {len} of {BIG} bytes came back");

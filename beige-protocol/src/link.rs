@@ -329,6 +329,14 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// The decoder's buffer, with room for at least `min` more bytes, for reading
+    /// straight into (e.g. with tokio's `read_buf`) instead of into a scratch buffer
+    /// and then [`FrameDecoder::push`]. Only append to it.
+    pub fn read_target(&mut self, min: usize) -> &mut Vec<u8> {
+        self.buf.reserve(min);
+        &mut self.buf
+    }
+
     /// Bytes received but not yet part of a returned frame.
     pub fn buffered(&self) -> usize {
         self.buf.len()

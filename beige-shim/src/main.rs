@@ -35,6 +35,7 @@ const SHIM_NAMES: [&str; 2] = ["beige-shim", "shim"];
 const EXIT_USAGE: i32 = 2;
 
 fn main() {
+    sys::return_large_allocations();
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_default();
     let rest: Vec<OsString> = args.collect();

@@ -81,6 +81,22 @@ impl SignalSet {
     }
 }
 
+/// Makes large allocations (256 KiB and more) always their own mappings, returned to
+/// the kernel when freed.
+///
+/// glibc otherwise raises its mmap threshold after the first large free and serves
+/// later large buffers from the heap, which it keeps: after one 10 MiB `exec` output,
+/// PID 1 would hold tens of MiB for the container's life, and every fork of it (each
+/// op child) would copy the page tables for them. Best effort: a failure changes
+/// nothing but memory use.
+pub fn return_large_allocations() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
 /// Makes `command` start with an empty signal mask and SIGPIPE at its default action,
 /// whatever the shim has blocked or ignored.
 ///

@@ -443,7 +443,6 @@ impl LinkHub {
             return;
         }
         let mut decoder = FrameDecoder::new();
-        let mut buf = vec![0u8; READ_CHUNK];
         let shim_hello = first_frame(&mut decoder, &mut reader)
             .await
             .map(|f| f.message);
@@ -539,9 +538,12 @@ impl LinkHub {
                 }
             }
             tokio::select! {
-                read = reader.read(&mut buf) => match read {
+                // Straight into the decoder's buffer: a large result is read in place,
+                // not copied through a scratch buffer (cancel-safe: nothing is lost if
+                // another branch wins).
+                read = reader.read_buf(decoder.read_target(READ_CHUNK)) => match read {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => decoder.push(&buf[..n]),
+                    Ok(_) => {}
                 },
                 _ = ping.tick() => {
                     if last_heard.elapsed() > silence {

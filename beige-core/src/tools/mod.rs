@@ -302,7 +302,7 @@ fn format_read(path: &str, reply: ReadReply, ctx: &ToolContext) -> ToolOutput {
 fn format_exec(e: ExecReply, timeout_secs: u64, exec_id: Option<&str>) -> ToolOutput {
     let code = e.exit_code.unwrap_or_else(|| 128 + e.signal.unwrap_or(9));
     let is_error = e.timed_out || code != 0;
-    let mut text = if e.timed_out {
+    let header = if e.timed_out {
         format!(
             "Error: timed out after {timeout_secs} s; the command and every process it started were killed. Output so far:"
         )
@@ -313,20 +313,28 @@ fn format_exec(e: ExecReply, timeout_secs: u64, exec_id: Option<&str>) -> ToolOu
         }
         line
     };
-    for (out, omitted, name) in [
-        (e.stdout, e.stdout_omitted, "stdout"),
-        (e.stderr, e.stderr_omitted, "stderr"),
-    ] {
-        let body = out.trim_end_matches('\n');
-        if !body.is_empty() {
-            text.reserve(body.len() + 1);
-            text.push('\n');
-            text.push_str(body);
-        }
-        // The shim's own marker line says "bytes omitted"; then no note is added.
-        if omitted > 0 && !body.contains("bytes omitted") {
-            text.push_str(&format!("\n[{omitted} bytes of {name} omitted]"));
-        }
+    // The text is built in stdout's own buffer (the header goes in front), so megabytes
+    // of output are moved within one allocation, not copied into a second one.
+    let mut text = e.stdout;
+    text.truncate(text.trim_end_matches('\n').len());
+    // The shim's own marker line says "bytes omitted"; then no note is added.
+    let stdout_marked = e.stdout_omitted > 0 && text.contains("bytes omitted");
+    if text.is_empty() {
+        text.push_str(&header);
+    } else {
+        text.insert_str(0, &format!("{header}\n"));
+    }
+    if e.stdout_omitted > 0 && !stdout_marked {
+        text.push_str(&format!("\n[{} bytes of stdout omitted]", e.stdout_omitted));
+    }
+    let stderr = e.stderr.trim_end_matches('\n');
+    if !stderr.is_empty() {
+        text.reserve(stderr.len() + 1);
+        text.push('\n');
+        text.push_str(stderr);
+    }
+    if e.stderr_omitted > 0 && !stderr.contains("bytes omitted") {
+        text.push_str(&format!("\n[{} bytes of stderr omitted]", e.stderr_omitted));
     }
     if let Some(note) = e
         .output_file
