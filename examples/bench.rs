@@ -24,6 +24,8 @@ use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest
 
 #[path = "bench_egress.rs"]
 mod bench_egress;
+#[path = "bench_load.rs"]
+mod bench_load;
 #[path = "bench_output.rs"]
 mod bench_output;
 
@@ -254,10 +256,38 @@ async fn exec_roundtrip(
                 unit: "ms",
                 samples,
             });
+            figures.push(sh_c_true_floor(&gw).await?);
         }
         gw.shutdown().await?;
     }
     Ok(figures)
+}
+
+/// The floor of `exec true`: what `sh -c true` itself costs inside the container (a
+/// fork and exec of the shell), as the difference of a shell loop running it 200 times
+/// and the same loop running the builtin `true`, divided by 200.
+async fn sh_c_true_floor(gw: &LocalGateway) -> anyhow::Result<Figure> {
+    let run = |command: &'static str| async move {
+        let call = CoreToolCall::parse("exec", serde_json::json!({ "command": command }))?;
+        let t = Instant::now();
+        let out = gw.call_tool("bench", call, ToolContext::default()).await?;
+        anyhow::ensure!(!out.is_error, "loop failed: {}", out.joined_text());
+        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let with = "i=0; while [ $i -lt 200 ]; do sh -c true; i=$((i+1)); done";
+    let without = "i=0; while [ $i -lt 200 ]; do true; i=$((i+1)); done";
+    run(with).await?;
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        let base = run(without).await?;
+        let total = run(with).await?;
+        samples.push((total - base) / 200.0);
+    }
+    Ok(Figure {
+        name: "exec_floor_sh_c_true",
+        unit: "ms",
+        samples,
+    })
 }
 
 async fn sandbox_cold_start(
@@ -629,6 +659,9 @@ async fn main() -> anyhow::Result<()> {
     if want("gateway_idle_rss") || want("exec_http_roundtrip") {
         figures.extend(daemon_figures(&image, &shim, "unix").await?);
         figures.extend(daemon_figures(&image, &shim, "off").await?);
+    }
+    if want("concurrent_1000") {
+        figures.extend(bench_load::figures(&home, &image, &shim).await?);
     }
     if want("exec_output_10mb") {
         figures.extend(bench_output::figures(&home, &image, &shim).await?);

@@ -1303,13 +1303,16 @@ impl Inner {
     }
 
     /// policy → preToolExec → audit started → `run` → postToolExec → audit finished.
-    /// `as_result` views the output as `{output, exitCode}` for hooks and audit;
-    /// `rewrite` applies a `postToolExec` replacement.
+    /// `as_result` views the output as `{output, exitCode}` for `postToolExec` hooks
+    /// (a copy: only made when such a hook is registered); `measure` gives the exit code
+    /// and output size for the audit without copying; `rewrite` applies a
+    /// `postToolExec` replacement.
     async fn guarded<T, F>(
         &self,
         meta: CallMeta<'_>,
         run: F,
         as_result: impl Fn(&T) -> ToolResult,
+        measure: impl Fn(&T) -> (i32, u64),
         rewrite: impl FnOnce(T, ToolResult) -> T,
     ) -> Result<Guarded<T>, GatewayError>
     where
@@ -1352,6 +1355,12 @@ impl Inner {
         let mut finished = self.record(&meta, Phase::Finished, AuditDecision::Allowed);
         finished.duration_ms = Some(started.elapsed().as_millis() as u64);
         let out = match outcome {
+            Ok(value) if !self.hooks().has(crate::hooks::HookName::PostToolExec) => {
+                let (exit_code, bytes) = measure(&value);
+                finished.exit_code = Some(exit_code);
+                finished.output_bytes = Some(bytes);
+                Ok(Guarded::Ran(value))
+            }
             Ok(value) => {
                 let result = as_result(&value);
                 let post = PostToolExecEvent {
@@ -1541,6 +1550,7 @@ impl Inner {
                     output: out.joined_text(),
                     exit_code: i32::from(out.is_error),
                 },
+                |out: &ToolOutput| (i32::from(out.is_error), joined_len(out)),
                 |before, r| {
                     let mut out = ToolOutput::new(
                         vec![crate::tools::ContentBlock::Text { text: r.output }],
@@ -1854,7 +1864,16 @@ impl Inner {
                 )),
             }
         };
-        match self.guarded(meta, run, ToolResult::clone, |_, r| r).await {
+        match self
+            .guarded(
+                meta,
+                run,
+                ToolResult::clone,
+                |r: &ToolResult| (r.exit_code, r.output.len() as u64),
+                |_, r| r,
+            )
+            .await
+        {
             Ok(Guarded::Ran(mut result)) => {
                 truncate_output(&mut result.output);
                 ToolResponse::from_result(result.output, result.exit_code)
@@ -1866,6 +1885,16 @@ impl Inner {
             Err(e) => ToolResponse::error(e.to_string(), 1),
         }
     }
+}
+
+/// The length of `out.joined_text()`, without making it.
+fn joined_len(out: &ToolOutput) -> u64 {
+    let text = |b: &crate::tools::ContentBlock| match b {
+        crate::tools::ContentBlock::Text { text } => Some(text.len()),
+        _ => None,
+    };
+    let lens: Vec<usize> = out.content.iter().filter_map(text).collect();
+    (lens.iter().sum::<usize>() + lens.len().saturating_sub(1)) as u64
 }
 
 /// An exec registered in the [`ExecRegistry`] while its call runs; marked ended when
