@@ -314,6 +314,8 @@ pub(crate) struct ChainWriter {
     installation: String,
     head_path: PathBuf,
     head_file: Option<std::fs::File>,
+    /// The length the head file was last written (and cut) to.
+    head_len: Option<usize>,
     /// `None` until the log's tail was read.
     head: Option<Head>,
     since_checkpoint: u64,
@@ -353,6 +355,7 @@ impl ChainWriter {
             installation,
             head_path,
             head_file: None,
+            head_len: None,
             head: None,
             since_checkpoint: 0,
             last_checkpoint: Instant::now(),
@@ -404,6 +407,10 @@ impl ChainWriter {
     pub(crate) fn committed(&mut self) {
         let Some(head) = &self.head else { return };
         let text = format!("{:020} {}\n", head.seq, head.hash);
+        // The text has the same length every time (a zero-padded number and a digest of
+        // fixed size), so the file is cut to it only when it is opened, not on every
+        // record (a truncate costs the file system a journal entry).
+        let mut opened = false;
         if self.head_file.is_none() {
             self.head_file = std::fs::OpenOptions::new()
                 .create(true)
@@ -411,11 +418,18 @@ impl ChainWriter {
                 .truncate(false)
                 .open(&self.head_path)
                 .ok();
+            opened = true;
         }
         let written = self.head_file.as_ref().map(|f| {
-            f.write_all_at(text.as_bytes(), 0)
-                .and_then(|()| f.set_len(text.len() as u64))
+            f.write_all_at(text.as_bytes(), 0).and_then(|()| {
+                let cut = opened || self.head_len != Some(text.len());
+                if cut {
+                    f.set_len(text.len() as u64)?;
+                }
+                Ok(())
+            })
         });
+        self.head_len = matches!(written, Some(Ok(()))).then_some(text.len());
         if !matches!(written, Some(Ok(()))) {
             tracing::warn!(path = %self.head_path.display(), "could not update the audit head file; verification will not notice a cut-short log");
             self.head_file = None;
