@@ -262,6 +262,24 @@ pub struct Frame {
     pub payload: Vec<u8>,
 }
 
+/// Encodes everything of a frame but its payload: magic, lengths and header, for a
+/// writer that sends a large payload from where it is instead of copying it into one
+/// buffer with [`encode`]. The bytes on the wire are the same.
+pub fn encode_head(message: &LinkMessage, payload_len: usize) -> Vec<u8> {
+    // Serializing a plain enum of strings and numbers cannot fail.
+    let header = serde_json::to_vec(message).unwrap_or_default();
+    let mut out = Vec::with_capacity(PREFIX_LEN + header.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(
+        &u32::try_from(header.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(&u32::try_from(payload_len).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&header);
+    out
+}
+
 /// Encodes one frame.
 pub fn encode(message: &LinkMessage, payload: &[u8]) -> Vec<u8> {
     // Serializing a plain enum of strings and numbers cannot fail.
@@ -460,6 +478,14 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.push(&big);
         assert!(matches!(d.next_frame(), Err(FrameError::HeaderTooLarge(_))));
+    }
+
+    #[test]
+    fn a_head_and_its_payload_are_the_frame() {
+        let message = LinkMessage::Result { id: "r9".into() };
+        let mut split = encode_head(&message, 5);
+        split.extend_from_slice(b"hello");
+        assert_eq!(split, encode(&message, b"hello"));
     }
 
     #[test]

@@ -70,6 +70,10 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long one frame may take to write before the connection counts as lost.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Payloads from this size on are written after their frame head rather than copied
+/// into one buffer with it.
+const LARGE_FRAME: usize = 64 * 1024;
+
 /// Bytes of unacknowledged results kept; the oldest are dropped beyond.
 pub const MAX_UNACKED_BYTES: usize = 64 * 1024 * 1024;
 /// Op children running at once; further ops fail at once.
@@ -1000,8 +1004,16 @@ impl Wire {
         let Some(conn) = self.conn.as_mut().filter(|c| c.greeted) else {
             return;
         };
-        let frame = wire::encode(message, payload);
-        if let Err(loss) = conn.write_frame(&frame, false) {
+        // A large payload (a result) is written from where it is, after its head,
+        // instead of being copied into one frame buffer first.
+        let written = if payload.len() >= LARGE_FRAME {
+            let head = wire::encode_head(message, payload.len());
+            conn.write_frame(&head, false)
+                .and_then(|()| conn.write_frame(payload, false))
+        } else {
+            conn.write_frame(&wire::encode(message, payload), false)
+        };
+        if let Err(loss) = written {
             self.lost("writing to the link failed", loss);
         }
     }
