@@ -24,6 +24,8 @@ use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest
 
 #[path = "bench_egress.rs"]
 mod bench_egress;
+#[path = "bench_session.rs"]
+mod bench_session;
 
 struct Figure {
     name: &'static str,
@@ -611,6 +613,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("turn_overhead") {
         figures.push(turn_overhead(&home, &image, &shim).await?);
+    }
+    if want("prompt_history") {
+        figures.extend(bench_session::figures(&home, &image, &shim).await?);
     }
     if want("concurrent_sessions") {
         figures.extend(concurrent_sessions(&home, &image, &shim).await?);
