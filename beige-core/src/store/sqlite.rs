@@ -262,6 +262,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX schedule_runs_by_status ON schedule_runs(status, fire_at);
     "#,
+    // 6: the revision of each session's messages, raised by every append and compaction
+    // in the transaction that writes them (`SessionStore::message_revision`): the gateway
+    // checks its in-memory copy of a session's context against it.
+    r#"
+    ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -904,7 +910,9 @@ impl SessionStore for SqliteStore {
             }
             drop(insert);
             tx.prepare_cached(
-                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3) WHERE id = ?1",
+                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3),
+                                     revision = revision + 1
+                 WHERE id = ?1",
             )?
             .execute(params![session_id, now, new_title])?;
             tx.commit()?;
@@ -1030,10 +1038,27 @@ impl SessionStore for SqliteStore {
                  VALUES (?1, ?2, ?3, ?4, 1, 0, ?5)",
             )?
             .execute(params![session_id, upto_seq, sub, content, now])?;
-            tx.prepare_cached("UPDATE sessions SET updated = ?2 WHERE id = ?1")?
-                .execute(params![session_id, now])?;
+            tx.prepare_cached(
+                "UPDATE sessions SET updated = ?2, revision = revision + 1 WHERE id = ?1",
+            )?
+            .execute(params![session_id, now])?;
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
+        let session_id = session_id.to_string();
+        self.run(move |conn, _| {
+            let revision: Option<i64> = conn
+                .prepare_cached("SELECT revision FROM sessions WHERE id = ?1")?
+                .query_row([&session_id], |r| r.get(0))
+                .optional()?;
+            match revision {
+                Some(r) => Ok(Some(to_u64(r))),
+                None => Err(not_found(&session_id)),
+            }
         })
         .await
     }
