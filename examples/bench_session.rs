@@ -70,7 +70,12 @@ async fn session_gateway(
 /// One turn of a working session: a question, an `exec` call, its output, an answer.
 fn turn(i: usize) -> Vec<NewMessage> {
     let output: String = (0..8)
-        .map(|l| format!("-rw-r--r-- 1 agent agent {:>6} src/module_{i}_{l}.rs\n", 100 * l + i))
+        .map(|l| {
+            format!(
+                "-rw-r--r-- 1 agent agent {:>6} src/module_{i}_{l}.rs\n",
+                100 * l + i
+            )
+        })
         .collect();
     vec![
         NewMessage::plain(Message::user_text(format!(
@@ -127,15 +132,8 @@ async fn scripted_figures(
         "models": {"scripted": {"contextWindow": 2_000_000}}
     }});
     let model = serde_json::json!({"provider": "scripted", "model": "scripted"});
-    let (gw, store) = session_gateway(
-        home,
-        image,
-        shim,
-        providers,
-        model,
-        Some(answering(calls)),
-    )
-    .await?;
+    let (gw, store) =
+        session_gateway(home, image, shim, providers, model, Some(answering(calls))).await?;
 
     for i in 0..WARM {
         prompt_once(&gw, format!("api:bench:fresh-warm{i}")).await?;
@@ -249,7 +247,11 @@ async fn fake_model() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     Ok((url, task))
 }
 
-async fn http_figures(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Result<Vec<Figure>> {
+async fn http_figures(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
     let (url, server) = fake_model().await?;
     let providers = serde_json::json!({"fake": {
         "api": "anthropic-messages",
