@@ -1259,6 +1259,39 @@ async fn migrating_counts_the_data_already_stored() {
     );
 }
 
+#[tokio::test]
+async fn migrating_counts_the_messages_of_sessions_already_stored() {
+    let (_dir, path) = temp_db();
+    // A version-5 database with one session of three messages (one a summary), as an
+    // earlier beige left it.
+    {
+        let conn = raw(&path);
+        for step in &sqlite::MIGRATIONS[..5] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        conn.execute_batch(
+            r#"INSERT INTO sessions (id, agent, key, created, updated) VALUES ('s1', 'a', 'k', 0, 0);
+               INSERT INTO messages (session_id, seq, content, input_tokens, output_tokens, created)
+                   VALUES ('s1', 1, '{"role":"user","content":[]}', NULL, NULL, 0),
+                          ('s1', 2, '{"role":"assistant","content":[]}', 10, 3, 0);
+               INSERT INTO messages (session_id, seq, sub, content, summary, created)
+                   VALUES ('s1', 2, 1, '{"role":"user","content":[]}', 1, 0);"#,
+        )
+        .unwrap();
+    }
+    let store = open(&path);
+    let s = store.get_session("s1").await.unwrap().unwrap();
+    assert_eq!(s.message_count, 2, "the summary is not counted");
+    assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (10, 3));
+    assert_eq!(store.message_revision("s1").await.unwrap(), Some(0));
+    store.append_turn("s1", turn(2)).await.unwrap();
+    let s = store.get_session("s1").await.unwrap().unwrap();
+    assert_eq!(s.message_count, 6);
+    assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (230, 18));
+    assert_eq!(store.message_revision("s1").await.unwrap(), Some(1));
+}
+
 // ---- crash safety ----
 
 /// The database the crash child writes to.
