@@ -38,8 +38,9 @@ pub(crate) fn estimate_tokens<'a>(messages: impl IntoIterator<Item = &'a Message
 /// context always alternates (a cancelled or failed exchange can leave two user messages
 /// in a row; a compaction summary is a user message before the kept user message).
 pub(crate) fn push_alternating(list: &mut Messages, message: Message) {
-    if let Some(last) = list.last_mut() {
-        if last.role == message.role {
+    // `last_mut` copies a shared chunk: only for a merge, never to look.
+    if list.last().is_some_and(|last| last.role == message.role) {
+        if let Some(last) = list.last_mut() {
             last.content.extend(message.content);
             return;
         }
@@ -282,6 +283,29 @@ mod tests {
             let stored = store.messages(&id, false).await.unwrap();
             estimate_tokens(stored.iter().map(|m| &m.message))
         });
+    }
+
+    #[test]
+    fn a_request_shares_the_history_and_never_copies_it() {
+        let history: Messages = (0..100)
+            .map(|i| {
+                if i % 2 == 0 {
+                    Message::user_text(format!("q{i}"))
+                } else {
+                    Message::assistant_text(format!("a{i}"))
+                }
+            })
+            .collect();
+        let mut request = history.clone();
+        push_alternating(&mut request, Message::user_text("next"));
+        push_alternating(&mut request, Message::assistant_text("answer"));
+        assert_eq!(request.len(), 102);
+        assert!(request.shares_oldest_chunk_with(&history));
+        // A merge into the shared history copies it for this request only.
+        let mut merged = request.clone();
+        push_alternating(&mut merged, Message::assistant_text("more"));
+        assert_eq!((merged.len(), request.len()), (102, 102));
+        assert!(merged.shares_oldest_chunk_with(&history));
     }
 
     #[tokio::test]

@@ -122,6 +122,23 @@ impl Messages {
         }
     }
 
+    /// Whether both lists start with the same shared chunk (tests of the agent loop
+    /// check that a request shares the history instead of copying it).
+    #[cfg(test)]
+    pub(crate) fn shares_oldest_chunk_with(&self, other: &Messages) -> bool {
+        fn oldest(m: &Messages) -> Option<&Arc<Chunk>> {
+            let mut chunk = m.last.as_ref()?;
+            while let Some(before) = chunk.before.as_ref() {
+                chunk = before;
+            }
+            Some(chunk)
+        }
+        match (oldest(self), oldest(other)) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// The messages copied into a `Vec`.
     pub fn to_vec(&self) -> Vec<Message> {
         self.iter().cloned().collect()
