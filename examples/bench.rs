@@ -28,6 +28,8 @@ mod bench_egress;
 mod bench_load;
 #[path = "bench_output.rs"]
 mod bench_output;
+#[path = "bench_session.rs"]
+mod bench_session;
 
 struct Figure {
     name: &'static str,
@@ -652,6 +654,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("turn_overhead") {
         figures.push(turn_overhead(&home, &image, &shim).await?);
+    }
+    if want("prompt_history") {
+        figures.extend(bench_session::figures(&home, &image, &shim).await?);
     }
     if want("concurrent_sessions") {
         figures.extend(concurrent_sessions(&home, &image, &shim).await?);

@@ -19,7 +19,7 @@ use beige_core::audit::{AuditDecision, AuditRecord, AuditType, Phase};
 use beige_core::config::Config;
 use beige_core::home::BeigeHome;
 use beige_core::llm::scripted::ScriptedProvider;
-use beige_core::llm::{Block, LlmProvider, Message, Role, ToolResultPart};
+use beige_core::llm::{Block, LlmProvider, Messages, Role, ToolResultPart};
 use beige_core::sandbox::docker::DockerSandbox;
 use beige_core::sandbox::Sandbox;
 use beige_core::AgentEvent;
@@ -153,7 +153,7 @@ fn scripted_model() -> ScriptedProvider {
 }
 
 /// The text of the last tool result in a conversation.
-fn last_tool_result(messages: &[Message]) -> String {
+fn last_tool_result(messages: &Messages) -> String {
     messages
         .iter()
         .rev()
@@ -530,10 +530,11 @@ fn summary(home: &BeigeHome, t: &Timings) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use beige_core::llm::Message;
 
     #[test]
     fn scripted_answer_uses_the_tool_output() {
-        let messages = vec![
+        let messages: Messages = vec![
             Message::user_text("hi"),
             Message {
                 role: Role::User,
@@ -545,7 +546,8 @@ mod tests {
                     is_error: false,
                 }],
             },
-        ];
+        ]
+        .into();
         assert_eq!(
             last_tool_result(&messages),
             "Exit code: 0\nstored\nsum=5525"

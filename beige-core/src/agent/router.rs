@@ -428,7 +428,7 @@ mod tests {
         let request = |m: &ModelRef| ModelRequest {
             model: m.model.clone(),
             system: String::new(),
-            messages: Vec::new(),
+            messages: Default::default(),
             tools: Vec::new(),
             max_tokens: 10,
             thinking: crate::config::ThinkingLevel::Off,

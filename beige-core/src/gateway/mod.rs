@@ -12,6 +12,7 @@
 #[cfg(feature = "egress")]
 pub(crate) mod egress;
 mod error;
+mod history;
 #[cfg(feature = "http-api")]
 mod metrics_listener;
 mod platform_host;
@@ -582,6 +583,7 @@ impl GatewayBuilder {
             audit,
             sessions: RwLock::new(HashMap::new()),
             store: stores.sessions,
+            history: history::HistoryCache::default(),
             ledger: stores.usage,
             warned: crate::budget::WarnedOnce::default(),
             exec_budgets,
@@ -704,6 +706,8 @@ struct Inner {
     sessions: RwLock<HashMap<String, SessionOrigin>>,
     /// Sessions and messages, for the agent loop and [`Sessions`].
     store: Arc<dyn SessionStore>,
+    /// Recent sessions' contexts, checked against `store` before each prompt.
+    history: history::HistoryCache,
     /// The cost ledger: one row per model call, read by the budget checks.
     ledger: Arc<dyn crate::store::UsageLedger>,
     /// The budget warnings already sent (once per scope and period).

@@ -15,6 +15,7 @@ use opentelemetry::KeyValue;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::history::{estimate_tokens, push_alternating, Context};
 use super::{GatewayError, Inner};
 use crate::agent::events::{hint_for, AgentEvent};
 use crate::agent::prompt::{self, PromptSession, PromptSkill, PromptTool};
@@ -31,27 +32,6 @@ use crate::telemetry::names;
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
 pub(crate) use beige_client::PromptRequest;
-
-/// Estimated tokens of a message list (about four characters a token).
-pub(crate) fn estimate_tokens(messages: &[Message]) -> u64 {
-    messages
-        .iter()
-        .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0) as u64 / 4)
-        .sum()
-}
-
-/// Merge consecutive messages of the same role, so the history always alternates (a
-/// cancelled or failed exchange can leave two user messages in a row).
-pub(crate) fn alternate(messages: Vec<Message>) -> Vec<Message> {
-    let mut out: Vec<Message> = Vec::with_capacity(messages.len());
-    for m in messages {
-        match out.last_mut() {
-            Some(last) if last.role == m.role => last.content.extend(m.content),
-            _ => out.push(m),
-        }
-    }
-    out
-}
 
 /// A tool result block for the model.
 fn result_block(id: &str, out: &ToolOutput) -> Block {
@@ -364,7 +344,8 @@ impl Inner {
                 system: "You summarise conversations between a user and an AI agent that works in a sandbox. Keep facts, decisions, file names, commands that worked, open tasks and the user's preferences. Be concise.".into(),
                 messages: vec![Message::user_text(format!(
                     "Summarise this earlier part of our conversation so that you can continue the work from the summary alone:\n\n{transcript}"
-                ))],
+                ))]
+                .into(),
                 tools: Vec::new(),
                 max_tokens: info.max_output_tokens.min(4096),
                 thinking: crate::config::ThinkingLevel::Off,
@@ -651,13 +632,9 @@ impl Run<'_> {
             )
             .await;
 
-        let mut history: Vec<Message> = inner
-            .store
-            .messages(&session.id, false)
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
+        // The session's context: kept in memory between prompts while the store's
+        // revision says it is current (`history`), read from the store otherwise.
+        let mut history = inner.history.load(&*inner.store, &session.id).await?;
         let user = Message::user_text(message);
         let mut exchange: Vec<NewMessage> = vec![NewMessage::plain(user.clone())];
         let mut failures = HashMap::new();
@@ -675,20 +652,14 @@ impl Run<'_> {
             let threshold = first
                 .compaction_threshold
                 .unwrap_or(info.context_window.saturating_sub(16_384).max(1));
-            if estimate_tokens(&history) + estimate_tokens(std::slice::from_ref(&user)) > threshold
+            if history.tokens + estimate_tokens([&user]) > threshold
                 && inner
                     .compact_session(&session, &candidates, &self.events, &self.cancel)
                     .await?
                     .is_some()
             {
                 compacted = true;
-                history = inner
-                    .store
-                    .messages(&session.id, false)
-                    .await?
-                    .into_iter()
-                    .map(|m| m.message)
-                    .collect();
+                history = inner.history.load(&*inner.store, &session.id).await?;
             }
         }
 
@@ -698,7 +669,8 @@ impl Run<'_> {
                     "Stopped after {} model turns (agents.{agent_name}.maxTurns) before the model finished. Ask it to continue, or raise maxTurns.",
                     agent.max_turns
                 );
-                self.persist(&session, exchange, Some(&text)).await?;
+                self.persist(&session, &history, exchange, Some(&text))
+                    .await?;
                 self.send(AgentEvent::Error {
                     message: text,
                     kind: None,
@@ -711,22 +683,25 @@ impl Run<'_> {
                     .budget_use(&limits, &session, turn_used, started)
                     .await?;
                 if let Some(exhausted) = limits.exhausted(&agent_name, &used) {
-                    self.end_on_budget(&session, exchange, &turn_id, exhausted)
+                    self.end_on_budget(&session, &history, exchange, &turn_id, exhausted)
                         .await?;
                     return Ok(());
                 }
             }
             if let Some(child) = &child {
                 if let Some(exhausted) = inner.lineage_budget_exhausted(child).await? {
-                    self.end_on_budget(&session, exchange, &turn_id, exhausted)
+                    self.end_on_budget(&session, &history, exchange, &turn_id, exhausted)
                         .await?;
                     return Ok(());
                 }
             }
             turn += 1;
-            let mut context = history.clone();
-            context.extend(exchange.iter().map(|m| m.message.clone()));
-            let context = alternate(context);
+            // The history is shared, not copied: this turn's request is it plus the
+            // exchange so far.
+            let mut context = history.messages.clone();
+            for m in &exchange {
+                push_alternating(&mut context, m.message.clone());
+            }
             self.send(AgentEvent::TurnStarted {
                 turn,
                 model: candidates.first().map(model_key).unwrap_or_default(),
@@ -805,8 +780,13 @@ impl Run<'_> {
             let routed = match routed {
                 Ok(r) => r,
                 Err(RouteError::Cancelled) => {
-                    self.persist(&session, exchange, Some("[cancelled by the user]"))
-                        .await?;
+                    self.persist(
+                        &session,
+                        &history,
+                        exchange,
+                        Some("[cancelled by the user]"),
+                    )
+                    .await?;
                     self.send(AgentEvent::Error {
                         message: "cancelled".into(),
                         kind: None,
@@ -822,13 +802,7 @@ impl Run<'_> {
                         .await?
                         .is_some()
                     {
-                        history = inner
-                            .store
-                            .messages(&session.id, false)
-                            .await?
-                            .into_iter()
-                            .map(|m| m.message)
-                            .collect();
+                        history = inner.history.load(&*inner.store, &session.id).await?;
                     }
                     turn -= 1;
                     continue;
@@ -842,7 +816,8 @@ impl Run<'_> {
                     };
                     // Keep the user's message, closed with a note, so history stays whole.
                     let note = format!("[no answer: {e}]");
-                    self.persist(&session, exchange, Some(&note)).await?;
+                    self.persist(&session, &history, exchange, Some(&note))
+                        .await?;
                     self.send(AgentEvent::Error {
                         message: e.to_string(),
                         kind,
@@ -1029,8 +1004,13 @@ impl Run<'_> {
                 content: results,
             }));
             if self.cancel.is_cancelled() {
-                self.persist(&session, exchange, Some("[cancelled by the user]"))
-                    .await?;
+                self.persist(
+                    &session,
+                    &history,
+                    exchange,
+                    Some("[cancelled by the user]"),
+                )
+                .await?;
                 self.send(AgentEvent::Error {
                     message: "cancelled".into(),
                     kind: None,
@@ -1053,7 +1033,7 @@ impl Run<'_> {
             ResponseDecision::Continue(r) => r,
             ResponseDecision::Blocked => String::new(),
         };
-        self.persist(&session, exchange, None).await?;
+        self.persist(&session, &history, exchange, None).await?;
         if let Some(last) = last_model.as_deref() {
             if session.model.as_deref() != Some(last) {
                 inner.store.set_session_model(&session.id, last).await?;
@@ -1073,13 +1053,15 @@ impl Run<'_> {
     async fn end_on_budget(
         &self,
         session: &SessionRecord,
+        history: &Context,
         exchange: Vec<NewMessage>,
         turn_id: &str,
         exhausted: BudgetExhausted,
     ) -> Result<(), GatewayError> {
         let text = exhausted.message();
         tracing::info!(agent = %exhausted.agent, session = %session.key, "{text}");
-        self.persist(session, exchange, Some(&text)).await?;
+        self.persist(session, history, exchange, Some(&text))
+            .await?;
         self.inner
             .audit_budget(crate::audit::AuditRecord::budget(
                 crate::audit::Phase::Exhausted,
@@ -1160,10 +1142,12 @@ impl Run<'_> {
         }
     }
 
-    /// Store the exchange in one transaction; `note` closes an unfinished one.
+    /// Store the exchange in one transaction; `note` closes an unfinished one. The
+    /// session's context grown by it is kept for the next prompt.
     async fn persist(
         &self,
         session: &SessionRecord,
+        history: &Context,
         mut exchange: Vec<NewMessage>,
         note: Option<&str>,
     ) -> Result<(), GatewayError> {
@@ -1187,7 +1171,12 @@ impl Run<'_> {
             }
             exchange.push(NewMessage::plain(Message::assistant_text(note)));
         }
+        let next = history.appended(exchange.iter().map(|m| &m.message));
+        let empty = exchange.is_empty();
         self.inner.store.append_turn(&session.id, exchange).await?;
+        if !empty {
+            self.inner.history.keep(&session.id, next);
+        }
         Ok(())
     }
 }
@@ -1198,11 +1187,14 @@ mod tests {
 
     #[test]
     fn alternation_merges_same_roles() {
-        let m = alternate(vec![
+        let mut m = crate::llm::Messages::new();
+        for message in [
             Message::user_text("a"),
             Message::user_text("b"),
             Message::assistant_text("c"),
-        ]);
+        ] {
+            push_alternating(&mut m, message);
+        }
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].content.len(), 2);
     }

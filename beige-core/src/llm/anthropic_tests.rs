@@ -46,7 +46,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
     ModelRequest {
         model: "claude-sonnet-4-5".into(),
         system: "You are a test.".into(),
-        messages,
+        messages: messages.into(),
         tools: vec![ToolSpec {
             name: "exec".into(),
             description: "Run a command".into(),

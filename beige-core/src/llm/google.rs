@@ -292,8 +292,8 @@ fn wants_signature(model: &str) -> bool {
 
 /// The tool name of `tool_use_id`: looked up in the nearest preceding assistant message,
 /// then in the whole earlier history.
-fn tool_name(history: &[Message], tool_use_id: &str) -> Option<String> {
-    let find = |m: &Message| {
+fn tool_name(history: &[&Message], tool_use_id: &str) -> Option<String> {
+    let find = |m: &&Message| {
         m.tool_uses()
             .into_iter()
             .find(|(id, _, _)| *id == tool_use_id)
@@ -314,7 +314,8 @@ fn inline_data(mime_type: &str, data: &str) -> Value {
 pub(crate) fn request_body(request: &ModelRequest) -> Value {
     let signature = wants_signature(&request.model);
     let mut contents = Vec::new();
-    for (i, message) in request.messages.iter().enumerate() {
+    let messages: Vec<&Message> = request.messages.iter().collect();
+    for (i, message) in messages.iter().copied().enumerate() {
         let mut parts = Vec::new();
         match message.role {
             Role::User => {
@@ -339,7 +340,7 @@ pub(crate) fn request_body(request: &ModelRequest) -> Value {
                                     }
                                 }
                             }
-                            let name = tool_name(&request.messages[..i], tool_use_id)
+                            let name = tool_name(&messages[..i], tool_use_id)
                                 .unwrap_or_else(|| tool_use_id.clone());
                             parts.push(json!({
                                 "functionResponse": {

@@ -40,7 +40,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
     ModelRequest {
         model: "gemini-2.5-flash".into(),
         system: "You are beige.".into(),
-        messages,
+        messages: messages.into(),
         tools: tools(),
         max_tokens: 8192,
         thinking: ThinkingLevel::Off,

@@ -12,6 +12,7 @@ pub mod anthropic;
 pub mod catalog;
 #[cfg(feature = "google")]
 pub mod google;
+pub mod messages;
 #[cfg(feature = "openai")]
 pub mod openai_completions;
 #[cfg(feature = "openai")]
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ProviderApi, ThinkingLevel};
 
 pub use beige_client::llm::{Block, Message, Role, ToolResultPart};
+pub use messages::Messages;
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,7 +58,10 @@ pub struct ModelRequest {
     /// The system prompt; empty for none.
     pub system: String,
     /// The conversation so far, oldest first; the model continues after the last one.
-    pub messages: Vec<Message>,
+    /// A [`Messages`] list, not a `Vec`: clones share the messages, so the agent loop
+    /// hands each call a long session's history plus the turn's new messages without
+    /// copying the history (`vec![..].into()` makes one from a `Vec`).
+    pub messages: Messages,
     /// The tools the model may call in its answer; empty for none.
     pub tools: Vec<ToolSpec>,
     /// The most tokens the model may produce in its answer.

@@ -47,7 +47,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
     ModelRequest {
         model: "gpt-4o-mini".into(),
         system: "You are a test.".into(),
-        messages,
+        messages: messages.into(),
         tools: vec![ToolSpec {
             name: "exec".into(),
             description: "Run a command".into(),

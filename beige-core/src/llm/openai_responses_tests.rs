@@ -29,7 +29,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
     ModelRequest {
         model: "gpt-5-mini".into(),
         system: "You are beige.".into(),
-        messages,
+        messages: messages.into(),
         tools: tools(),
         max_tokens: 4096,
         thinking: ThinkingLevel::Off,

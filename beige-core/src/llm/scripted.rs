@@ -2,7 +2,9 @@
 //! [`LlmProvider`] that plays back prepared answers. Used by `beige demo` and by tests of
 //! the agent loop; everything it says is labelled as scripted.
 //!
-//! Each call takes the next step of the script. A step is a function of the request, so a
+//! Each call takes the next step of the script, and costs next to nothing whatever the
+//! request's length (the request log shares the request's messages; the usage it reports
+//! counts characters of text, about four a token). A step is a function of the request, so a
 //! script can react to tool results (e.g. answer with the number a tool returned).
 
 use std::collections::VecDeque;
@@ -14,6 +16,28 @@ use super::{
     Block, EventStream, LlmError, LlmProvider, ModelRequest, ModelResponse, StopReason,
     StreamEvent, Usage,
 };
+
+/// Characters of a message's text (text, thinking, tool names and results, image data):
+/// the scripted model's stand-in for the tokens a real API counts, cheap enough that a
+/// call costs next to nothing however long the conversation is.
+fn text_len(m: &super::Message) -> usize {
+    m.content
+        .iter()
+        .map(|b| match b {
+            Block::Text { text } => text.len(),
+            Block::Thinking { thinking, .. } => thinking.len(),
+            Block::ToolUse { name, .. } => name.len(),
+            Block::ToolResult { content, .. } => content
+                .iter()
+                .map(|p| match p {
+                    super::ToolResultPart::Text { text } => text.len(),
+                    super::ToolResultPart::Image { data, .. } => data.len(),
+                })
+                .sum(),
+            Block::Image { data, .. } => data.len(),
+        })
+        .sum()
+}
 
 /// One step: produce the model's answer to this request.
 pub type Step = Box<dyn Fn(&ModelRequest) -> Result<Vec<Block>, LlmError> + Send + Sync>;
@@ -134,11 +158,7 @@ impl LlmProvider for ScriptedProvider {
         } else {
             StopReason::EndTurn
         };
-        let chars: usize = request
-            .messages
-            .iter()
-            .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0))
-            .sum();
+        let chars: usize = request.messages.iter().map(text_len).sum();
         let usage = Usage {
             input_tokens: (chars / 4) as u64,
             output_tokens: content.len() as u64 * 10,

@@ -300,7 +300,7 @@ pub enum StoreError {
 }
 
 /// Sessions, their messages, and the settings and metadata of each session key: what
-/// the agent loop and the gateway's `Sessions` need (17 methods). Every method is one
+/// the agent loop and the gateway's `Sessions` need (18 methods). Every method is one
 /// atomic operation.
 #[async_trait]
 pub trait SessionStore: Send + Sync + Debug {
@@ -370,6 +370,20 @@ pub trait SessionStore: Send + Sync + Debug {
         session_id: &str,
         include_compacted: bool,
     ) -> Result<Vec<StoredMessage>, StoreError>;
+
+    /// The revision of the messages of session `session_id`: a number that grows by
+    /// exactly one with each [`append_turn`](Self::append_turn) of at least one message and
+    /// each [`compact`](Self::compact), and never changes otherwise, so that two reads
+    /// that return the same number saw the same messages. One cheap lookup: the gateway
+    /// reads it before each prompt to tell whether its copy of the session's context
+    /// (kept in memory between prompts) is still the stored one, and reads
+    /// [`messages`](Self::messages) again when it is not. `Ok(None)` (the default): the
+    /// store cannot tell, and the gateway reads the messages for every prompt.
+    /// [`StoreError::NotFound`] when there is no such session.
+    async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
+        let _ = session_id;
+        Ok(None)
+    }
 
     /// Mark every message with `seq <= upto_seq` (earlier summaries included) as compacted
     /// and store `summary` in their place, before the remaining messages. Nothing is
@@ -697,6 +711,9 @@ macro_rules! forward_store {
                 summary: Message,
             ) -> Result<(), StoreError> {
                 (**self).compact(session_id, upto_seq, summary).await
+            }
+            async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
+                (**self).message_revision(session_id).await
             }
             async fn get_settings(&self, key: &str) -> Result<SessionSettings, StoreError> {
                 (**self).get_settings(key).await

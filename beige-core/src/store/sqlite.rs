@@ -262,6 +262,31 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX schedule_runs_by_status ON schedule_runs(status, fire_at);
     "#,
+    // 6: per session, the revision of its messages, raised by every append and
+    // compaction in the transaction that writes them (`SessionStore::message_revision`:
+    // the gateway checks its in-memory copy of a session's context against it), and the
+    // totals a `SessionRecord` reports, kept by the append instead of summed over every
+    // message at each read (which made each prompt's session lookup cost grow with the
+    // session). Totals of sessions already stored are counted once, here.
+    r#"
+    ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    UPDATE sessions SET
+        message_count = (SELECT COUNT(*) FROM messages m
+                         WHERE m.session_id = sessions.id AND m.summary = 0),
+        input_tokens = (SELECT COALESCE(SUM(m.input_tokens), 0) FROM messages m
+                        WHERE m.session_id = sessions.id),
+        output_tokens = (SELECT COALESCE(SUM(m.output_tokens), 0) FROM messages m
+                         WHERE m.session_id = sessions.id),
+        cache_read_tokens = (SELECT COALESCE(SUM(m.cache_read_tokens), 0) FROM messages m
+                             WHERE m.session_id = sessions.id),
+        cache_write_tokens = (SELECT COALESCE(SUM(m.cache_write_tokens), 0) FROM messages m
+                              WHERE m.session_id = sessions.id);
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -530,12 +555,13 @@ fn read_usage(conn: &Connection, plugin: &str, scope: Option<&str>) -> rusqlite:
     }
 }
 
+/// A session with its totals, as `append_turn` keeps them (one row, whatever the
+/// session's length).
 const SESSION_SELECT: &str = "
     SELECT s.id, s.agent, s.key, s.parent_id, s.title, s.model, s.created, s.updated,
-           COALESCE(SUM(m.id IS NOT NULL AND m.summary = 0), 0),
-           COALESCE(SUM(m.input_tokens), 0), COALESCE(SUM(m.output_tokens), 0),
-           COALESCE(SUM(m.cache_read_tokens), 0), COALESCE(SUM(m.cache_write_tokens), 0)
-    FROM sessions s LEFT JOIN messages m ON m.session_id = s.id";
+           s.message_count, s.input_tokens, s.output_tokens, s.cache_read_tokens,
+           s.cache_write_tokens
+    FROM sessions s";
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRecord> {
     Ok(SessionRecord {
@@ -558,7 +584,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRecord> 
 }
 
 fn load_session(conn: &Connection, id: &str) -> Result<Option<SessionRecord>, Fail> {
-    let sql = format!("{SESSION_SELECT} WHERE s.id = ?1 GROUP BY s.id");
+    let sql = format!("{SESSION_SELECT} WHERE s.id = ?1");
     Ok(conn
         .prepare_cached(&sql)?
         .query_row([id], session_from_row)
@@ -786,7 +812,7 @@ impl SessionStore for SqliteStore {
         let agent = agent.to_string();
         self.run(move |conn, _| {
             let sql = format!(
-                "{SESSION_SELECT} WHERE s.agent = ?1 GROUP BY s.id ORDER BY s.created DESC, s.rowid DESC"
+                "{SESSION_SELECT} WHERE s.agent = ?1 ORDER BY s.created DESC, s.rowid DESC"
             );
             let mut stmt = conn.prepare_cached(&sql)?;
             let rows = stmt.query_map([&agent], session_from_row)?;
@@ -875,6 +901,13 @@ impl SessionStore for SqliteStore {
                 .query_row([&session_id], |r| r.get(0))?;
             let mut new_title = None;
             let mut ids = Vec::with_capacity(rows.len());
+            let count = to_i64(rows.len() as u64);
+            let mut added = Usage::default();
+            for (_, _, usage, _) in &rows {
+                if let Some(u) = usage {
+                    added.add(u);
+                }
+            }
             let mut insert = tx.prepare_cached(
                 "INSERT INTO messages (session_id, seq, sub, content, model, input_tokens,
                                        output_tokens, cache_read_tokens, cache_write_tokens,
@@ -904,9 +937,25 @@ impl SessionStore for SqliteStore {
             }
             drop(insert);
             tx.prepare_cached(
-                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3) WHERE id = ?1",
+                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3),
+                                     revision = revision + 1,
+                                     message_count = message_count + ?4,
+                                     input_tokens = input_tokens + ?5,
+                                     output_tokens = output_tokens + ?6,
+                                     cache_read_tokens = cache_read_tokens + ?7,
+                                     cache_write_tokens = cache_write_tokens + ?8
+                 WHERE id = ?1",
             )?
-            .execute(params![session_id, now, new_title])?;
+            .execute(params![
+                session_id,
+                now,
+                new_title,
+                count,
+                to_i64(added.input_tokens),
+                to_i64(added.output_tokens),
+                to_i64(added.cache_read_tokens),
+                to_i64(added.cache_write_tokens),
+            ])?;
             tx.commit()?;
             Ok(ids)
         })
@@ -1030,10 +1079,27 @@ impl SessionStore for SqliteStore {
                  VALUES (?1, ?2, ?3, ?4, 1, 0, ?5)",
             )?
             .execute(params![session_id, upto_seq, sub, content, now])?;
-            tx.prepare_cached("UPDATE sessions SET updated = ?2 WHERE id = ?1")?
-                .execute(params![session_id, now])?;
+            tx.prepare_cached(
+                "UPDATE sessions SET updated = ?2, revision = revision + 1 WHERE id = ?1",
+            )?
+            .execute(params![session_id, now])?;
             tx.commit()?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
+        let session_id = session_id.to_string();
+        self.run(move |conn, _| {
+            let revision: Option<i64> = conn
+                .prepare_cached("SELECT revision FROM sessions WHERE id = ?1")?
+                .query_row([&session_id], |r| r.get(0))
+                .optional()?;
+            match revision {
+                Some(r) => Ok(Some(to_u64(r))),
+                None => Err(not_found(&session_id)),
+            }
         })
         .await
     }

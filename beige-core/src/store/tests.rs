@@ -101,6 +101,7 @@ contract!(
     append_turn_orders_titles_and_counts,
     every_block_kind_round_trips,
     compaction_marks_and_places_the_summary_first,
+    the_message_revision_counts_appends_and_compactions,
     settings_update_partially,
     metadata_fields_are_set_and_removed,
     health_survives_a_restart,
@@ -623,6 +624,47 @@ async fn every_block_kind_round_trips<B: Backend>() {
         stored.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
         [user, assistant]
     );
+}
+
+async fn the_message_revision_counts_appends_and_compactions<B: Backend>() {
+    let (_dir, db) = B::temp_db();
+    let store = db.open();
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    let revision = |store: &B::Store| {
+        let store = store.clone();
+        let id = s.id.clone();
+        async move { store.message_revision(&id).await.unwrap() }
+    };
+    assert_eq!(revision(&store).await, Some(0));
+    store.append_turn(&s.id, turn(1)).await.unwrap();
+    store.append_turn(&s.id, turn(2)).await.unwrap();
+    assert_eq!(revision(&store).await, Some(2), "one per appended turn");
+    // Nothing to append changes nothing; neither do writes that leave the messages be.
+    store.append_turn(&s.id, Vec::new()).await.unwrap();
+    store.set_session_title(&s.id, "t").await.unwrap();
+    store.set_session_model(&s.id, "p/m").await.unwrap();
+    store.touch(&s.id).await.unwrap();
+    assert_eq!(revision(&store).await, Some(2));
+    store
+        .compact(&s.id, 4, Message::user_text("summary"))
+        .await
+        .unwrap();
+    assert_eq!(revision(&store).await, Some(3), "a compaction counts");
+    // A failed compaction changes nothing.
+    assert!(store
+        .compact(&s.id, 4, Message::user_text("again"))
+        .await
+        .is_err());
+    assert_eq!(revision(&store).await, Some(3));
+    // Another handle (after a restart) reads the same revision.
+    assert_eq!(revision(&db.open()).await, Some(3));
+    assert!(matches!(
+        store.message_revision("no-such-session").await,
+        Err(StoreError::NotFound { .. })
+    ));
 }
 
 async fn compaction_marks_and_places_the_summary_first<B: Backend>() {
@@ -1215,6 +1257,39 @@ async fn migrating_counts_the_data_already_stored() {
             bytes: 12
         }
     );
+}
+
+#[tokio::test]
+async fn migrating_counts_the_messages_of_sessions_already_stored() {
+    let (_dir, path) = temp_db();
+    // A version-5 database with one session of three messages (one a summary), as an
+    // earlier beige left it.
+    {
+        let conn = raw(&path);
+        for step in &sqlite::MIGRATIONS[..5] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        conn.execute_batch(
+            r#"INSERT INTO sessions (id, agent, key, created, updated) VALUES ('s1', 'a', 'k', 0, 0);
+               INSERT INTO messages (session_id, seq, content, input_tokens, output_tokens, created)
+                   VALUES ('s1', 1, '{"role":"user","content":[]}', NULL, NULL, 0),
+                          ('s1', 2, '{"role":"assistant","content":[]}', 10, 3, 0);
+               INSERT INTO messages (session_id, seq, sub, content, summary, created)
+                   VALUES ('s1', 2, 1, '{"role":"user","content":[]}', 1, 0);"#,
+        )
+        .unwrap();
+    }
+    let store = open(&path);
+    let s = store.get_session("s1").await.unwrap().unwrap();
+    assert_eq!(s.message_count, 2, "the summary is not counted");
+    assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (10, 3));
+    assert_eq!(store.message_revision("s1").await.unwrap(), Some(0));
+    store.append_turn("s1", turn(2)).await.unwrap();
+    let s = store.get_session("s1").await.unwrap().unwrap();
+    assert_eq!(s.message_count, 6);
+    assert_eq!((s.usage.input_tokens, s.usage.output_tokens), (230, 18));
+    assert_eq!(store.message_revision("s1").await.unwrap(), Some(1));
 }
 
 // ---- crash safety ----

@@ -99,6 +99,7 @@ impl MemoryStore {
             created: now,
             updated: now,
             messages: Vec::new(),
+            revision: 0,
         };
         let record = session.record(&id);
         state.sessions.insert(id.clone(), session);
@@ -153,6 +154,8 @@ struct Session {
     updated: i64,
     /// In `(seq, sub)` order.
     messages: Vec<Row>,
+    /// Raised by each append and compaction (`SessionStore::message_revision`).
+    revision: u64,
 }
 
 /// One stored message. Order within a session is `(seq, sub)`: messages have `sub = 0`,
@@ -396,6 +399,7 @@ impl SessionStore for MemoryStore {
             session.title = new_title;
         }
         session.updated = now;
+        session.revision += 1;
         Ok(ids)
     }
 
@@ -480,7 +484,12 @@ impl SessionStore for MemoryStore {
             },
         );
         session.updated = now;
+        session.revision += 1;
         Ok(())
+    }
+
+    async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
+        Ok(Some(self.lock().session(session_id)?.revision))
     }
 
     async fn get_settings(&self, key: &str) -> Result<SessionSettings, StoreError> {

@@ -26,6 +26,7 @@ mod sandbox_docker;
 mod schedule_tool;
 mod schedules;
 mod serve;
+mod session_history;
 mod sessions_tool;
 mod spawn;
 mod support;
