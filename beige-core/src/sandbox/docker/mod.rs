@@ -959,6 +959,11 @@ impl DockerSandbox {
                 }
             }
         }
+        // The links' listeners are up before any container starts: a PID 1 that dials
+        // before its listener exists waits out its reconnect backoff (50 ms, then 100 ms)
+        // before its first op can run. The peer check reads `specs` at accept time.
+        *self.specs.write().await = specs.iter().map(|s| (s.agent.clone(), s.clone())).collect();
+        self.start_links(&specs)?;
         for spec in &specs {
             if keep.contains(&spec.agent) {
                 tracing::info!(agent = %spec.agent, container = %spec.name, "sandbox reattached");
@@ -968,8 +973,6 @@ impl DockerSandbox {
                 report.created.push(spec.agent.clone());
             }
         }
-        *self.specs.write().await = specs.iter().map(|s| (s.agent.clone(), s.clone())).collect();
-        self.start_links(&specs)?;
         for agent in &report.removed_orphans {
             self.links.hub.drop_agent(agent);
         }
