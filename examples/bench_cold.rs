@@ -12,6 +12,8 @@
 //!   (`create` → `start` event), `…_hello` (`start` event → the link is up: PID 1 dialled,
 //!   was verified and answered the hello) and `…_first_exec` (link up → `exec true`
 //!   answered).
+//! - `warm_pool_first_exec` (beside `warm_pool_exec_floor`, an `exec` over a link that
+//!   is up): see [`warm_pool`].
 //! - `sandbox_cold_start_gateway`: the old figure, a whole gateway built from config to
 //!   its first `exec` through `Gateway::call_tool` (gateway build included).
 //!
@@ -285,6 +287,8 @@ pub async fn figures(home: &BeigeHome, image: &str, shim: &Path) -> anyhow::Resu
         hello.push(s.hello);
         first_exec.push(s.first_exec);
     }
+    clear(&sandbox).await?;
+    let pooled = warm_pool(home, &shim, &config, &specs, &exec).await?;
     Ok(vec![
         figure("docker_create_start", floor),
         figure("docker_create", floor_create),
@@ -295,5 +299,76 @@ pub async fn figures(home: &BeigeHome, image: &str, shim: &Path) -> anyhow::Resu
         figure("sandbox_cold_start_hello", hello),
         figure("sandbox_cold_start_first_exec", first_exec),
         figure("sandbox_cold_start_gateway", gateway_samples),
+    ]
+    .into_iter()
+    .chain(pooled)
+    .collect())
+}
+
+/// `warm_pool_first_exec`: the agent's container is gone (removed behind the gateway's
+/// back, as if it died) and the next `exec true` recreates it from a ready spare
+/// (`sandbox.warmPool: 1`): time of that call. Beside it, `warm_pool_exec_floor`: the
+/// next `exec true` on the same container, over the link that is up.
+pub async fn warm_pool(
+    home: &BeigeHome,
+    shim: &Path,
+    config: &beige_core::config::Config,
+    specs: &[SandboxSpec],
+    exec: &beige_core::sandbox::op::OpRequest,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut config = config.clone();
+    if let Some(agent) = config.agents.get_mut("bench") {
+        agent.sandbox.warm_pool = 1;
+    }
+    let (installation, _) = home.ensure_installation_id()?;
+    let sandbox = DockerSandbox::connect(installation.as_str()).await?;
+    sandbox.configure(DockerOptions::default().shim(shim).resolve(&config, home)?);
+    sandbox.reconcile(specs.to_vec(), Arc::new(NoHost)).await?;
+    let name = sandbox
+        .container_spec("bench")
+        .await
+        .context("no container spec")?
+        .name;
+    let (mut first, mut floor) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sandbox.warm_spares("bench").await < 1 {
+            anyhow::ensure!(Instant::now() < deadline, "no spare became ready in 20 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sandbox
+            .client()
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+        while sandbox.link_hub().is_connected("bench") {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let t = Instant::now();
+        let out = sandbox.run_op("bench", exec).await?;
+        let took = ms(t.elapsed());
+        anyhow::ensure!(out.restarted.is_some(), "the container was not recreated");
+        anyhow::ensure!(
+            out.transport == Transport::LINK_UNIX,
+            "the first exec went over {:?}",
+            out.transport
+        );
+        let t = Instant::now();
+        sandbox.run_op("bench", exec).await?;
+        let next = ms(t.elapsed());
+        if round >= WARMUP {
+            first.push(took);
+            floor.push(next);
+        }
+    }
+    sandbox.remove_all().await?;
+    Ok(vec![
+        figure("warm_pool_first_exec", first),
+        figure("warm_pool_exec_floor", floor),
     ])
 }
