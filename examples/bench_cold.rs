@@ -67,8 +67,9 @@ fn now_nanos() -> i64 {
 /// The times (ns since the epoch) of the `create` and `start` events of the container
 /// named `name` at or after `after`, read from `events` until both came or 5 s passed.
 async fn create_and_start_events(
-    events: &mut (impl futures_util::Stream<Item = Result<bollard::models::EventMessage, bollard::errors::Error>>
-              + Unpin),
+    events: &mut (impl futures_util::Stream<
+        Item = Result<bollard::models::EventMessage, bollard::errors::Error>,
+    > + Unpin),
     name: &str,
     after: i64,
 ) -> anyhow::Result<(i64, i64)> {
@@ -254,7 +255,11 @@ pub async fn figures(home: &BeigeHome, image: &str, shim: &Path) -> anyhow::Resu
 
     let (installation, _) = home.ensure_installation_id()?;
     let sandbox = DockerSandbox::connect(installation.as_str()).await?;
-    sandbox.configure(DockerOptions::default().shim(&shim).resolve(&config, home)?);
+    sandbox.configure(
+        DockerOptions::default()
+            .shim(&shim)
+            .resolve(&config, home)?,
+    );
     let docker = sandbox.client().clone();
 
     let mut floor_create = Vec::new();

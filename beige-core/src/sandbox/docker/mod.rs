@@ -951,11 +951,12 @@ impl DockerSandbox {
         let mut report = ReconcileReport::default();
         self.migrate_legacy(&specs, &mut report).await?;
         let sizes = self.setup().map(|s| s.warm_pools).unwrap_or_default();
-        self.pool.reset(
-            specs
-                .iter()
-                .map(|s| (s.agent.clone(), sizes.get(&s.agent).copied().unwrap_or(0)))
-                .collect(),
+        self.pool
+            .reset(
+                specs
+                    .iter()
+                    .map(|s| (s.agent.clone(), sizes.get(&s.agent).copied().unwrap_or(0)))
+                    .collect(),
             )
             .await;
         let existing = self.list_own().await?;
@@ -987,9 +988,7 @@ impl DockerSandbox {
                     if running && same && named && !keep.contains(&agent) {
                         keep.push(agent);
                     } else if let Some(spare) = spare.filter(|_| {
-                        running
-                            && same
-                            && self.pool.names(&agent).len() < self.pool.size(&agent)
+                        running && same && self.pool.names(&agent).len() < self.pool.size(&agent)
                     }) {
                         // A spare of the current spec (left by a gateway that kept its
                         // sandboxes): still in the pool.

@@ -105,13 +105,18 @@ fn spare_name(name: &str) -> String {
 }
 
 impl DockerSandbox {
-    /// Spares of the agent that are ready (their PID 1 held by the hub, or no link).
+    /// Spares the agent has now. Over the Unix link, only those whose PID 1 dialled in
+    /// and is held by the hub (ready to be greeted); otherwise every spare created.
     pub async fn warm_spares(&self, agent: &str) -> usize {
-        let link = self.spec_of(agent).await.map(|s| s.link).unwrap_or_default();
+        let link = self
+            .spec_of(agent)
+            .await
+            .map(|s| s.link)
+            .unwrap_or_default();
         self.pool
             .names(agent)
             .iter()
-            .filter(|n| link == LinkMode::Off || self.links.hub.is_parked(n))
+            .filter(|n| link != LinkMode::Unix || self.links.hub.is_parked(n))
             .count()
     }
 
@@ -283,8 +288,14 @@ mod tests {
         assert!(is_spare_of(&name, "beige-a-0123456789ab"), "{name}");
         assert!(!is_spare_of(&name, "beige-a-0123456789"));
         assert!(!is_spare_of("beige-a-0123456789ab", "beige-a-0123456789ab"));
-        assert!(!is_spare_of("beige-a-0123456789ab-warm-xyz", "beige-a-0123456789ab"));
-        assert!(!is_spare_of("beige-a-0123456789ab-warm-0000000g", "beige-a-0123456789ab"));
+        assert!(!is_spare_of(
+            "beige-a-0123456789ab-warm-xyz",
+            "beige-a-0123456789ab"
+        ));
+        assert!(!is_spare_of(
+            "beige-a-0123456789ab-warm-0000000g",
+            "beige-a-0123456789ab"
+        ));
         // Another agent whose name extends this one's is not a spare of it.
         assert!(!is_spare_of("beige-a-b-warm-00000000", "beige-a"));
     }
