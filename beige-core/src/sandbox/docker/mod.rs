@@ -626,33 +626,51 @@ impl DockerSandbox {
     }
 
     async fn create_and_start(&self, spec: &ContainerSpec) -> Result<(), SandboxError> {
+        self.create_and_start_as(spec, false).await
+    }
+
+    /// [`Self::create_and_start`]; `name_free`: the caller has just seen that no
+    /// container has the name (no need to ask again).
+    async fn create_and_start_as(
+        &self,
+        spec: &ContainerSpec,
+        name_free: bool,
+    ) -> Result<(), SandboxError> {
         // The mount sources as they are now, not as they were when the spec was made.
         spec.recheck_mounts()?;
         // A container of the same name may exist (stopped, or from a crash): replace it,
         // if it is this installation's.
-        match self
-            .docker
-            .inspect_container(
-                &spec.name,
-                None::<bollard::query_parameters::InspectContainerOptions>,
+        let existing = if name_free {
+            None
+        } else {
+            Some(
+                self.docker
+                    .inspect_container(
+                        &spec.name,
+                        None::<bollard::query_parameters::InspectContainerOptions>,
+                    )
+                    .await,
             )
-            .await
-        {
-            Ok(info) => {
-                let owner = info
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(LABEL_INSTALLATION).cloned());
-                if owner.as_deref() != Some(self.installation.as_str()) {
-                    return Err(SandboxError::NameTaken {
-                        name: spec.name.clone(),
-                        owner,
-                    });
+        };
+        match existing {
+            None => {}
+            Some(found) => match found {
+                Ok(info) => {
+                    let owner = info
+                        .config
+                        .and_then(|c| c.labels)
+                        .and_then(|l| l.get(LABEL_INSTALLATION).cloned());
+                    if owner.as_deref() != Some(self.installation.as_str()) {
+                        return Err(SandboxError::NameTaken {
+                            name: spec.name.clone(),
+                            owner,
+                        });
+                    }
+                    self.remove(&spec.name).await?;
                 }
-                self.remove(&spec.name).await?;
-            }
-            Err(e) if status_of(&e) == Some(404) => {}
-            Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
+                Err(e) if status_of(&e) == Some(404) => {}
+                Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
+            },
         }
         if self.claim_spare(spec).await? {
             return Ok(());
@@ -733,7 +751,7 @@ impl DockerSandbox {
             Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
         };
         tracing::warn!(agent = %spec.agent, ?notice, "sandbox had died; recreating it");
-        self.create_and_start(spec).await?;
+        self.create_and_start_as(spec, notice.missing).await?;
         Ok(Some(notice))
     }
 

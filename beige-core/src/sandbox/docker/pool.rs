@@ -194,6 +194,12 @@ impl DockerSandbox {
         names.sort_by_key(|n| !hub.is_parked(n));
         for name in names {
             self.pool.forget(agent, &name);
+            // A held PID 1 was verified as this spare's, running; the pool only holds
+            // spares of the agent's current spec (a reconcile admits a kept one only
+            // with the same spec hash). No need to ask the engine again.
+            if hub.is_parked(&name) && self.take_spare(spec, &name).await? {
+                return Ok(true);
+            }
             let info = match self
                 .docker
                 .inspect_container(
@@ -224,20 +230,41 @@ impl DockerSandbox {
                 self.remove(&name).await?;
                 continue;
             }
-            self.docker
-                .rename_container(
-                    &name,
-                    bollard::query_parameters::RenameContainerOptions {
-                        name: spec.name.clone(),
-                    },
-                )
-                .await
-                .map_err(docker_err(format!("rename container {name}")))?;
+            if self.take_spare(spec, &name).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Renames the spare `name` to the agent's container and greets its PID 1.
+    /// `Ok(false)`: it is gone (removed or died since).
+    async fn take_spare(&self, spec: &ContainerSpec, name: &str) -> Result<bool, SandboxError> {
+        let agent = spec.agent.as_str();
+        let hub = &self.links.hub;
+        let renamed = self
+            .docker
+            .rename_container(
+                name,
+                bollard::query_parameters::RenameContainerOptions {
+                    name: spec.name.clone(),
+                },
+            )
+            .await;
+        match renamed {
+            Ok(()) => {}
+            Err(e) if super::status_of(&e) == Some(404) => {
+                hub.drop_parked(name);
+                return Ok(false);
+            }
+            Err(e) => return Err(docker_err(format!("rename container {name}"))(e)),
+        }
+        {
             match spec.link {
                 LinkMode::Off => {}
                 LinkMode::Unix => {
                     self.expect_link(agent);
-                    hub.unpark(&name);
+                    hub.unpark(name);
                 }
                 LinkMode::Attach => {
                     self.start_attach(spec);
@@ -246,9 +273,8 @@ impl DockerSandbox {
             }
             tracing::info!(agent, container = %spec.name, spare = %name, "sandbox taken from the warm pool");
             self.fill_pool(spec);
-            return Ok(true);
+            Ok(true)
         }
-        Ok(false)
     }
 }
 
