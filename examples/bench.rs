@@ -22,6 +22,8 @@ use beige_core::sandbox::{Sandbox as _, Transport};
 use beige_core::AgentEvent;
 use beige_core::{BeigeHome, Gateway, GatewayBuilder, LocalGateway, PromptRequest};
 
+#[path = "bench_cold.rs"]
+mod bench_cold;
 #[path = "bench_egress.rs"]
 mod bench_egress;
 #[path = "bench_load.rs"]
@@ -104,15 +106,6 @@ impl Plugin for NoopPlugin {
     async fn register(&self, _ctx: &PluginContext, reg: &mut Registrar) -> Result<(), PluginError> {
         reg.tool(Arc::new(Noop))
     }
-}
-
-async fn gateway(
-    home: &BeigeHome,
-    image: &str,
-    shim: &PathBuf,
-    link: &str,
-) -> anyhow::Result<LocalGateway> {
-    Ok(gateway_and_sandbox(home, image, shim, link).await?.0)
 }
 
 /// The gateway and (a handle on) its sandbox backend.
@@ -287,29 +280,6 @@ async fn sh_c_true_floor(gw: &LocalGateway) -> anyhow::Result<Figure> {
     }
     Ok(Figure {
         name: "exec_floor_sh_c_true",
-        unit: "ms",
-        samples,
-    })
-}
-
-async fn sandbox_cold_start(
-    home: &BeigeHome,
-    image: &str,
-    shim: &PathBuf,
-) -> anyhow::Result<Figure> {
-    let mut samples = Vec::new();
-    for _ in 0..10 {
-        let t = Instant::now();
-        let gw = gateway(home, image, shim, "unix").await?;
-        let out = gw
-            .call_tool("bench", exec_true()?, ToolContext::default())
-            .await?;
-        samples.push(t.elapsed().as_secs_f64() * 1000.0);
-        anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
-        gw.shutdown().await?;
-    }
-    Ok(Figure {
-        name: "sandbox_cold_start",
         unit: "ms",
         samples,
     })
@@ -675,7 +645,7 @@ async fn main() -> anyhow::Result<()> {
         figures.extend(bench_egress::figures().await?);
     }
     if want("sandbox_cold_start") {
-        figures.push(sandbox_cold_start(&home, &image, &shim).await?);
+        figures.extend(bench_cold::figures(&home, &image, &shim).await?);
     }
     let _ = std::fs::remove_dir_all(&tmp);
 

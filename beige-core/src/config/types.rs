@@ -365,6 +365,21 @@ pub struct AgentSandboxConfig {
     /// `--storage-opt size`); only some storage drivers support it. Unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_limit: Option<ByteSize>,
+    /// New in beige: spare containers kept ready for this agent (0, the default: none;
+    /// at most 4). Each is created from exactly the agent's container spec and started,
+    /// its PID 1 connected but idle; when the agent's container has to be created again
+    /// (it died, or was gone at a restart) a spare is renamed to it and answers its
+    /// first operation within milliseconds. Costs one idle container (PID 1 only) per
+    /// spare.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warm_pool: u8,
+}
+
+/// Most spare containers `sandbox.warmPool` may ask for.
+pub const MAX_WARM_POOL: u8 = 4;
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 impl Default for AgentSandboxConfig {
@@ -384,6 +399,7 @@ impl Default for AgentSandboxConfig {
             exec_output_limit: default_exec_output_limit(),
             link: LinkMode::Unix,
             disk_limit: None,
+            warm_pool: 0,
         }
     }
 }

@@ -747,6 +747,17 @@ fn validate_agent(
             ),
         ));
     }
+    if sandbox.warm_pool > super::types::MAX_WARM_POOL {
+        return Err(invalid(
+            file,
+            at_sandbox.key("warmPool"),
+            format!(
+                "warmPool must be at most {} (got {}; default 0, no spare containers)",
+                super::types::MAX_WARM_POOL,
+                sandbox.warm_pool
+            ),
+        ));
+    }
     if let Some(cpus) = sandbox.cpus {
         if !(cpus.is_finite() && cpus > 0.0) {
             return Err(invalid(

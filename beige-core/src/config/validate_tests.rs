@@ -197,6 +197,9 @@ fn sandbox_limits() {
     assert!(err(&with_agent("a", "sandbox: { cpus: -1.5 },"))
         .contains("cpus must be a positive number"));
     assert!(load(&with_agent("a", "sandbox: { cpus: 1.5, pidsLimit: 64 },")).is_ok());
+    assert!(err(&with_agent("a", "sandbox: { warmPool: 5 },"))
+        .contains("warmPool must be at most 4 (got 5"));
+    assert!(load(&with_agent("a", "sandbox: { warmPool: 4 },")).is_ok());
 }
 
 #[test]

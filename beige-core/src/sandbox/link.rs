@@ -9,7 +9,10 @@
 //! host's [`crate::ident::ExecRegistry`]. It also owns the Unix carrier's listener at
 //! `run/<agent>/ctl.sock`, which accepts only the peer whose `SO_PEERCRED` pid is the
 //! container's PID 1 (asked of a [`PeerVerifier`]) and uid is root, and reports every
-//! other peer to the [`SandboxHost`] (audited as `security.link_reject`). It never decides whether an op may run (the
+//! other peer to the [`SandboxHost`] (audited as `security.link_reject`) — except PID 1
+//! of one of the agent's spare containers (its warm pool, [`PeerVerifier::spare`]), whose
+//! connection is held without a hello until the spare becomes the agent's container
+//! ([`LinkHub::unpark`]). It never decides whether an op may run (the
 //! gateway's guarded path did) and never talks to Docker itself: the Docker backend
 //! supplies the verifier and the attach streams.
 
@@ -70,6 +73,13 @@ pub use beige_client::status::LinkStatus;
 pub trait PeerVerifier: Send + Sync + std::fmt::Debug {
     /// The host pid of the agent's PID 1, or `None` when its container is not running.
     async fn init_pid(&self, agent: &str) -> Option<u32>;
+
+    /// When `pid` is PID 1 of one of the agent's spare containers (its warm pool), that
+    /// container's name. Such a peer is held, not greeted, until [`LinkHub::unpark`]
+    /// (the spare has become the agent's container). Default: no spares.
+    async fn spare(&self, _agent: &str, _pid: u32) -> Option<String> {
+        None
+    }
 }
 
 #[derive(Debug)]
@@ -160,6 +170,9 @@ struct HubInner {
     next_id: AtomicU64,
     agents: Mutex<HashMap<String, Arc<AgentLink>>>,
     host: HostSlot,
+    /// Verified connections of spare containers' PID 1, by container name, not greeted
+    /// yet: `(agent, connection)`.
+    parked: Mutex<HashMap<String, (String, tokio::net::UnixStream)>>,
 }
 
 /// Where a hub reports (a [`SandboxHost`] need not be `Debug`).
@@ -187,6 +200,7 @@ impl LinkHub {
                 next_id: AtomicU64::new(1),
                 agents: Mutex::default(),
                 host: HostSlot::default(),
+                parked: Mutex::default(),
             }),
         }
     }
@@ -298,8 +312,43 @@ impl LinkHub {
         }
     }
 
+    /// Whether the PID 1 of the spare container `name` is connected and waiting.
+    pub fn is_parked(&self, name: &str) -> bool {
+        self.parked().contains_key(name)
+    }
+
+    /// The spare container `name` has become its agent's container: greet its PID 1 on
+    /// the connection held for it and serve the link. `false` when none is held (its
+    /// PID 1 then dials again and is checked as the agent's PID 1).
+    pub fn unpark(&self, name: &str) -> bool {
+        let Some((agent, stream)) = self.parked().remove(name) else {
+            return false;
+        };
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let (r, w) = stream.into_split();
+            hub.serve(&agent, Carrier::Unix, r, w).await;
+        });
+        true
+    }
+
+    /// Lets go of the connection held for the spare container `name` (removed).
+    pub fn drop_parked(&self, name: &str) {
+        self.parked().remove(name);
+    }
+
+    fn parked(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (String, tokio::net::UnixStream)>> {
+        self.inner
+            .parked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Ends every link (the gateway lets go of its sandboxes).
     pub fn close_all(&self) {
+        self.parked().clear();
         let agents: Vec<String> = self
             .inner
             .agents
@@ -740,6 +789,16 @@ impl LinkHub {
             .and_then(|p| u32::try_from(p).ok());
         let uid = cred.as_ref().map(|c| c.uid());
         let expected = verifier.init_pid(agent).await;
+        if let (Some(p), Some(0)) = (pid, uid) {
+            if expected != Some(p) {
+                if let Some(name) = verifier.spare(agent, p).await {
+                    // A spare's PID 1: held until the spare becomes the agent's container.
+                    tracing::debug!(agent, container = %name, "spare sandbox's PID 1 connected");
+                    self.parked().insert(name, (agent.to_string(), stream));
+                    return;
+                }
+            }
+        }
         let reason = match (pid, uid, expected) {
             (Some(p), Some(0), Some(e)) if p == e => None,
             (_, _, None) => Some("the agent's container is not running".to_string()),

@@ -277,3 +277,94 @@ async fn default_image_builds_from_local_debian_base() {
         .await
         .unwrap();
 }
+
+/// `sandbox.warmPool`: a spare is created from exactly the agent's spec (the same
+/// hardening, mounts and spec hash as `docker inspect` shows; only the name differs), its
+/// PID 1 is held without being refused, and when the agent's container dies the next
+/// call takes the spare — renamed to the agent's container — over the link at once; the
+/// pool fills again, and a clean stop removes the spares too.
+#[tokio::test]
+async fn warm_pool_spare_has_the_agents_spec_and_replaces_a_dead_container() {
+    let env = docker_or_skip!();
+    let t = TestHome::new();
+    let config = t.config(&env, &[("spry", json!({"sandbox": {"warmPool": 1}}))]);
+    let (gw, docker) = t.gateway_and_docker(&env, config).await;
+    let spec = docker.container_spec("spry").await.unwrap();
+    let ready = |docker: DockerSandbox| async move {
+        for _ in 0..400 {
+            if docker.warm_spares("spry").await == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("no spare became ready in 20 s");
+    };
+    ready(docker.clone()).await;
+
+    // Two containers of the agent: its own and the spare, with the same spec.
+    let ids = t.containers().await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let inspect = |name: String| {
+        let docker = docker.clone();
+        async move {
+            docker
+                .client()
+                .inspect_container(
+                    &name,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let main = inspect(spec.name.clone()).await;
+    let spare_id = ids
+        .iter()
+        .map(|(_, id)| id.clone())
+        .find(|id| Some(id) != main.id.as_ref())
+        .unwrap();
+    let spare = inspect(spare_id.clone()).await;
+    assert!(spare
+        .name
+        .as_deref()
+        .unwrap()
+        .starts_with(&format!("/{}-warm-", spec.name)));
+    let (mhc, shc) = (main.host_config.unwrap(), spare.host_config.unwrap());
+    assert_eq!(shc.cap_drop, mhc.cap_drop);
+    assert_eq!(shc.cap_add, mhc.cap_add);
+    assert_eq!(shc.security_opt, mhc.security_opt);
+    assert_eq!(shc.binds, mhc.binds);
+    assert_eq!(shc.memory, mhc.memory);
+    assert_eq!(shc.pids_limit, mhc.pids_limit);
+    assert_eq!(shc.network_mode, mhc.network_mode);
+    assert_eq!(shc.readonly_rootfs, mhc.readonly_rootfs);
+    let (mcfg, scfg) = (main.config.unwrap(), spare.config.unwrap());
+    assert_eq!(scfg.labels, mcfg.labels);
+    assert_eq!(scfg.entrypoint, mcfg.entrypoint);
+    assert_eq!(scfg.env, mcfg.env);
+    assert_eq!(scfg.user, mcfg.user);
+    // The spare's PID 1 dialled the agent's control socket: held, not refused.
+    assert_eq!(docker.link_hub().status_of("spry").rejected_peers, 0);
+
+    docker
+        .client()
+        .kill_container(
+            &spec.name,
+            None::<bollard::query_parameters::KillContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let out = exec(&gw, "spry", "echo from the spare").await;
+    let text = out.joined_text();
+    assert!(text.contains("sandbox was restarted"), "{text}");
+    assert!(text.contains("from the spare"), "{text}");
+    // The agent's container is now the spare, renamed, and its link is up.
+    assert_eq!(inspect(spec.name.clone()).await.id, Some(spare_id.clone()));
+    let status = docker.link_hub().status_of("spry");
+    assert!(status.connected);
+    assert_eq!(status.rejected_peers, 0);
+    // The pool fills again.
+    ready(docker.clone()).await;
+    gw.shutdown().await.unwrap();
+    assert!(t.containers().await.is_empty());
+}

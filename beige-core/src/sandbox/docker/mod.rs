@@ -14,11 +14,12 @@
 //! it is missing, running core-tool operations — over the shim link when it is up
 //! ([`LinkHub`]; this module starts its Unix listener or its attach streams and
 //! tells it PID 1's host pid), else through `docker exec` of `beige-shim op <name>` —
-//! and recreating a container that died under a running gateway. No `docker` CLI is
-//! ever invoked.
+//! and recreating a container that died under a running gateway (from a spare of its
+//! warm pool when it has one, [`pool`]). No `docker` CLI is ever invoked.
 
 pub mod body;
 mod endpoint;
+mod pool;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -77,6 +78,8 @@ pub struct DockerSandbox {
     setup: Arc<std::sync::RwLock<Option<Setup>>>,
     /// Each agent's tool endpoint.
     endpoints: Arc<endpoint::Endpoints>,
+    /// Spare containers of agents with a warm pool ([`pool`]).
+    pool: Arc<pool::Pool>,
 }
 
 /// The Docker backend's options, for [`crate::GatewayBuilder::docker`].
@@ -143,6 +146,11 @@ impl DockerOptions {
                 .iter()
                 .map(|(name, agent)| (name.clone(), agent.sandbox.link))
                 .collect(),
+            warm_pools: config
+                .agents
+                .iter()
+                .map(|(name, agent)| (name.clone(), usize::from(agent.sandbox.warm_pool)))
+                .collect(),
         })
     }
 }
@@ -156,6 +164,8 @@ pub struct Setup {
     socket_limits: SocketLimits,
     /// `sandbox.link` per agent (absent: the default).
     links: HashMap<String, LinkMode>,
+    /// `sandbox.warmPool` per agent (absent: none).
+    warm_pools: HashMap<String, usize>,
 }
 
 impl Setup {
@@ -210,6 +220,7 @@ const LINK_EXPECTED_WITHIN: Duration = Duration::from_secs(3);
 struct InitPids {
     docker: Docker,
     specs: Arc<RwLock<HashMap<String, ContainerSpec>>>,
+    pool: Arc<pool::Pool>,
 }
 
 #[async_trait]
@@ -232,6 +243,10 @@ impl PeerVerifier for InitPids {
             .pid
             .and_then(|p| u32::try_from(p).ok())
             .filter(|&p| p > 0)
+    }
+
+    async fn spare(&self, agent: &str, pid: u32) -> Option<String> {
+        pool::spare_with_pid(&self.docker, &self.pool, agent, pid).await
     }
 }
 
@@ -271,6 +286,7 @@ impl DockerSandbox {
             links: Arc::default(),
             setup: Arc::default(),
             endpoints: Arc::default(),
+            pool: Arc::default(),
         })
     }
 
@@ -341,6 +357,7 @@ impl DockerSandbox {
         let verifier: Arc<dyn PeerVerifier> = Arc::new(InitPids {
             docker: self.docker.clone(),
             specs: self.specs.clone(),
+            pool: self.pool.clone(),
         });
         let mut listeners = self
             .links
@@ -609,33 +626,54 @@ impl DockerSandbox {
     }
 
     async fn create_and_start(&self, spec: &ContainerSpec) -> Result<(), SandboxError> {
+        self.create_and_start_as(spec, false).await
+    }
+
+    /// [`Self::create_and_start`]; `name_free`: the caller has just seen that no
+    /// container has the name (no need to ask again).
+    async fn create_and_start_as(
+        &self,
+        spec: &ContainerSpec,
+        name_free: bool,
+    ) -> Result<(), SandboxError> {
         // The mount sources as they are now, not as they were when the spec was made.
         spec.recheck_mounts()?;
         // A container of the same name may exist (stopped, or from a crash): replace it,
         // if it is this installation's.
-        match self
-            .docker
-            .inspect_container(
-                &spec.name,
-                None::<bollard::query_parameters::InspectContainerOptions>,
+        let existing = if name_free {
+            None
+        } else {
+            Some(
+                self.docker
+                    .inspect_container(
+                        &spec.name,
+                        None::<bollard::query_parameters::InspectContainerOptions>,
+                    )
+                    .await,
             )
-            .await
-        {
-            Ok(info) => {
-                let owner = info
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(LABEL_INSTALLATION).cloned());
-                if owner.as_deref() != Some(self.installation.as_str()) {
-                    return Err(SandboxError::NameTaken {
-                        name: spec.name.clone(),
-                        owner,
-                    });
+        };
+        match existing {
+            None => {}
+            Some(found) => match found {
+                Ok(info) => {
+                    let owner = info
+                        .config
+                        .and_then(|c| c.labels)
+                        .and_then(|l| l.get(LABEL_INSTALLATION).cloned());
+                    if owner.as_deref() != Some(self.installation.as_str()) {
+                        return Err(SandboxError::NameTaken {
+                            name: spec.name.clone(),
+                            owner,
+                        });
+                    }
+                    self.remove(&spec.name).await?;
                 }
-                self.remove(&spec.name).await?;
-            }
-            Err(e) if status_of(&e) == Some(404) => {}
-            Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
+                Err(e) if status_of(&e) == Some(404) => {}
+                Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
+            },
+        }
+        if self.claim_spare(spec).await? {
+            return Ok(());
         }
         let body = engine_body(spec);
         self.docker
@@ -713,7 +751,7 @@ impl DockerSandbox {
             Err(e) => return Err(docker_err(format!("inspect container {}", spec.name))(e)),
         };
         tracing::warn!(agent = %spec.agent, ?notice, "sandbox had died; recreating it");
-        self.create_and_start(spec).await?;
+        self.create_and_start_as(spec, notice.missing).await?;
         Ok(Some(notice))
     }
 
@@ -865,6 +903,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn remove_all(&self) -> Result<(), SandboxError> {
+        self.pool.reset(HashMap::new()).await;
         self.endpoints.stop();
         self.stop_links();
         for c in self.list_own().await? {
@@ -877,6 +916,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn detach(&self) {
+        self.pool.reset(HashMap::new()).await;
         self.endpoints.stop();
         self.stop_links();
     }
@@ -928,6 +968,15 @@ impl DockerSandbox {
         self.ensure_images(&specs).await?;
         let mut report = ReconcileReport::default();
         self.migrate_legacy(&specs, &mut report).await?;
+        let sizes = self.setup().map(|s| s.warm_pools).unwrap_or_default();
+        self.pool
+            .reset(
+                specs
+                    .iter()
+                    .map(|s| (s.agent.clone(), sizes.get(&s.agent).copied().unwrap_or(0)))
+                    .collect(),
+            )
+            .await;
         let existing = self.list_own().await?;
         let wanted: HashMap<&str, &ContainerSpec> =
             specs.iter().map(|s| (s.agent.as_str(), s)).collect();
@@ -946,19 +995,36 @@ impl DockerSandbox {
                     let running = c.state.as_ref().map(|s| s.to_string()) == Some("running".into());
                     let same =
                         labels.get(LABEL_SPEC).map(String::as_str) == Some(spec.spec_label());
-                    let named = c
+                    let names: Vec<&str> = c
                         .names
-                        .as_ref()
-                        .map(|n| n.iter().any(|n| n.trim_start_matches('/') == spec.name))
-                        .unwrap_or(false);
+                        .iter()
+                        .flatten()
+                        .map(|n| n.trim_start_matches('/'))
+                        .collect();
+                    let named = names.contains(&spec.name.as_str());
+                    let spare = names.iter().find(|n| pool::is_spare_of(n, &spec.name));
                     if running && same && named && !keep.contains(&agent) {
                         keep.push(agent);
+                    } else if let Some(spare) = spare.filter(|_| {
+                        running && same && self.pool.names(&agent).len() < self.pool.size(&agent)
+                    }) {
+                        // A spare of the current spec (left by a gateway that kept its
+                        // sandboxes): still in the pool.
+                        self.pool.add(&agent, spare);
                     } else {
+                        if let Some(spare) = spare {
+                            self.links.hub.drop_parked(spare);
+                        }
                         self.remove(&id).await?;
                     }
                 }
             }
         }
+        // The links' listeners are up before any container starts: a PID 1 that dials
+        // before its listener exists waits out its reconnect backoff (50 ms, then 100 ms)
+        // before its first op can run. The peer check reads `specs` at accept time.
+        *self.specs.write().await = specs.iter().map(|s| (s.agent.clone(), s.clone())).collect();
+        self.start_links(&specs)?;
         for spec in &specs {
             if keep.contains(&spec.agent) {
                 tracing::info!(agent = %spec.agent, container = %spec.name, "sandbox reattached");
@@ -968,8 +1034,9 @@ impl DockerSandbox {
                 report.created.push(spec.agent.clone());
             }
         }
-        *self.specs.write().await = specs.iter().map(|s| (s.agent.clone(), s.clone())).collect();
-        self.start_links(&specs)?;
+        for spec in &specs {
+            self.fill_pool(spec);
+        }
         for agent in &report.removed_orphans {
             self.links.hub.drop_agent(agent);
         }
@@ -1073,7 +1140,15 @@ impl DockerSandbox {
     ) -> Result<Option<OpOutcome>, SandboxError> {
         let agent = spec.agent.as_str();
         let hub = &self.links.hub;
-        if !hub.is_connected(agent) {
+        if hub.is_connected(agent) {
+            // The link expected after the last start came: a later loss of it (the
+            // container died) must not be waited for.
+            self.links
+                .expected
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(agent);
+        } else {
             let wait = self.link_wait(agent);
             if wait.is_zero() || !hub.wait_connected(agent, wait).await {
                 return Ok(None);
@@ -1202,6 +1277,29 @@ impl DockerSandbox {
                 let restarted = self.revive(spec).await?;
                 if restarted.is_none() {
                     return Err(failed(e));
+                }
+                // Over the new container's link when it comes up (a spare's at once).
+                if spec.link != LinkMode::Off
+                    && self
+                        .links
+                        .hub
+                        .wait_connected(agent, LINK_EXPECTED_WITHIN)
+                        .await
+                {
+                    let payload = serde_json::to_vec(request)
+                        .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+                    if let Ok(reply) = self.link_call(spec, request, &payload, limit, None).await {
+                        return Ok(OpOutcome {
+                            reply: reply?,
+                            restarted,
+                            transport: self
+                                .links
+                                .hub
+                                .carrier(agent)
+                                .map(Into::into)
+                                .unwrap_or(Transport::DOCKER_EXEC),
+                        });
+                    }
                 }
                 let reply =
                     tokio::time::timeout(Duration::from_secs(limit), self.exec_op(spec, request))
