@@ -590,6 +590,8 @@ impl Link {
     /// progress pipe.
     fn fork_warm(&self) -> io::Result<Warm> {
         let (reply_read, reply_write) = sys::pipe()?;
+        // A large reply (an exec's output) crosses in fewer, larger steps.
+        sys::grow_pipe(reply_read.as_fd(), sys::BULK_PIPE_SIZE);
         let (stdin_read, stdin_write) = sys::pipe()?;
         let (progress_read, progress_write) = sys::pipe()?;
         sys::set_nonblocking(progress_read.as_fd())?;

@@ -422,6 +422,21 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<u
 }
 
 /// Puts `fd` into non-blocking mode.
+/// Pipe capacity asked for where output moves in bulk: the command's output pipes and
+/// an op's reply pipe. 1 MiB is the default most an unprivileged process may ask for
+/// (`/proc/sys/fs/pipe-max-size`); 16 times the default 64 KiB means 16 times fewer
+/// wake-ups of reader and writer for a large output.
+pub const BULK_PIPE_SIZE: libc::c_int = 1 << 20;
+
+/// Asks the kernel for a pipe of `size` bytes behind `fd`. Best effort: a refusal (a
+/// lower `pipe-max-size`, the user's pipe budget spent) leaves the pipe as it is, which
+/// only costs speed.
+pub fn grow_pipe(fd: BorrowedFd<'_>, size: libc::c_int) {
+    // SAFETY: fcntl(2) on a borrowed, open descriptor; F_SETPIPE_SZ takes an int.
+    let _ = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) };
+}
+
+/// Sets `O_NONBLOCK` on `fd`.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: fcntl(2) on a borrowed, open descriptor; F_GETFL takes no argument.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };

@@ -210,12 +210,15 @@ struct Pipes {
 
 impl Pipes {
     fn set_nonblocking(&mut self) {
-        // A pipe left blocking is only read after poll said it is readable.
+        // A pipe left blocking is only read after poll said it is readable. Larger
+        // pipes: a big output moves in fewer, larger steps.
         if let Some(p) = &self.stdout {
             let _ = sys::set_nonblocking(p.as_fd());
+            sys::grow_pipe(p.as_fd(), sys::BULK_PIPE_SIZE);
         }
         if let Some(p) = &self.stderr {
             let _ = sys::set_nonblocking(p.as_fd());
+            sys::grow_pipe(p.as_fd(), sys::BULK_PIPE_SIZE);
         }
     }
 
