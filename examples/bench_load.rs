@@ -84,6 +84,7 @@ async fn gateway(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::Resul
             format!("load{i}"),
             serde_json::json!({
                 "model": {"provider": "reflex", "model": "reflex"},
+                "tools": [],
                 "sandbox": {"image": image, "memoryLimit": "64m", "link": "unix"}
             }),
         );
