@@ -15,7 +15,7 @@
 //! ([`LinkHub`]; this module starts its Unix listener or its attach streams and
 //! tells it PID 1's host pid), else through `docker exec` of `beige-shim op <name>` —
 //! and recreating a container that died under a running gateway (from a spare of its
-//! warm pool when it has one, [`pool`]). No `docker` CLI is ever invoked.
+//! warm pool when it has one, in the private module `pool`). No `docker` CLI is ever invoked.
 
 pub mod body;
 mod endpoint;
