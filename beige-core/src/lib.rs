@@ -82,6 +82,7 @@
 //! | [`store`] | the store traits by owner (`SessionStore`, `HealthStore`, `ChannelState`, `PluginData`) and `SqliteStore` (feature `sqlite`) |
 //! | [`disk`] | free space of the host filesystems, and the guard that pauses agents |
 //! | [`egress`] | governed network access: the rules, the address classifier, the resolver and dialer seams, the engine that decides and carries a sandbox's outbound streams (feature `egress`) |
+//! | [`mcp`] | MCP both ways: MCP servers' tools as sandbox CLIs, and an agent's tools served to MCP clients (feature `mcp`) |
 //! | `testing` | in-memory stand-ins for tests and examples (feature `test-util`) |
 //!
 //! Private, their public items re-exported at the root or in a public module:
@@ -109,6 +110,7 @@
 //! | `egress` | yes | governed network access for agents, [`egress`] (rules, the address classifier, hickory DNS) |
 //! | `metrics` | no (the `beige` binary turns it on) | the Prometheus registry behind [`metrics::Metrics`] and `GET /metrics` (prometheus-client); without it the counters are no-ops |
 //! | `otel` | no (the `beige` binary turns it on) | OpenTelemetry traces exported over OTLP/HTTP by [`telemetry::Traces`] (opentelemetry_sdk, opentelemetry-otlp); without it spans are no-ops and a config with `telemetry.otlp.traces` is refused |
+//! | `mcp` | no (the `beige` binary turns it on) | MCP both ways, [`mcp`] (rmcp, jsonschema) |
 //! | `test-util` | no | the test seams in `testing` (stand-ins for Docker, the store, a model) |
 //!
 //! With none of them the crate still has the gateway traits, [`RemoteGateway`],
@@ -136,6 +138,8 @@ pub mod home;
 pub mod hooks;
 pub mod ident;
 pub mod llm;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod metrics;
 mod platform;
 pub mod plugin;

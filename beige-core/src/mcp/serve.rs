@@ -1,0 +1,1 @@
+//! beige as an MCP server (placeholder; see `spec/mcp.md` §2).
