@@ -52,7 +52,9 @@ impl NameKind {
             NameKind::Tool => {
                 "Install the plugin that provides it (beige plugins install) or fix the name."
             }
-            NameKind::McpServer => "mcpConfigs keys must name a server configured under mcp.servers.",
+            NameKind::McpServer => {
+                "mcpConfigs keys must name a server configured under mcp.servers."
+            }
         }
     }
 }

@@ -113,7 +113,11 @@ impl super::Config {
             .as_ref()
             .and_then(|m| m.servers.get(server))
             .ok_or_else(|| format!("no MCP server named '{server}' is configured"))?;
-        let Some(over) = self.agents.get(agent).and_then(|a| a.mcp_configs.get(server)) else {
+        let Some(over) = self
+            .agents
+            .get(agent)
+            .and_then(|a| a.mcp_configs.get(server))
+        else {
             return Ok(base.clone());
         };
         let mut merged = serde_json::to_value(base).map_err(|e| e.to_string())?;
@@ -227,10 +231,17 @@ mod tests {
         assert!(!glob_matches("a*b*c", "axxbyy"));
         assert!(glob_matches("exact", "exact"));
         assert!(!glob_matches("exact", "exactly"));
-        let p: Vec<String> = ["files", "github.list_*", "github.get_*", "!github.delete_*", "t.*", "!t.fail"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let p: Vec<String> = [
+            "files",
+            "github.list_*",
+            "github.get_*",
+            "!github.delete_*",
+            "t.*",
+            "!t.fail",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert!(patterns_allow(&p, "files", "read"));
         assert!(patterns_allow(&p, "github", "list_issues"));
         assert!(!patterns_allow(&p, "github", "create_issue"));
@@ -242,9 +253,18 @@ mod tests {
 
     #[test]
     fn time_limits_and_names() {
-        assert_eq!(TimeLimit::Text("90s".into()).duration(), Some(Duration::from_secs(90)));
-        assert_eq!(TimeLimit::Text("2m".into()).duration(), Some(Duration::from_secs(120)));
-        assert_eq!(TimeLimit::Seconds(5).duration(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            TimeLimit::Text("90s".into()).duration(),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            TimeLimit::Text("2m".into()).duration(),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            TimeLimit::Seconds(5).duration(),
+            Some(Duration::from_secs(5))
+        );
         assert_eq!(TimeLimit::Text("soon".into()).duration(), None);
         assert!(is_valid_server_name("testsrv"));
         assert!(is_valid_server_name("my-srv2"));

@@ -589,7 +589,11 @@ fn validate_mcp(config: &Config, file: &Path) -> Result<(), ConfigError> {
     let Some(mcp) = &config.mcp else {
         for (name, agent) in &config.agents {
             if let Some(server) = agent.mcp_configs.keys().next() {
-                let path = KeyPath::root().key("agents").key(name).key("mcpConfigs").key(server);
+                let path = KeyPath::root()
+                    .key("agents")
+                    .key(name)
+                    .key("mcpConfigs")
+                    .key(server);
                 return Err(unknown_name(file, path, NameKind::McpServer, server, &[]));
             }
         }
@@ -614,10 +618,19 @@ fn validate_mcp(config: &Config, file: &Path) -> Result<(), ConfigError> {
         }
     }
     for (agent_name, agent) in &config.agents {
-        let at = KeyPath::root().key("agents").key(agent_name).key("mcpConfigs");
+        let at = KeyPath::root()
+            .key("agents")
+            .key(agent_name)
+            .key("mcpConfigs");
         for server in agent.mcp_configs.keys() {
             if !mcp.servers.contains_key(server) {
-                return Err(unknown_name(file, at.key(server), NameKind::McpServer, server, &servers));
+                return Err(unknown_name(
+                    file,
+                    at.key(server),
+                    NameKind::McpServer,
+                    server,
+                    &servers,
+                ));
             }
         }
         for name in mcp.servers.keys() {
@@ -644,7 +657,10 @@ fn validate_mcp(config: &Config, file: &Path) -> Result<(), ConfigError> {
                 _ => {}
             }
             let limits = server.timeout.iter().chain(server.tool_timeouts.values());
-            if let Some(bad) = limits.into_iter().find(|t| t.duration().is_none_or(|d| d.is_zero())) {
+            if let Some(bad) = limits
+                .into_iter()
+                .find(|t| t.duration().is_none_or(|d| d.is_zero()))
+            {
                 return Err(invalid(
                     file,
                     at.key("timeout"),
@@ -1121,7 +1137,11 @@ pub fn validate_tools(
     file: &Path,
     registered: &[&str],
 ) -> Result<(), ConfigError> {
-    let servers = config.mcp.as_ref().map(|m| m.servers.clone()).unwrap_or_default();
+    let servers = config
+        .mcp
+        .as_ref()
+        .map(|m| m.servers.clone())
+        .unwrap_or_default();
     for (name, agent) in &config.agents {
         let at = KeyPath::root().key("agents").key(name).key("tools");
         for (i, tool) in agent.tools.iter().enumerate() {

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 #[path = "link_spawn.rs"]
 mod spawn;
+pub(crate) use spawn::exit_message as spawn_exit_message;
 pub use spawn::{SpawnError, SpawnedProcess};
 
 use super::{

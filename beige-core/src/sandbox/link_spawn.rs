@@ -243,7 +243,9 @@ fn decode_exit(bytes: &[u8]) -> SpawnExit {
         };
     }
     serde_json::from_slice(bytes).unwrap_or_else(|e| SpawnExit {
-        error: Some(format!("the sandbox's reply to the spawn is unreadable: {e}")),
+        error: Some(format!(
+            "the sandbox's reply to the spawn is unreadable: {e}"
+        )),
         ..SpawnExit::default()
     })
 }

@@ -37,6 +37,8 @@ pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 pub use crate::tools::to_request;
 /// Which of PID 1's listeners took an [`EgressStream`] in.
 pub use beige_protocol::link::EgressEntry;
+#[cfg_attr(not(feature = "mcp"), allow(unused_imports))]
+pub(crate) use link::spawn_exit_message;
 pub use link::{LinkError, LinkHub, LinkStatus, SpawnError, SpawnedProcess};
 pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
 pub use spec::{

@@ -19,6 +19,7 @@ mod http_api;
 mod ident;
 mod layers;
 mod link;
+mod mcp_cli;
 mod metrics;
 mod plugins_external;
 mod policy_seam;

@@ -1,0 +1,181 @@
+//! A script's call of an MCP tool through `/tools/bin/<server>` (`spec/mcp.md` §1.3–
+//! §1.4): the argv is read by the tool's grammar ([`crate::mcp::cli`]) against the
+//! server's live tool list, then the call takes the guarded path every tool call takes
+//! under its policy name `<server>.<tool>` — policy, approvals, hooks, audit — and, once
+//! allowed, is checked against the tool's `inputSchema` and sent to the server by the
+//! gateway's client ([`crate::mcp::client`]). Listings and help print only the tools
+//! the agent's patterns allow, and run nothing.
+
+use beige_protocol::socket::ToolResponse;
+
+use super::{CallMeta, Guarded, Inner};
+use crate::mcp::cli::{self, Invocation, ToolSpec};
+use crate::mcp::client::McpError;
+use crate::plugin::ToolResult;
+
+impl Inner {
+    /// Whether `tool` (a launcher's name) is an MCP server of this gateway's config.
+    pub(super) fn is_mcp_server(&self, tool: &str) -> bool {
+        self.config
+            .mcp
+            .as_ref()
+            .is_some_and(|m| m.servers.contains_key(tool))
+    }
+
+    /// Handles `<server> <argv…>` from a script of `meta.agent` (the socket checks of
+    /// `handle_tool_request_in` already passed).
+    pub(super) async fn handle_mcp_call(
+        &self,
+        meta: CallMeta<'_>,
+        server: &str,
+        argv: &[String],
+        stdin: Option<Vec<u8>>,
+    ) -> ToolResponse {
+        let agent = meta.agent;
+        if !self
+            .config
+            .agent_mcp_servers(agent)
+            .iter()
+            .any(|s| s == server)
+        {
+            let msg = crate::policy::not_allowed_message(server, agent);
+            self.audit_denied(&meta, &msg).await;
+            return ToolResponse::error(msg, cli::EXIT_TOOL_ERROR);
+        }
+        let def = match self.config.mcp_server(agent, server) {
+            Ok(def) => def,
+            Err(msg) => return ToolResponse::error(msg, cli::EXIT_SERVER_UNAVAILABLE),
+        };
+        let tools = match self.mcp.tools(agent, server, &def).await {
+            Ok(tools) => tools,
+            Err(e) => return ToolResponse::error(format!("{server}: {e}"), exit_code(&e)),
+        };
+        let (specs, _collisions) = ToolSpec::from_tools(&tools);
+        let mut allowed = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            if self
+                .policy
+                .exposes(agent, &format!("{server}.{}", spec.name))
+                .await
+            {
+                allowed.push(spec.clone());
+            }
+        }
+        let invocation = match read_argv(server, &specs, &allowed, argv, stdin.as_deref()) {
+            Ok(invocation) => invocation,
+            Err(response) => return response,
+        };
+        let Invocation::Call {
+            tool,
+            arguments,
+            output,
+        } = invocation
+        else {
+            return ToolResponse::error("unreachable: help after a call", cli::EXIT_USAGE);
+        };
+        let Some(spec) = specs.iter().find(|s| s.name == tool).cloned() else {
+            return ToolResponse::error(
+                format!("{server}: the server has no tool '{tool}'"),
+                cli::EXIT_USAGE,
+            );
+        };
+        let policy_name = format!("{server}.{tool}");
+        let meta = CallMeta {
+            tool: &policy_name,
+            ..meta
+        };
+        let limit = def.timeout_of(&tool);
+        let call_id = format!("{:016x}", rand::random::<u64>());
+        let mcp = self.mcp.clone();
+        let (agent_name, server_name) = (agent.to_string(), server.to_string());
+        let run = async move {
+            let (agent, server) = (agent_name.as_str(), server_name.as_str());
+            // Checked before the server sees anything: a model fixes its call from the
+            // message on the next try.
+            if let Err(e) = cli::validate(server, &spec, &arguments) {
+                return Ok(ToolResult::fail(e.to_string(), e.exit_code()));
+            }
+            match mcp.call(agent, server, &def, &tool, arguments, limit).await {
+                Ok(result) => {
+                    let rendered = cli::render(server, &spec, &result, output, &call_id);
+                    let mut out = rendered.stdout;
+                    if !rendered.files.is_empty() {
+                        out.push_str(&format!(
+                            "[beige] {} file(s) in the result were not saved: saving MCP \
+                             images and resources is not supported yet\n",
+                            rendered.files.len()
+                        ));
+                    }
+                    if !rendered.stderr.is_empty() {
+                        if rendered.exit_code == 0 {
+                            out.push_str(&rendered.stderr);
+                        } else {
+                            out = format!("{}{out}", rendered.stderr);
+                        }
+                    }
+                    Ok(ToolResult {
+                        output: out,
+                        exit_code: rendered.exit_code,
+                    })
+                }
+                Err(e) => Ok(ToolResult::fail(format!("{e}\n"), exit_code(&e))),
+            }
+        };
+        match self
+            .guarded(
+                meta,
+                run,
+                ToolResult::clone,
+                |r: &ToolResult| (r.exit_code, r.output.len() as u64),
+                |_, r| r,
+            )
+            .await
+        {
+            Ok(Guarded::Ran(mut result)) => {
+                super::truncate_output(&mut result.output);
+                ToolResponse::from_result(result.output, result.exit_code)
+            }
+            Ok(Guarded::Denied(r)) => ToolResponse::error(r.message, r.exit_code),
+            Ok(Guarded::Failed(reason)) => ToolResponse::error(reason, cli::EXIT_TOOL_ERROR),
+            Err(e) => ToolResponse::error(e.to_string(), cli::EXIT_TOOL_ERROR),
+        }
+    }
+}
+
+/// What `argv` asks of `server`: a call (of any tool, allowed or not: calling a denied
+/// tool is one denied record, exit 1), or `Err` with the answer to give at once — help
+/// and listings (of the `allowed` tools only) or a usage error.
+fn read_argv(
+    server: &str,
+    specs: &[ToolSpec],
+    allowed: &[ToolSpec],
+    argv: &[String],
+    stdin: Option<&[u8]>,
+) -> Result<Invocation, ToolResponse> {
+    let input = |source: cli::Source| match source {
+        cli::Source::Stdin => stdin
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| "`--json -` reads the data piped in, and none was".to_string()),
+        cli::Source::File(path) => Err(format!(
+            "`--json @{path}`: reading a file is not supported yet; pipe it in instead: \
+             `{server} <tool> --json - < {path}`"
+        )),
+    };
+    match cli::parse(server, specs, argv, &input) {
+        Ok(Invocation::Help(_)) => match cli::parse(server, allowed, argv, &input) {
+            Ok(Invocation::Help(text)) => Err(ToolResponse::from_result(text, 0)),
+            Ok(call) => Ok(call),
+            Err(e) => Err(ToolResponse::error(e.message, e.exit_code)),
+        },
+        Ok(call) => Ok(call),
+        Err(e) => Err(ToolResponse::error(e.message, e.exit_code)),
+    }
+}
+
+/// The exit code of a call that failed around the server.
+fn exit_code(e: &McpError) -> i32 {
+    match e {
+        McpError::Timeout { .. } => cli::EXIT_TIMEOUT,
+        _ => cli::EXIT_SERVER_UNAVAILABLE,
+    }
+}
