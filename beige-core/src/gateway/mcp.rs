@@ -13,6 +13,9 @@ use crate::mcp::cli::{self, Invocation, ToolSpec};
 use crate::mcp::client::McpError;
 use crate::plugin::ToolResult;
 
+/// How long a prompt waits for an MCP server's tool list.
+const PROMPT_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Inner {
     /// Whether `tool` (a launcher's name) is an MCP server of this gateway's config.
     pub(super) fn is_mcp_server(&self, tool: &str) -> bool {
@@ -20,6 +23,55 @@ impl Inner {
             .mcp
             .as_ref()
             .is_some_and(|m| m.servers.contains_key(tool))
+    }
+
+    /// The system prompt's entries for `agent`'s MCP servers: one signature line per
+    /// allowed tool (the server is started for its list when it is not running; one
+    /// that does not answer within [`PROMPT_LIST_WAIT`] is listed as unavailable).
+    pub(super) async fn mcp_prompt_tools(&self, agent: &str) -> Vec<crate::PromptTool> {
+        let mut out = Vec::new();
+        for server in self.config.agent_mcp_servers(agent) {
+            let description = match self.allowed_mcp_tools(agent, &server, PROMPT_LIST_WAIT).await {
+                Ok(allowed) => cli::prompt_lines(&server, &allowed),
+                Err(e) => format!(
+                    "`{server}`: an MCP server as a CLI, unavailable right now ({e}); run `{server}` to retry and list its tools.\n"
+                ),
+            };
+            out.push(crate::PromptTool {
+                name: server,
+                description: description.trim_end().to_string(),
+                commands: Vec::new(),
+                docs: false,
+            });
+        }
+        out
+    }
+
+    /// The tools of `server` the agent's patterns allow, waiting at most `wait` for the
+    /// server.
+    async fn allowed_mcp_tools(
+        &self,
+        agent: &str,
+        server: &str,
+        wait: std::time::Duration,
+    ) -> Result<Vec<ToolSpec>, String> {
+        let def = self.config.mcp_server(agent, server)?;
+        let tools = tokio::time::timeout(wait, self.mcp.tools(agent, server, &def))
+            .await
+            .map_err(|_| format!("it did not list its tools within {} s", wait.as_secs()))?
+            .map_err(|e| e.to_string())?;
+        let (specs, _) = ToolSpec::from_tools(&tools);
+        let mut allowed = Vec::with_capacity(specs.len());
+        for spec in specs {
+            if self
+                .policy
+                .exposes(agent, &format!("{server}.{}", spec.name))
+                .await
+            {
+                allowed.push(spec);
+            }
+        }
+        Ok(allowed)
     }
 
     /// Handles `<server> <argv…>` from a script of `meta.agent` (the socket checks of

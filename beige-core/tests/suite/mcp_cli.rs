@@ -109,7 +109,9 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
     let all = audit(&t.home);
     let finished = records(&all, "testsrv.add", "finished");
     assert_eq!(finished.len(), 100, "one finished record per call");
-    assert!(finished.iter().all(|r| r["decision"] == "allowed" && r["exitCode"] == 0));
+    assert!(finished
+        .iter()
+        .all(|r| r["decision"] == "allowed" && r["exitCode"] == 0));
     assert_eq!(records(&all, "testsrv.add", "started").len(), 100);
 
     // A denied tool is not listed, and calling it is refused with the reason: exit 1
@@ -117,9 +119,14 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
     let listing = exec(&gw, "testsrv").await.joined_text();
     assert!(listing.contains("add"), "{listing}");
     assert!(!listing.contains("fail"), "{listing}");
-    let denied = exec(&gw, "testsrv fail --message boom; echo rc=$?").await.joined_text();
+    let denied = exec(&gw, "testsrv fail --message boom; echo rc=$?")
+        .await
+        .joined_text();
     assert!(denied.contains("rc=1"), "{denied}");
-    assert!(denied.contains("testsrv.fail"), "the refusal names the tool: {denied}");
+    assert!(
+        denied.contains("testsrv.fail"),
+        "the refusal names the tool: {denied}"
+    );
     let all = audit(&t.home);
     let refusals: Vec<&Value> = all
         .iter()
@@ -130,13 +137,17 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
 
     // Arguments that break the schema are refused before the server sees them: exit 2
     // naming the field, and the server's counter of `add` calls is unchanged.
-    let bad = exec(&gw, r#"testsrv add --json '{"a": "seven", "b": 1}'; echo rc=$?"#)
-        .await
-        .joined_text();
+    let bad = exec(
+        &gw,
+        r#"testsrv add --json '{"a": "seven", "b": 1}'; echo rc=$?"#,
+    )
+    .await
+    .joined_text();
     assert!(bad.contains("rc=2"), "{bad}");
     assert!(bad.contains("a"), "{bad}");
     let calls = exec(&gw, "testsrv calls").await.joined_text();
-    let counts: Value = serde_json::from_str(calls.trim()).unwrap_or_else(|e| panic!("{e}: {calls}"));
+    let counts: Value =
+        serde_json::from_str(calls.trim()).unwrap_or_else(|e| panic!("{e}: {calls}"));
     assert_eq!(counts["calls"]["add"], 100, "{counts}");
 }
 
