@@ -194,9 +194,9 @@ impl Inner {
     }
 }
 
-/// What `argv` asks of `server`: a call (of any tool, allowed or not: calling a denied
-/// tool is one denied record, exit 1), or `Err` with the answer to give at once — help
-/// and listings (of the `allowed` tools only) or a usage error.
+/// What `argv` asks of `server`: a call, or `Err` with the answer to give at once —
+/// help and listings (of the `allowed` tools only) or a usage error. A call of a denied
+/// tool is returned as a call (the guarded path refuses it: one denied record, exit 1).
 fn read_argv(
     server: &str,
     specs: &[ToolSpec],
@@ -213,15 +213,27 @@ fn read_argv(
              `{server} <tool> --json - < {path}`"
         )),
     };
-    match cli::parse(server, specs, argv, &input) {
-        Ok(Invocation::Help(_)) => match cli::parse(server, allowed, argv, &input) {
-            Ok(Invocation::Help(text)) => Err(ToolResponse::from_result(text, 0)),
-            Ok(call) => Ok(call),
-            Err(e) => Err(ToolResponse::error(e.message, e.exit_code)),
-        },
+    match cli::parse(server, allowed, argv, &input) {
+        Ok(Invocation::Help(text)) => Err(ToolResponse::from_result(text, 0)),
         Ok(call) => Ok(call),
-        Err(e) => Err(ToolResponse::error(e.message, e.exit_code)),
+        // A denied tool is not known to the grammar (no listing, help or "did you
+        // mean" ever names it), but calling it by name is one denied record.
+        Err(e) => match argv.first().and_then(|a| denied_named(a, specs, allowed)) {
+            Some(tool) => Ok(Invocation::Call {
+                tool,
+                arguments: serde_json::Map::new(),
+                output: cli::OutputMode::Text,
+            }),
+            None => Err(ToolResponse::error(e.message, e.exit_code)),
+        },
     }
+}
+
+/// The server's name of the tool whose subcommand is `word`, when the agent may not
+/// use it.
+fn denied_named(word: &str, specs: &[ToolSpec], allowed: &[ToolSpec]) -> Option<String> {
+    let spec = specs.iter().find(|s| s.cli_name == word)?;
+    (!allowed.iter().any(|a| a.name == spec.name)).then(|| spec.name.clone())
 }
 
 /// The exit code of a call that failed around the server.

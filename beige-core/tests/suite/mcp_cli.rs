@@ -83,6 +83,14 @@ fn audit(home: &BeigeHome) -> Vec<Value> {
         .collect()
 }
 
+/// The first line of an exec's text that is a JSON object.
+fn json_line(text: &str) -> Value {
+    text.lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line in: {text}"))
+}
+
 fn records<'a>(all: &'a [Value], tool: &str, phase: &str) -> Vec<&'a Value> {
     all.iter()
         .filter(|r| r["tool"] == tool && r["phase"] == phase)
@@ -127,6 +135,10 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
         denied.contains("testsrv.fail"),
         "the refusal names the tool: {denied}"
     );
+    // A typo never names the denied tool ("did you mean" knows only allowed ones).
+    let typo = exec(&gw, "testsrv fial; echo rc=$?").await.joined_text();
+    assert!(typo.contains("rc=2"), "{typo}");
+    assert!(!typo.contains("fail"), "a denied tool leaked: {typo}");
     let all = audit(&t.home);
     let refusals: Vec<&Value> = all
         .iter()
@@ -146,8 +158,7 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
     assert!(bad.contains("rc=2"), "{bad}");
     assert!(bad.contains("a"), "{bad}");
     let calls = exec(&gw, "testsrv calls").await.joined_text();
-    let counts: Value =
-        serde_json::from_str(calls.trim()).unwrap_or_else(|e| panic!("{e}: {calls}"));
+    let counts = json_line(&calls);
     assert_eq!(counts["calls"]["add"], 100, "{counts}");
 }
 
@@ -157,20 +168,22 @@ async fn the_server_runs_in_the_sandbox_under_a_uid_of_its_own() {
     let Some(server) = testserver() else { return };
     let t = TestHome::new();
     let gw = start(&t, &env, &server, json!(["testsrv.*"])).await;
-    let me = exec(&gw, "testsrv whoami; echo; id -u").await.joined_text();
-    let (who, agent_uid) = me.trim().rsplit_once('\n').unwrap();
-    let who: Value = serde_json::from_str(who.trim()).unwrap_or_else(|e| panic!("{e}: {me}"));
+    let me = exec(&gw, "testsrv whoami; echo; echo agent=$(id -u)")
+        .await
+        .joined_text();
+    let who = json_line(&me);
     assert_eq!(who["uid"], 61000, "{who}");
+    let agent_uid = me.lines().find_map(|l| l.strip_prefix("agent=")).unwrap();
     assert_ne!(who["uid"].to_string(), agent_uid.trim());
     // The agent's user cannot read the server's environment.
+    let pid = who["pid"].as_u64().unwrap();
     let environ = exec(
         &gw,
-        "for p in /proc/[0-9]*; do if grep -q mcp-testserver $p/cmdline 2>/dev/null; then cat $p/environ >/dev/null 2>&1 && echo readable || echo refused; fi; done",
+        &format!("cat /proc/{pid}/environ >/dev/null 2>&1 && echo readable || echo refused"),
     )
     .await
     .joined_text();
     assert!(environ.contains("refused"), "{environ}");
-    assert!(!environ.contains("readable"), "{environ}");
     // On the host, every test-server process lives in another pid namespace (a
     // container's), never in the gateway's.
     let own = std::fs::read_link("/proc/self/ns/pid").unwrap();
