@@ -390,15 +390,27 @@ struct Field<'a> {
 }
 
 impl Field<'_> {
-    fn reserved(&self) -> bool {
-        RESERVED.contains(&self.name)
+    /// Whether the field is set as `name=value` rather than `--name`: its name is one of
+    /// the grammar's flags (`json`, `output`, `help`) or not a plain word.
+    fn by_assignment(&self) -> bool {
+        RESERVED.contains(&self.name) || !is_cli_name(self.name)
     }
 
-    /// How the field is named on the command line: `--name`, or `name=` when the grammar
-    /// owns `--name`.
+    /// The name as listings show it: plain names as they are, others quoted for a shell
+    /// (control characters dropped: names are the server's text).
+    fn shown(&self) -> String {
+        if is_cli_name(self.name) {
+            self.name.to_string()
+        } else {
+            shell_quote(&cap_chars(&clean_line(self.name), 60))
+        }
+    }
+
+    /// How the field is named on the command line: `--name`, or `name=` (see
+    /// [`Field::by_assignment`]).
     fn flag(&self) -> String {
-        if self.reserved() {
-            format!("{}=", self.name)
+        if self.by_assignment() {
+            format!("{}=", self.shown())
         } else {
             format!("--{}", self.name)
         }
@@ -406,8 +418,8 @@ impl Field<'_> {
 
     /// `--name <string>`, `--labels <string>…`, `--draft`, `output=<string>`.
     fn usage(&self) -> String {
-        let sep = if self.reserved() { "" } else { " " };
-        if self.kind.is_flag() && !self.reserved() {
+        let sep = if self.by_assignment() { "" } else { " " };
+        if self.kind.is_flag() && !self.by_assignment() {
             return self.flag();
         }
         match self.kind.array_item() {
@@ -597,7 +609,7 @@ pub fn listing(server: &str, tools: &[ToolSpec]) -> String {
 fn field_details(f: &Field<'_>) -> String {
     let mut parts: Vec<String> = vec![if f.required { "required" } else { "optional" }.into()];
     let kind = match &f.kind {
-        k if k.is_flag() && !f.reserved() => format!("boolean: --{0} or --no-{0}", f.name),
+        k if k.is_flag() && !f.by_assignment() => format!("boolean: --{0} or --no-{0}", f.name),
         k => match k.array_item() {
             Some(item) => format!(
                 "list of {}: repeat the flag, or give a JSON array",
@@ -672,8 +684,8 @@ fn example_words(f: &Field<'_>, value: &Value) -> Vec<String> {
         Value::String(s) => shell_quote(s),
         other => shell_quote(&other.to_string()),
     };
-    if f.reserved() {
-        return vec![format!("{}={}", f.name, as_word(value))];
+    if f.by_assignment() {
+        return vec![format!("{}{}", f.flag(), as_word(value))];
     }
     if f.kind.is_flag() {
         return vec![if value == &Value::Bool(false) {
@@ -734,9 +746,10 @@ pub fn tool_help(server: &str, tool: &ToolSpec) -> String {
             let _ = writeln!(out, "  {col:width$}  {details}");
         }
     }
-    if fs.iter().any(Field::reserved) {
+    if fs.iter().any(Field::by_assignment) {
         out.push_str(
-            "  (--json, --output and --help belong to the CLI: set fields of those names as name=value)\n",
+            "  (fields shown as name=<…> are set that way: --json, --output and --help are the CLI's own,\n   \
+             and other names are not plain words)\n",
         );
     }
     let req: Vec<&Field<'_>> = fs.iter().filter(|f| f.required).collect();
@@ -829,7 +842,9 @@ pub fn prompt_lines(server: &str, tools: &[ToolSpec]) -> String {
         if d.is_empty() {
             out.push('\n');
         } else {
-            let _ = writeln!(out, " — server says: \"{d}\"");
+            // A JSON string: a quote in the text cannot end it.
+            let quoted = serde_json::to_string(&d).unwrap_or_default();
+            let _ = writeln!(out, " — server says: {quoted}");
         }
     }
     out
@@ -1105,7 +1120,7 @@ impl<'a> Parser<'a> {
     ) -> Result<usize, UsageError> {
         match name {
             "json" => {
-                let (raw, used) = match (inline, takes_next(next).or(next.filter(|n| *n == "-"))) {
+                let (raw, used) = match (inline, takes_next(next)) {
                     (Some(v), _) => (v, 0),
                     (None, Some(v)) => (v, 1),
                     (None, None) => {
@@ -1195,7 +1210,7 @@ impl<'a> Parser<'a> {
         let mut valid: Vec<String> = self
             .fields
             .iter()
-            .filter(|f| !f.reserved())
+            .filter(|f| !f.by_assignment())
             .map(|f| format!("--{}", f.name))
             .collect();
         valid.extend(["--json", "--output", "--help"].map(String::from));
