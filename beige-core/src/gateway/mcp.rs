@@ -113,7 +113,12 @@ impl Inner {
                 allowed.push(spec.clone());
             }
         }
-        let invocation = match read_argv(server, &specs, &allowed, argv, stdin.as_deref()) {
+        let workspace = self.config.agent_workspace(&self.home, agent);
+        let files = Files {
+            workspace: &workspace,
+            cwd: meta.cwd.as_deref(),
+        };
+        let invocation = match read_argv(server, &specs, &allowed, argv, stdin.as_deref(), &files) {
             Ok(invocation) => invocation,
             Err(response) => return response,
         };
@@ -139,6 +144,15 @@ impl Inner {
         let limit = def.timeout_of(&tool);
         let call_id = format!("{:016x}", rand::random::<u64>());
         let mcp = self.mcp.clone();
+        let workspace_dir = workspace.clone();
+        let owner = self
+            .specs
+            .iter()
+            .find(|s| s.agent == agent)
+            .and_then(|s| match s.user {
+                crate::config::SandboxUser::Id { uid, gid } => Some((uid, gid)),
+                _ => None,
+            });
         let (agent_name, server_name) = (agent.to_string(), server.to_string());
         let run = async move {
             let (agent, server) = (agent_name.as_str(), server_name.as_str());
@@ -151,12 +165,12 @@ impl Inner {
                 Ok(result) => {
                     let rendered = cli::render(server, &spec, &result, output, &call_id);
                     let mut out = rendered.stdout;
-                    if !rendered.files.is_empty() {
-                        out.push_str(&format!(
-                            "[beige] {} file(s) in the result were not saved: saving MCP \
-                             images and resources is not supported yet\n",
-                            rendered.files.len()
-                        ));
+                    for (rel, bytes) in &rendered.files {
+                        if let Err(e) = save_file(&workspace_dir, owner, rel, bytes) {
+                            out.push_str(&format!(
+                                "[beige] could not save /workspace/{rel}: {e}\n"
+                            ));
+                        }
                     }
                     if !rendered.stderr.is_empty() {
                         if rendered.exit_code == 0 {
@@ -203,15 +217,13 @@ fn read_argv(
     allowed: &[ToolSpec],
     argv: &[String],
     stdin: Option<&[u8]>,
+    files: &Files<'_>,
 ) -> Result<Invocation, ToolResponse> {
     let input = |source: cli::Source| match source {
         cli::Source::Stdin => stdin
             .map(<[u8]>::to_vec)
             .ok_or_else(|| "`--json -` reads the data piped in, and none was".to_string()),
-        cli::Source::File(path) => Err(format!(
-            "`--json @{path}`: reading a file is not supported yet; pipe it in instead: \
-             `{server} <tool> --json - < {path}`"
-        )),
+        cli::Source::File(path) => files.read(&path),
     };
     match cli::parse(server, allowed, argv, &input) {
         Ok(Invocation::Help(text)) => Err(ToolResponse::from_result(text, 0)),
@@ -227,6 +239,93 @@ fn read_argv(
             None => Err(ToolResponse::error(e.message, e.exit_code)),
         },
     }
+}
+
+/// Where `--json @file` reads: the agent's workspace, beneath which every path is
+/// opened (no links, no `..` out of it), relative to the call's working directory.
+struct Files<'a> {
+    workspace: &'a std::path::Path,
+    /// The call's working directory, relative to the workspace.
+    cwd: Option<&'a str>,
+}
+
+impl Files<'_> {
+    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        let rel = match path.strip_prefix(crate::sandbox::spec::WORKSPACE) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                rest.trim_start_matches('/').to_string()
+            }
+            _ if path.starts_with('/') => {
+                return Err(format!(
+                    "`--json @{path}`: only files in /workspace can be read this way; pipe it in instead: `--json - < {path}`"
+                ))
+            }
+            _ => match self.cwd.filter(|c| !c.is_empty() && *c != ".") {
+                Some(cwd) => format!("{cwd}/{path}"),
+                None => path.to_string(),
+            },
+        };
+        let beneath = crate::fsutil::Beneath::open(self.workspace).map_err(|e| e.to_string())?;
+        let capped = beneath
+            .read(&rel, cli::MAX_ARGUMENT_BYTES)
+            .map_err(|e| format!("`--json @{path}`: {e}"))?;
+        if capped.truncated {
+            return Err(format!(
+                "`--json @{path}`: the file is larger than {} bytes, the limit for arguments",
+                cli::MAX_ARGUMENT_BYTES
+            ));
+        }
+        Ok(capped.bytes)
+    }
+}
+
+/// Writes a file of a result (an image, audio, a resource) at `rel` (under
+/// `.beige/mcp-out/`) beneath the workspace, new (never replacing anything), mode 0600,
+/// handed to the sandbox user. The folders are made when missing and must be real
+/// folders, not links.
+fn save_file(
+    workspace: &std::path::Path,
+    owner: Option<(u32, u32)>,
+    rel: &str,
+    bytes: &[u8],
+) -> Result<(), String> {
+    use rustix::fs::{mkdirat, Mode};
+    let beneath = crate::fsutil::Beneath::open(workspace).map_err(|e| e.to_string())?;
+    let mut dir = String::new();
+    let parts: Vec<&str> = rel.split('/').collect();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        let parent = beneath.open_dir(&dir).map_err(|e| e.to_string())?;
+        match mkdirat(&parent, *part, Mode::from_raw_mode(0o700)) {
+            Ok(()) => {
+                if let Some((uid, gid)) = owner {
+                    rustix::fs::chownat(
+                        &parent,
+                        *part,
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| format!("cannot hand {part} to the sandbox user: {e}"))?;
+                }
+            }
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(format!("cannot make {dir}/{part}: {e}")),
+        }
+        if !dir.is_empty() {
+            dir.push('/');
+        }
+        dir.push_str(part);
+    }
+    beneath
+        .create_new(rel, bytes, 0o600, owner)
+        .map_err(|e| e.to_string())
+        .and_then(|made| {
+            if made {
+                Ok(())
+            } else {
+                Err("a file of that name is already there".to_string())
+            }
+        })
 }
 
 /// The server's name of the tool whose subcommand is `word`, when the agent may not

@@ -35,6 +35,17 @@ fn testserver() -> Option<PathBuf> {
 
 /// A gateway whose agent `m` has the test server as `testsrv`, with `tools` patterns.
 async fn start(t: &TestHome, env: &DockerEnv, server: &PathBuf, tools: Value) -> LocalGateway {
+    start_with(t, env, server, tools, json!({})).await
+}
+
+/// [`start`] with more settings merged into the server's definition.
+async fn start_with(
+    t: &TestHome,
+    env: &DockerEnv,
+    server: &PathBuf,
+    tools: Value,
+    extra: Value,
+) -> LocalGateway {
     let dir = server.parent().unwrap().canonicalize().unwrap();
     let name = server.file_name().unwrap().to_str().unwrap();
     let agent = json!({
@@ -47,12 +58,11 @@ async fn start(t: &TestHome, env: &DockerEnv, server: &PathBuf, tools: Value) ->
         },
     });
     let mut config = t.config(env, &[("m", agent)]);
-    config.mcp = Some(
-        serde_json::from_value(json!({
-            "servers": { "testsrv": { "command": format!("/opt/mcp/{name}"), "timeout": "20s" } }
-        }))
-        .unwrap(),
-    );
+    let mut def = json!({ "command": format!("/opt/mcp/{name}"), "timeout": "20s" });
+    for (k, v) in extra.as_object().unwrap() {
+        def[k] = v.clone();
+    }
+    config.mcp = Some(serde_json::from_value(json!({ "servers": { "testsrv": def } })).unwrap());
     GatewayBuilder::new(config, t.home.clone())
         .shim(&env.shim)
         .sandbox(Arc::new(t.docker().await))
@@ -197,4 +207,75 @@ async fn the_server_runs_in_the_sandbox_under_a_uid_of_its_own() {
         }
     }
     assert!(seen >= 1, "the server process was not found at all");
+}
+
+#[tokio::test]
+async fn files_in_and_out_time_limits_and_a_changed_tool_list() {
+    let env = docker_or_skip!();
+    let Some(server) = testserver() else { return };
+    let t = TestHome::new();
+    let extra = json!({ "toolTimeouts": { "slow": 2 } });
+    let gw = start_with(&t, &env, &server, json!(["testsrv"]), extra).await;
+
+    // `--json @file` reads beneath the workspace, relative to the working directory.
+    let sum = exec(
+        &gw,
+        r#"mkdir -p sub && cd sub && echo '{"a": 2, "b": 3}' > args.json && testsrv add --json @args.json"#,
+    )
+    .await
+    .joined_text();
+    assert!(sum.lines().any(|l| l.trim() == "5"), "{sum}");
+    let outside = exec(&gw, "testsrv add --json @/etc/passwd; echo rc=$?")
+        .await
+        .joined_text();
+    assert!(
+        outside.contains("rc=2") && outside.contains("/workspace"),
+        "{outside}"
+    );
+
+    // An image in a result is saved in the workspace, readable by the agent.
+    let image = exec(&gw, "testsrv image && ls -n .beige/mcp-out/ && id -u")
+        .await
+        .joined_text();
+    assert!(image.contains(".beige/mcp-out/"), "{image}");
+    let dir = t.home.default_workspace("m").join(".beige/mcp-out");
+    let saved: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(saved.len(), 1, "{image}");
+    let png = std::fs::read(saved[0].path()).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    let agent_uid: u32 = image.lines().last().unwrap().trim().parse().unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(saved[0].metadata().unwrap().uid(), agent_uid);
+
+    // A call past its tool's time limit exits 124 and is cancelled at the server.
+    let slow = exec(&gw, "testsrv slow --seconds 30; echo rc=$?")
+        .await
+        .joined_text();
+    assert!(slow.contains("rc=124"), "{slow}");
+    let mut cancelled = Value::Null;
+    for _ in 0..50 {
+        cancelled = json_line(&exec(&gw, "testsrv calls").await.joined_text());
+        if cancelled["cancellations"].as_u64() >= Some(1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        cancelled["cancellations"].as_u64() >= Some(1),
+        "{cancelled}"
+    );
+
+    // A tool added at run time becomes a subcommand without a restart.
+    let before = exec(&gw, "testsrv extra; echo rc=$?").await.joined_text();
+    assert!(before.contains("rc=2"), "{before}");
+    exec(&gw, "testsrv change_tools").await;
+    let mut after = String::new();
+    for _ in 0..50 {
+        after = exec(&gw, "testsrv extra; echo rc=$?").await.joined_text();
+        if after.contains("rc=0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(after.contains("rc=0") && after.contains("extra"), "{after}");
 }
