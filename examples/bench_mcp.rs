@@ -47,6 +47,8 @@ pub async fn figures(home: &BeigeHome, image: &str, shim: &PathBuf) -> anyhow::R
     config.mcp = Some(serde_json::from_value(serde_json::json!({
         "servers": { "testsrv": { "command": format!("/opt/mcp/{name}") } }
     }))?);
+    // Thousands of calls a minute: more audit than the default per-agent budget allows.
+    config.gateway.audit.budget_bytes_per_minute = 256 * 1024 * 1024;
     if let Some(agent) = config.agents.get_mut("bench") {
         agent.tools.push("testsrv".into());
     }
