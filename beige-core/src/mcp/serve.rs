@@ -445,7 +445,9 @@ fn plugin_schema() -> Map<String, Value> {
 
 /// A plugin tool's arguments: `{args: string[], stdin?: string}`.
 fn plugin_call(name: &str, mut arguments: Map<String, Value>) -> Result<AgentToolCall, String> {
-    let usage = || format!("Invalid arguments for {name}: expected {{\"args\": [\"word\", …], \"stdin\": \"optional text\"}}");
+    let usage = || {
+        format!("Invalid arguments for {name}: expected {{\"args\": [\"word\", …], \"stdin\": \"optional text\"}}")
+    };
     let args = match arguments.remove("args") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
