@@ -19,6 +19,8 @@ mod http_api;
 mod ident;
 mod layers;
 mod link;
+#[cfg(feature = "mcp")]
+mod mcp_server;
 mod metrics;
 mod plugins_external;
 mod policy_seam;
