@@ -16,8 +16,7 @@ use anyhow::Result;
 use beige_core::home::BeigeHome;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -176,8 +175,9 @@ pub async fn serve(
     if let Some(t) = &token {
         config = config.auth_header(t.clone());
     }
-    let http = reqwest::Client::builder()
+    let http = reqwest_rmcp::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
         .connect_timeout(Duration::from_secs(5))
         .build()
         .map_err(|e| Exit::new(1, format!("error: cannot make an HTTP client: {e}")))?;
@@ -214,7 +214,7 @@ pub async fn serve(
 #[derive(Clone)]
 struct Proxy {
     upstream: rmcp::Peer<RoleClient>,
-    info: Option<InitializeResult>,
+    info: Option<rmcp::model::ServerPeerInfo>,
 }
 
 fn upstream_error(e: ServiceError) -> McpError {
@@ -231,8 +231,10 @@ impl ServerHandler for Proxy {
     fn get_info(&self) -> ServerConfig {
         match &self.info {
             Some(info) => {
-                let mut config = ServerConfig::new(info.capabilities.clone())
-                    .with_server_info(info.server_info.clone());
+                let mut config = ServerConfig::new(info.capabilities.clone());
+                if let Some(s) = &info.server_info {
+                    config = config.with_server_info(s.clone());
+                }
                 if let Some(i) = &info.instructions {
                     config = config.with_instructions(i.clone());
                 }
