@@ -3,7 +3,7 @@
 //! the running gateway's `/mcp/agents/{name}` with an rmcp streamable-HTTP client. It
 //! decides nothing itself: the gateway's endpoint is the one implementation.
 //!
-//! Owns finding the gateway and the token (`BEIGE_TOKEN`, `--token-file`, else
+//! Owns finding the gateway and the token (`--token-file`, else `BEIGE_TOKEN`, else
 //! `<BEIGE_HOME>/gateway.token`), the checks before serving (the gateway runs, the
 //! token is accepted, the agent exists: each failure is one message on stderr naming
 //! what to do, and a non-zero exit), and the proxy handler. Nothing but MCP is written
@@ -15,8 +15,9 @@ use std::time::Duration;
 use anyhow::Result;
 use beige_core::home::BeigeHome;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -38,7 +39,7 @@ pub enum McpCommand {
 The client gets the agent's core tools (read, write, patch, exec) and its allowed plugin tools;
 every call is checked by the gateway's policy and audited with channel \"mcp\".
 
-The token: $BEIGE_TOKEN, else --token-file, else <BEIGE_HOME>/gateway.token.
+The token: --token-file, else $BEIGE_TOKEN, else <BEIGE_HOME>/gateway.token.
 
 Exit codes:
   1  the MCP session failed
@@ -68,16 +69,9 @@ pub const TOKEN_ENV: &str = "BEIGE_TOKEN";
 /// Exit code when the gateway refuses the token.
 const BAD_TOKEN: u8 = 5;
 
-/// Where the token comes from: `BEIGE_TOKEN`, else `--token-file`, else the home's
+/// Where the token comes from: `--token-file`, else `BEIGE_TOKEN`, else the home's
 /// `gateway.token`; the source is named in messages.
 fn token(home: &BeigeHome, token_file: Option<&Path>) -> Result<(Option<String>, String), Exit> {
-    if let Some(t) = std::env::var(TOKEN_ENV)
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
-    {
-        return Ok((Some(t), format!("${TOKEN_ENV}")));
-    }
     if let Some(path) = token_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Exit::new(
@@ -96,6 +90,13 @@ fn token(home: &BeigeHome, token_file: Option<&Path>) -> Result<(Option<String>,
             ));
         }
         return Ok((Some(t), path.display().to_string()));
+    }
+    if let Some(t) = std::env::var(TOKEN_ENV)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    {
+        return Ok((Some(t), format!("${TOKEN_ENV}")));
     }
     Ok((read_token(home), home.token_path().display().to_string()))
 }
@@ -264,7 +265,10 @@ impl ServerHandler for Proxy {
         // which kills a running exec.
         tokio::select! {
             r = self.upstream.call_tool_once(request) => r.map_err(upstream_error),
-            _ = context.ct.cancelled() => Err(McpError::internal_error("cancelled by the client", None)),
+            // Not sent: rmcp drops the answer of a cancelled request.
+            _ = context.ct.cancelled() => Ok(CallToolResult::error(vec![
+                rmcp::model::ContentBlock::text("cancelled by the client"),
+            ]).into()),
         }
     }
 }

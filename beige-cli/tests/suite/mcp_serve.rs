@@ -172,6 +172,26 @@ async fn mcp_serve_exposes_the_agents_tools_through_the_gateway() {
         .await
         .unwrap();
     assert_eq!(text(&r).trim(), "v1");
+    // A client that gives up on a call cancels it (rmcp sends `notifications/cancelled`
+    // to `beige mcp serve`, which passes it on): the exec ends in the sandbox.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(3),
+        client.call_tool(call("exec", json!({"command": "sleep 31"}))),
+    )
+    .await;
+    assert!(gave_up.is_err(), "sleep 31 finished: {gave_up:?}");
+    let cancelled_at = Instant::now();
+    loop {
+        let list = beige(&env, &["exec", "a", "--", "ps"]).stdout;
+        if !list.contains("sleep 31") {
+            break;
+        }
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(15),
+            "the exec the client gave up on still runs:\n{list}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     client.cancel().await.unwrap();
 
     let records = audit(&env.home());
