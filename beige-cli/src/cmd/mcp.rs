@@ -16,8 +16,8 @@ use anyhow::Result;
 use beige_core::home::BeigeHome;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
-    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig,
+    ClientRequest, Implementation, ListToolsRequest, ListToolsResult, PaginatedRequestParams,
+    ProtocolVersion, ServerCapabilities, ServerConfig, ServerResult,
 };
 use rmcp::service::{RequestContext, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -250,10 +250,20 @@ impl ServerHandler for Proxy {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        self.upstream
-            .list_tools(request)
-            .await
-            .map_err(upstream_error)
+        // Sent each time (not rmcp's cached list): a reload may change the tools.
+        let request = ClientRequest::ListToolsRequest(ListToolsRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        });
+        match self.upstream.send_request(request).await {
+            Ok(ServerResult::ListToolsResult(result)) => Ok(result),
+            Ok(_) => Err(McpError::internal_error(
+                "the beige gateway answered tools/list with something else",
+                None,
+            )),
+            Err(e) => Err(upstream_error(e)),
+        }
     }
 
     async fn call_tool(

@@ -8,21 +8,11 @@ use tokio_util::sync::CancellationToken;
 use super::{CallMeta, Guarded, Inner, SessionOrigin, DEFAULT_TOOL_TIMEOUT};
 use crate::audit::Target;
 use crate::plugin::{SessionInfo, ToolCall, ToolResult};
-use crate::policy::{Principal, ToolKind};
+use crate::policy::ToolKind;
 use crate::tools::{ContentBlock, ToolContext, ToolOutcome, ToolOutput};
 use crate::GatewayError;
 
-/// How the audit names a principal: `owner` for the gateway's token (the only token
-/// until users and roles exist), `<channel>:<id>` for a channel's user.
-pub(crate) fn principal_name(principal: &Principal) -> String {
-    match principal {
-        Principal::ApiToken => "owner".to_string(),
-        Principal::User { channel, id } => format!("{channel}:{id}"),
-        Principal::Sandbox => "sandbox".to_string(),
-        Principal::Embedder => "embedder".to_string(),
-        _ => "unverified".to_string(),
-    }
-}
+pub(crate) use crate::principal::audit_name as principal_name;
 
 impl Inner {
     /// The plugin tools `agent` may use: in its `tools`, registered, and exposed by the

@@ -80,13 +80,7 @@ impl McpCaller {
     /// The audit's name of the principal (`owner`, `<channel>:<id>`): the `<user>` of
     /// the session key and the key of the concurrency limit.
     pub fn user(&self) -> String {
-        match &self.principal {
-            Principal::ApiToken => "owner".to_string(),
-            Principal::User { channel, id } => format!("{channel}:{id}"),
-            Principal::Sandbox => "sandbox".to_string(),
-            Principal::Embedder => "embedder".to_string(),
-            _ => "unverified".to_string(),
-        }
+        crate::principal::audit_name(&self.principal)
     }
 
     /// What binds a session: the principal and the token.
@@ -99,7 +93,7 @@ impl McpCaller {
 /// bearer token is the owner's, which has operator rights; users and roles (`people.md`
 /// §1.2: `operator` and above) extend this one check.
 pub fn may_use_tools_directly(principal: &Principal, _agent: &str) -> bool {
-    matches!(principal, Principal::ApiToken | Principal::Embedder)
+    matches!(principal, Principal::ApiToken)
 }
 
 /// The session key of a principal's MCP calls to an agent: `mcp:<agent>:<user>`
@@ -210,7 +204,7 @@ impl McpEndpoint {
         if !may_use_tools_directly(&caller.principal, agent) {
             return error(
                 StatusCode::FORBIDDEN,
-                format!("This token may not use agent '{agent}''s tools directly (it needs the operator role)"),
+                format!("This token may not use the tools of agent '{agent}' directly: that needs the operator role"),
             );
         }
         let mounted = self.mounted(gateway, agent, options);
