@@ -11,7 +11,8 @@
 //! guarded path (policy, approvals, hooks, audit) with `channel: "mcp"`, the caller's
 //! principal, `via: "mcp:<token id>"` and the session key `mcp:<agent>:<user>`. The
 //! bearer token, `Host` and `Origin` checks are the HTTP API's (`channel::http`), which
-//! puts the [`McpCaller`] into the request's extensions.
+//! names the caller; [`McpEndpoint::handle`] puts that [`McpCaller`] into the request's
+//! extensions for the handler.
 //!
 //! [`Admin::call_agent_tool`]: crate::api::Admin::call_agent_tool
 
