@@ -12,6 +12,8 @@
 //!   running as PID 1, which carries those operations without `docker exec`.
 //! - [`socket`]: plugin-tool calls from scripts in the sandbox to the gateway over the
 //!   agent's Unix socket (newline-delimited JSON, compatible with the original).
+//! - [`spawn`]: long-lived processes in the sandbox (MCP servers) whose stdin and stdout
+//!   are a connection of their own to the gateway.
 //! - [`procfs`]: the `/proc/<pid>/stat` and `NS*:` status fields both sides read to name
 //!   a process (which exec a caller of the socket belongs to).
 
@@ -19,3 +21,4 @@ pub mod link;
 pub mod op;
 pub mod procfs;
 pub mod socket;
+pub mod spawn;

@@ -42,6 +42,13 @@
 //! `403` saying why not) and, when allowed, splices it to the upstream it dialled. The
 //! gateway accepts an egress stream only from the peer that is PID 1 and only while a
 //! control connection of the same boot id is up.
+//!
+//! **Spawn streams** (Unix carrier only): for a `spawn` op ([`crate::spawn`]) PID 1
+//! dials the control socket, and the child it forks for the op answers the gateway's
+//! hello with `role: spawn` and one [`LinkMessage::SpawnOpen`] naming the op and its
+//! one-time token; the connection is then the spawned process's stdin and stdout. The
+//! gateway accepts it only with a token it issued for a spawn still waiting, from PID 1
+//! and while a control connection of the same boot id is up.
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +100,9 @@ pub enum Role {
     /// One outbound connection of an agent process, opened with
     /// [`LinkMessage::EgressOpen`] and then a raw byte pipe.
     Egress,
+    /// The stdin and stdout of a process started by a `spawn` op, opened with
+    /// [`LinkMessage::SpawnOpen`] and then a raw byte pipe ([`crate::spawn`]).
+    Spawn,
 }
 
 /// Where PID 1 took an egress stream in.
@@ -215,6 +225,13 @@ pub enum LinkMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
         port: u16,
+    },
+    /// The spawned child → gateway, after its spawn hello: this connection is the
+    /// stdin and stdout of the process of the `spawn` op `id`, proven by the op's
+    /// one-time `token` ([`crate::spawn::SpawnRequest::token`]). No payload.
+    SpawnOpen {
+        id: String,
+        token: String,
     },
 }
 

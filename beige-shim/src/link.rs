@@ -426,7 +426,8 @@ impl Link {
             | LinkMessage::Result { .. }
             | LinkMessage::Output { .. }
             | LinkMessage::ExecStarted { .. }
-            | LinkMessage::EgressOpen { .. } => {}
+            | LinkMessage::EgressOpen { .. }
+            | LinkMessage::SpawnOpen { .. } => {}
         }
     }
 
@@ -471,6 +472,10 @@ impl Link {
             self.wire.send(&LinkMessage::Result { id }, payload);
             return;
         }
+        if name == beige_protocol::spawn::SPAWN_OP {
+            self.start_spawn(id, &request);
+            return;
+        }
         let Some(name) = op::NAMES.iter().copied().find(|n| *n == name) else {
             let message = format!(
                 "Unknown operation {name:?}; expected one of: {}.",
@@ -500,6 +505,44 @@ impl Link {
                     format!("Cannot start the process for the {name} operation: {err}.{hint}");
                 self.complete(id, error_reply(OpErrorKind::Io, message));
             }
+        }
+    }
+
+    /// Starts a `spawn` op ([`crate::spawn`]): a process of its own whose stdin and
+    /// stdout are a new connection to the gateway. Its child is an op child like any
+    /// other: its reply (the process's end) is the op's result.
+    fn start_spawn(&mut self, id: String, request: &[u8]) {
+        if self.ops.len() >= MAX_RUNNING {
+            let message = format!(
+                "Too many operations are running in the sandbox ({MAX_RUNNING}); the process \
+                 was not started."
+            );
+            self.complete(id, crate::spawn::refusal_reply(message));
+            return;
+        }
+        let ctl = self.wire.dial.clone();
+        match crate::spawn::start(
+            &id,
+            request,
+            ctl.as_deref(),
+            &self.plan,
+            &self.workdir,
+            &self.boot_id,
+        ) {
+            Ok(started) => self.ops.push(RunningOp {
+                id,
+                name: beige_protocol::spawn::SPAWN_OP,
+                pid: started.pid,
+                stdin: None,
+                request: Vec::new(),
+                written: 0,
+                stdout: Some(File::from(started.reply)),
+                reply: Vec::new(),
+                reply_progress: ReplyProgress::default(),
+                too_large: false,
+                progress: None,
+            }),
+            Err(refusal) => self.complete(id, crate::spawn::refusal_reply(refusal.0)),
         }
     }
 

@@ -22,6 +22,7 @@ mod init;
 mod link;
 mod op;
 mod privdrop;
+mod spawn;
 mod sys;
 mod tool;
 

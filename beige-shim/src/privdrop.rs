@@ -107,6 +107,19 @@ impl PrivDrop {
         })
     }
 
+    /// The same drop to another user (a spawned process's own uid).
+    pub fn with_user(&self, user: AgentUser) -> Self {
+        Self {
+            user,
+            ..self.clone()
+        }
+    }
+
+    /// The user this drop switches to.
+    pub fn user(&self) -> AgentUser {
+        self.user
+    }
+
     /// The ids to switch to, when the process is root.
     pub fn ids(&self) -> Option<(u32, u32)> {
         self.switch_ids.then_some((self.user.uid, self.user.gid))

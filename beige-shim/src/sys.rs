@@ -911,6 +911,14 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Descriptor 0 as an owned handle, for a child of [`fork_agent_child`] whose `stdin`
+/// was a connection it now owns alone (a spawn child, [`crate::spawn`]). Call it once.
+pub fn take_descriptor_0() -> OwnedFd {
+    // SAFETY: descriptor 0 is open (fork_agent_child put the caller's `stdin` there)
+    // and, as documented, nothing else in this process owns or closes it.
+    unsafe { OwnedFd::from_raw_fd(0) }
+}
+
 /// The descriptor number of the progress pipe in an op child of PID 1
 /// ([`fork_agent_child`] with a progress pipe).
 pub const PROGRESS_FD: RawFd = 3;

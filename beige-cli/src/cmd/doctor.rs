@@ -698,6 +698,7 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
             name: r.tool.name().to_string(),
             description: r.tool.description().to_string(),
             commands: r.tool.commands(),
+            docs: true,
         })
         .collect();
     if !missing.is_empty() {

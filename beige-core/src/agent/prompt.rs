@@ -24,6 +24,9 @@ pub struct PromptTool {
     /// Usage lines listed under `Commands:` (e.g. `kv get <key>`); none are listed when
     /// empty.
     pub commands: Vec<String>,
+    /// Whether its docs are at `/tools/packages/<name>/SKILL.md` (plugin tools; an MCP
+    /// server's CLI documents itself with `--help`).
+    pub docs: bool,
 }
 
 /// A skill as the prompt lists it.
@@ -63,7 +66,10 @@ pub(crate) fn tool_context(tools: &[PromptTool]) -> String {
                 s.push_str(&format!("  {c}\n"));
             }
         }
-        s.push_str(&format!("Docs: /tools/packages/{}/SKILL.md\n\n", t.name));
+        if t.docs {
+            s.push_str(&format!("Docs: /tools/packages/{}/SKILL.md\n", t.name));
+        }
+        s.push('\n');
     }
     s
 }
@@ -220,6 +226,7 @@ mod tests {
             name: "kv".into(),
             description: "key-value store; costs $& nothing {{agentName}}".into(),
             commands: vec!["kv get <key>".into()],
+            docs: true,
         }];
         let skills = vec![PromptSkill {
             name: "review".into(),

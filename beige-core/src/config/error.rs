@@ -19,6 +19,8 @@ pub enum NameKind {
     Skill,
     /// A tool registered by a plugin (in an agent's `tools`).
     Tool,
+    /// A server of `mcp.servers` (a key of an agent's `mcpConfigs`).
+    McpServer,
 }
 
 impl NameKind {
@@ -28,6 +30,7 @@ impl NameKind {
             NameKind::Plugin => "plugin",
             NameKind::Skill => "skill",
             NameKind::Tool => "tool",
+            NameKind::McpServer => "MCP server",
         }
     }
 
@@ -48,6 +51,9 @@ impl NameKind {
             }
             NameKind::Tool => {
                 "Install the plugin that provides it (beige plugins install) or fix the name."
+            }
+            NameKind::McpServer => {
+                "mcpConfigs keys must name a server configured under mcp.servers."
             }
         }
     }

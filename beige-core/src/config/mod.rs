@@ -11,6 +11,7 @@ mod error;
 mod interpolate;
 mod keypath;
 mod load;
+pub mod mcp;
 mod resolve;
 mod size;
 pub mod types;

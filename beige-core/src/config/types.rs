@@ -55,6 +55,10 @@ pub struct Config {
     /// New in beige: what the gateway tells monitoring about itself (metrics).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<TelemetryConfig>,
+    /// New in beige: MCP servers whose tools become CLIs in the sandboxes of the agents
+    /// whose `tools` name them (`spec/mcp.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<super::mcp::McpConfig>,
 }
 
 /// `telemetry`: what the gateway reports to monitoring.
@@ -272,6 +276,10 @@ pub struct AgentConfig {
     /// Per-agent plugin config, deep-merged over `plugins.<name>.config` per call.
     #[serde(default)]
     pub plugin_configs: IndexMap<String, serde_json::Value>,
+    /// New in beige: per-agent MCP server settings, deep-merged over
+    /// `mcp.servers.<name>` (like `pluginConfigs`).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub mcp_configs: IndexMap<String, serde_json::Value>,
     /// Host folder mounted at `/workspace`; default `<BEIGE_HOME>/agents/<name>/workspace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_dir: Option<PathBuf>,

@@ -566,6 +566,7 @@ pub(crate) fn validate(
     for (name, agent) in &config.agents {
         validate_agent(config, file, home, resolver, &writable, name, agent)?;
     }
+    validate_mcp(config, file)?;
     validate_budgets(config, file)?;
     validate_schedules(config, file)?;
     if let Some(listen) = config.metrics_listen() {
@@ -575,6 +576,110 @@ pub(crate) fn validate(
                 .key("metrics")
                 .key("listen");
             return Err(invalid(file, path, message));
+        }
+    }
+    Ok(())
+}
+
+/// `mcp.servers` and `agents.<a>.mcpConfigs`: valid names that are no plugin's or core
+/// tool's, exactly one of `command` and `url` per resolved server, readable time
+/// limits, and `user: "agent"` never with credentials.
+fn validate_mcp(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    use super::mcp::{is_valid_server_name, McpUser};
+    let Some(mcp) = &config.mcp else {
+        for (name, agent) in &config.agents {
+            if let Some(server) = agent.mcp_configs.keys().next() {
+                let path = KeyPath::root()
+                    .key("agents")
+                    .key(name)
+                    .key("mcpConfigs")
+                    .key(server);
+                return Err(unknown_name(file, path, NameKind::McpServer, server, &[]));
+            }
+        }
+        return Ok(());
+    };
+    let servers: Vec<&str> = mcp.servers.keys().map(String::as_str).collect();
+    for name in mcp.servers.keys() {
+        let at = KeyPath::root().key("mcp").key("servers").key(name);
+        if !is_valid_server_name(name) {
+            return Err(invalid(
+                file,
+                at,
+                format!("MCP server name '{name}' is not valid; use a lowercase letter, then lowercase letters, digits or '-'"),
+            ));
+        }
+        if crate::vocab::CORE_TOOLS.contains(&name.as_str()) || config.plugins.contains_key(name) {
+            return Err(invalid(
+                file,
+                at,
+                format!("MCP server name '{name}' is already a core tool's or a plugin's name (it becomes /tools/bin/{name}); rename the server"),
+            ));
+        }
+    }
+    for (agent_name, agent) in &config.agents {
+        let at = KeyPath::root()
+            .key("agents")
+            .key(agent_name)
+            .key("mcpConfigs");
+        for server in agent.mcp_configs.keys() {
+            if !mcp.servers.contains_key(server) {
+                return Err(unknown_name(
+                    file,
+                    at.key(server),
+                    NameKind::McpServer,
+                    server,
+                    &servers,
+                ));
+            }
+        }
+        for name in mcp.servers.keys() {
+            let at = if agent.mcp_configs.contains_key(name) {
+                at.key(name)
+            } else {
+                KeyPath::root().key("mcp").key("servers").key(name)
+            };
+            let server = match config.mcp_server(agent_name, name) {
+                Ok(server) => server,
+                Err(message) => return Err(invalid(file, at, message)),
+            };
+            match (&server.command, &server.url) {
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(invalid(
+                        file,
+                        at,
+                        "an MCP server has exactly one of `command` (run in the sandbox) and `url` (a remote server)",
+                    ))
+                }
+                (Some(c), None) if c.trim().is_empty() => {
+                    return Err(invalid(file, at.key("command"), "`command` is empty"))
+                }
+                _ => {}
+            }
+            let limits = server.timeout.iter().chain(server.tool_timeouts.values());
+            if let Some(bad) = limits
+                .into_iter()
+                .find(|t| t.duration().is_none_or(|d| d.is_zero()))
+            {
+                return Err(invalid(
+                    file,
+                    at.key("timeout"),
+                    format!("time limit {bad:?} is not valid; write seconds (60) or a number with s, m or h (\"90s\", \"2m\")"),
+                ));
+            }
+            match server.user {
+                Some(McpUser::Uid(0)) => {
+                    return Err(invalid(file, at.key("user"), "an MCP server may not run as root (uid 0)"))
+                }
+                Some(McpUser::Named(_)) if !server.credentials.is_empty() => {
+                    return Err(invalid(
+                        file,
+                        at.key("user"),
+                        "`user: \"agent\"` runs the server as the agent's own user, which could read the server's brokered credentials; it is refused for servers with `credentials`",
+                    ))
+                }
+                _ => {}
+            }
         }
     }
     Ok(())
@@ -1032,9 +1137,18 @@ pub fn validate_tools(
     file: &Path,
     registered: &[&str],
 ) -> Result<(), ConfigError> {
+    let servers = config
+        .mcp
+        .as_ref()
+        .map(|m| m.servers.clone())
+        .unwrap_or_default();
     for (name, agent) in &config.agents {
         let at = KeyPath::root().key("agents").key(name).key("tools");
         for (i, tool) in agent.tools.iter().enumerate() {
+            // `files`, `files.*`, `!github.delete_*`: patterns over an MCP server's tools.
+            if super::mcp::pattern_server(tool, &servers).is_some() {
+                continue;
+            }
             if !registered.contains(&tool.as_str()) {
                 return Err(unknown_name(
                     file,

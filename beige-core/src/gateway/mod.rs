@@ -13,6 +13,8 @@
 pub(crate) mod egress;
 mod error;
 mod history;
+#[cfg(feature = "mcp")]
+mod mcp;
 #[cfg(feature = "http-api")]
 mod metrics_listener;
 mod outside;
@@ -452,7 +454,11 @@ impl GatewayBuilder {
             let configured = agent.sandbox.user.as_deref().and_then(SandboxUser::parse);
             let user = host::prepare_workspace(&workspace, configured)?;
             seed_agents_md(&workspace, user)?;
-            let tools = launchable_tools(policy.as_ref(), &registry, name, agent).await;
+            #[allow(unused_mut)]
+            let mut tools = launchable_tools(policy.as_ref(), &registry, name, agent).await;
+            // An MCP server the agent has is one launcher, `/tools/bin/<server>`.
+            #[cfg(feature = "mcp")]
+            tools.extend(config.agent_mcp_servers(name));
             let tool_packages = tools
                 .iter()
                 .filter_map(|t| {
@@ -575,6 +581,8 @@ impl GatewayBuilder {
             attended: std::sync::Mutex::new(HashMap::new()),
             config,
             home,
+            #[cfg(feature = "mcp")]
+            mcp: Arc::new(crate::mcp::client::McpClients::new(sandbox.clone())),
             sandbox,
             specs,
             registry,
@@ -689,6 +697,9 @@ struct Inner {
     config: Config,
     home: BeigeHome,
     sandbox: Arc<dyn Sandbox>,
+    /// The MCP clients of the agents' servers.
+    #[cfg(feature = "mcp")]
+    mcp: Arc<crate::mcp::client::McpClients>,
     specs: Vec<SandboxSpec>,
     registry: PluginRegistry,
     skills: SkillSet,
@@ -1859,6 +1870,12 @@ impl Inner {
         meta.stdin_sha256 = stdin
             .as_deref()
             .map(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
+        #[cfg(feature = "mcp")]
+        if self.is_mcp_server(&request.tool) {
+            return self
+                .handle_mcp_call(meta, &request.tool, &request.args, stdin)
+                .await;
+        }
         let registered = self.registry.tool(&request.tool).cloned();
         let tool_config = self
             .registry

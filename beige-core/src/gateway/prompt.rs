@@ -151,6 +151,12 @@ impl Inner {
         };
         let mut tools = Vec::new();
         for t in &a.tools {
+            #[cfg(feature = "mcp")]
+            if self.is_mcp_server(t.split_once('.').map_or(t.as_str(), |(s, _)| s))
+                || t.starts_with('!')
+            {
+                continue;
+            }
             if only.is_some_and(|o| !o.contains(t)) {
                 continue;
             }
@@ -163,8 +169,14 @@ impl Inner {
                     name: r.tool.name().to_string(),
                     description: r.tool.description().to_string(),
                     commands: r.tool.commands(),
+                    docs: true,
                 });
             }
+        }
+        // A sub-agent gets no MCP server (they are not among its parent's rights yet).
+        #[cfg(feature = "mcp")]
+        if only.is_none() {
+            tools.extend(self.mcp_prompt_tools(agent).await);
         }
         tools
     }

@@ -11,7 +11,9 @@
 //! | module | owns |
 //! |---|---|
 //! | [`cli`] | the command-line grammar of an MCP tool: listings and `--help` made from a tool's schema, argv → arguments, schema validation before a call |
+//! | [`client`] | the rmcp clients of the agents' stdio servers, started in their sandboxes over the shim link |
 //! | [`serve`] | the MCP server: the `ServerHandler` over an agent's tools, the streamable-HTTP service mounted on the API router |
 
 pub mod cli;
+pub mod client;
 pub mod serve;

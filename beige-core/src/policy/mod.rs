@@ -374,6 +374,11 @@ pub struct ConfigPolicy {
     allowed: HashMap<String, HashSet<String>>,
     denied: HashMap<String, HashSet<String>>,
     rules: HashMap<String, AgentRules>,
+    /// Each agent's `tools` entries, in order, for MCP tools (`<server>.<tool>`), which
+    /// patterns allow ([`crate::config::mcp::patterns_allow`]).
+    patterns: HashMap<String, Vec<String>>,
+    /// The configured MCP servers' names.
+    mcp_servers: HashSet<String>,
 }
 
 /// Milliseconds since the Unix epoch, for time-boxed grants.
@@ -388,7 +393,13 @@ impl ConfigPolicy {
     /// The policy of `config`'s agents.
     pub fn from_config(config: &Config) -> Self {
         let mut p = ConfigPolicy::default();
+        if let Some(mcp) = &config.mcp {
+            p.mcp_servers = mcp.servers.keys().cloned().collect();
+        }
         for (name, agent) in &config.agents {
+            if !p.mcp_servers.is_empty() {
+                p.patterns.insert(name.clone(), agent.tools.clone());
+            }
             p.allowed
                 .insert(name.clone(), agent.tools.iter().cloned().collect());
             p.denied
@@ -399,6 +410,12 @@ impl ConfigPolicy {
             }
         }
         p
+    }
+
+    /// Whether `tool` is an MCP server (`files`) or one of its tools (`files.read`).
+    fn is_mcp(&self, tool: &str) -> bool {
+        let server = tool.split_once('.').map_or(tool, |(s, _)| s);
+        self.mcp_servers.contains(server)
     }
 
     /// `agent`'s rules, when its config has a `policy`.
@@ -452,6 +469,24 @@ impl ConfigPolicy {
             ToolKind::Core => Decision::deny(format!("'{}' is not a core tool", r.tool)),
             ToolKind::Plugin if allowed.contains(r.tool) => {
                 Decision::allow(format!("listed in agents.{}.tools", r.agent))
+            }
+            ToolKind::Plugin if self.is_mcp(r.tool) => {
+                let patterns = self.patterns.get(r.agent).map_or(&[][..], Vec::as_slice);
+                let allowed = match r.tool.split_once('.') {
+                    Some((server, tool)) => {
+                        crate::config::mcp::patterns_allow(patterns, server, tool)
+                    }
+                    None => crate::config::mcp::patterns_name_server(patterns, r.tool),
+                };
+                if allowed {
+                    Decision::allow(format!("a pattern in agents.{}.tools allows it", r.agent))
+                } else {
+                    Decision::deny(format!(
+                        "{} (no pattern in agents.{}.tools allows it, or a `!` pattern denies it)",
+                        not_allowed_message(r.tool, r.agent),
+                        r.agent
+                    ))
+                }
             }
             ToolKind::Plugin => Decision::deny(not_allowed_message(r.tool, r.agent)),
         }

@@ -29,6 +29,11 @@ use beige_protocol::link::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+#[path = "link_spawn.rs"]
+mod spawn;
+pub(crate) use spawn::exit_message as spawn_exit_message;
+pub use spawn::{SpawnError, SpawnedProcess};
+
 use super::{
     EgressStream, LinkEvent, OutputChunk, OutputSink, OutputStream, SandboxHost, SecurityEvent,
 };
@@ -173,6 +178,8 @@ struct HubInner {
     /// Verified connections of spare containers' PID 1, by container name, not greeted
     /// yet: `(agent, connection)`.
     parked: Mutex<HashMap<String, (String, tokio::net::UnixStream)>>,
+    /// Spawns waiting for their process's connection.
+    spawns: spawn::PendingSpawns,
 }
 
 /// Where a hub reports (a [`SandboxHost`] need not be `Debug`).
@@ -201,6 +208,7 @@ impl LinkHub {
                 agents: Mutex::default(),
                 host: HostSlot::default(),
                 parked: Mutex::default(),
+                spawns: spawn::PendingSpawns::default(),
             }),
         }
     }
@@ -502,6 +510,16 @@ impl LinkHub {
         }) = shim_hello
         {
             self.accept_egress(agent, carrier, boot_id, decoder, reader, writer)
+                .await;
+            return;
+        }
+        if let Some(LinkMessage::ShimHello {
+            role: Role::Spawn,
+            boot_id,
+            ..
+        }) = shim_hello
+        {
+            self.accept_spawn(agent, carrier, boot_id, decoder, reader, writer)
                 .await;
             return;
         }

@@ -37,7 +37,9 @@ pub use beige_protocol::socket::{ToolRequest, ToolResponse};
 pub use crate::tools::to_request;
 /// Which of PID 1's listeners took an [`EgressStream`] in.
 pub use beige_protocol::link::EgressEntry;
-pub use link::{LinkError, LinkHub, LinkStatus};
+#[cfg_attr(not(feature = "mcp"), allow(unused_imports))]
+pub(crate) use link::spawn_exit_message;
+pub use link::{LinkError, LinkHub, LinkStatus, SpawnError, SpawnedProcess};
 pub use shim::{check_static, locate as locate_shim, BEIGE_SHIM_ENV};
 pub use spec::{
     EgressSpec, Limits, Mount, SandboxSpec, SandboxUser, Share, ShareKind, SpecError, SpecInput,
@@ -170,6 +172,16 @@ pub enum SandboxError {
         op: String,
         /// The time limit, in seconds.
         secs: u64,
+    },
+    /// A process of its own (an MCP server) could not be started in the sandbox.
+    #[error("could not start `{program}` in the sandbox of agent '{agent}': {message}")]
+    Spawn {
+        /// The agent whose sandbox was to run it.
+        agent: String,
+        /// The program.
+        program: String,
+        /// Why not.
+        message: String,
     },
 }
 
@@ -433,6 +445,21 @@ pub trait Sandbox: Send + Sync + std::fmt::Debug + AsAny {
     /// calls and end their links, so that they reach whichever gateway comes next.
     /// [`Sandbox::reconcile`] may follow.
     async fn detach(&self) {}
+
+    /// Start `request.argv` in the agent's sandbox as a process of its own whose stdin
+    /// and stdout are returned (an MCP server, `spec/mcp.md` §1.2), recreating the
+    /// sandbox first if it died. Backends without a way to do that (the default) say so.
+    async fn spawn(
+        &self,
+        agent: &str,
+        request: beige_protocol::spawn::SpawnRequest,
+    ) -> Result<SpawnedProcess, SandboxError> {
+        Err(SandboxError::Spawn {
+            agent: agent.to_string(),
+            program: request.argv.first().cloned().unwrap_or_default(),
+            message: "this sandbox backend cannot run processes of their own".to_string(),
+        })
+    }
 
     /// How the agent's sandbox is reached, with the health of its link (a keepalive
     /// measured now, where there is one).

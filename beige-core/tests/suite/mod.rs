@@ -19,6 +19,7 @@ mod http_api;
 mod ident;
 mod layers;
 mod link;
+mod mcp_cli;
 #[cfg(feature = "mcp")]
 mod mcp_server;
 mod metrics;

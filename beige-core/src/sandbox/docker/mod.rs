@@ -902,6 +902,36 @@ impl Sandbox for DockerSandbox {
         self.run(agent, request, Some(output)).await
     }
 
+    async fn spawn(
+        &self,
+        agent: &str,
+        request: beige_protocol::spawn::SpawnRequest,
+    ) -> Result<super::SpawnedProcess, SandboxError> {
+        let program = request.argv.first().cloned().unwrap_or_default();
+        let failed = |message: String| SandboxError::Spawn {
+            agent: agent.to_string(),
+            program: program.clone(),
+            message,
+        };
+        let spec = self.spec_of(agent).await?;
+        if spec.link == LinkMode::Off {
+            return Err(failed(
+                "processes of their own need the shim link, and this agent has sandbox.linkMode \"off\""
+                    .to_string(),
+            ));
+        }
+        let hub = &self.links.hub;
+        let wait = self.link_wait(agent).max(LINK_EXPECTED_WITHIN);
+        if !hub.is_connected(agent) && !hub.wait_connected(agent, wait).await {
+            return Err(failed(
+                "the sandbox's shim link is not up (see `beige doctor`)".to_string(),
+            ));
+        }
+        hub.spawn(agent, request)
+            .await
+            .map_err(|e| failed(e.to_string()))
+    }
+
     async fn remove_all(&self) -> Result<(), SandboxError> {
         self.pool.reset(HashMap::new()).await;
         self.endpoints.stop();
