@@ -121,7 +121,7 @@ impl super::Config {
             return Ok(base.clone());
         };
         let mut merged = serde_json::to_value(base).map_err(|e| e.to_string())?;
-        crate::plugin::merge_config(&mut merged, over);
+        super::deep_merge(&mut merged, over);
         serde_json::from_value(merged).map_err(|e| {
             format!("agents.{agent}.mcpConfigs.{server} does not make a valid server: {e}")
         })

@@ -27,6 +27,24 @@ pub use validate::{
     validate_tools, MountTarget, WritableKind, WritableTree, WritableTrees,
 };
 
+/// Deep merge of JSON config values: objects merged recursively; arrays, scalars and
+/// `null` in `over` replace (`pluginConfigs` and `mcpConfigs` over their definitions).
+pub fn deep_merge(base: &mut serde_json::Value, over: &serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => deep_merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
 /// The JSON Schema of `config.json5`, generated from [`Config`]. The copy committed as
 /// `config.schema.json` at the repository root is checked against it by a test.
 pub fn json_schema() -> serde_json::Value {

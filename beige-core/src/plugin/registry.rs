@@ -224,21 +224,10 @@ impl PluginRegistry {
     }
 }
 
-/// Deep merge: objects merged recursively; arrays, scalars and `null` in `over` replace.
+/// Deep merge: objects merged recursively; arrays, scalars and `null` in `over` replace
+/// (the same merge as [`crate::config::deep_merge`], which `mcpConfigs` uses too).
 pub fn merge_config(base: &mut serde_json::Value, over: &serde_json::Value) {
-    match (base, over) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
-            for (k, v) in o {
-                match b.get_mut(k) {
-                    Some(slot) => merge_config(slot, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o.clone(),
-    }
+    crate::config::deep_merge(base, over);
 }
 
 #[cfg(test)]
