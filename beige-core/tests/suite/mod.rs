@@ -20,6 +20,7 @@ mod ident;
 mod layers;
 mod link;
 mod mcp_cli;
+mod mcp_remote;
 mod metrics;
 mod plugins_external;
 mod policy_seam;
