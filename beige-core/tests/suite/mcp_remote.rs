@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use beige_core::egress::upstream::{BoxUpstream, Dialer};
-use beige_core::{Gateway, GatewayBuilder};
+use beige_core::Admin as _;
+use beige_core::GatewayBuilder;
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
@@ -176,7 +177,7 @@ async fn a_remote_server_through_egress_gets_the_brokered_token_and_the_sandbox_
 
     // The server received the brokered token: its digest says so, and the secret
     // itself never comes back into the sandbox.
-    let digest = exec_as(&gw, "m", "remote headers-digest; echo rc=$?", 120).await;
+    let digest = exec_as(&gw, "m", "remote headers_digest; echo rc=$?", 120).await;
     let got = json_line(&digest);
     assert_eq!(
         got["authorization_sha256"],
