@@ -70,7 +70,7 @@ impl Dialer for LoopbackDialer {
 }
 
 /// Starts the test server over HTTP on loopback: the process and its port.
-async fn http_server(path: &PathBuf) -> (tokio::process::Child, u16) {
+async fn http_server(path: &std::path::Path) -> (tokio::process::Child, u16) {
     let mut child = tokio::process::Command::new(path)
         .args(["--http", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
