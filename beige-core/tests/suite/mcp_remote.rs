@@ -228,7 +228,10 @@ async fn a_remote_server_through_egress_gets_the_brokered_token_and_the_sandbox_
 
     // The secret is in no exec output, no audit line, no log, no byte of the container.
     for out in &outputs {
-        assert!(!out.contains(SECRET), "the secret reached the sandbox: {out}");
+        assert!(
+            !out.contains(SECRET),
+            "the secret reached the sandbox: {out}"
+        );
     }
     assert!(!audit.contains(SECRET));
     let container = gw.sandbox_status("m").await.unwrap().container;
