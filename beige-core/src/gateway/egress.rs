@@ -874,7 +874,16 @@ impl crate::mcp::remote::McpEgress for McpEgressRoutes {
             .await
         {
             Ok(_) => Ok(()),
-            Err(refused) => {
+            Err(mut refused) => {
+                // Refused before any connection: one denied record, as a stream gets.
+                let recorder = McpRecorder {
+                    audit: self.audit.as_ref(),
+                    server: &t.server,
+                };
+                refused.phase = ConnectionPhase::Finished;
+                if let Err(e) = recorder.record(&refused).await {
+                    tracing::error!(agent, "egress: a refusal's record failed: {e}");
+                }
                 let reason = refused.reason.unwrap_or(DenyReason::NoRule);
                 let what = match (&refused.error, &refused.rule) {
                     (Some(e), _) => format!("{}: {e}", reason.explain()),

@@ -220,6 +220,13 @@ async fn a_remote_server_through_egress_gets_the_brokered_token_and_the_sandbox_
         "{connects:?}"
     );
     assert!(
+        connects.iter().any(|r| r["agent"] == "n"
+            && r["decision"] == "denied"
+            && r["egress"]["reason"] == "no_rule"
+            && r["egress"]["host"] == HOST),
+        "the refusal is recorded: {connects:?}"
+    );
+    assert!(
         records.iter().any(|r| r["tool"] == "remote.echo"
             && r["phase"] == "finished"
             && r["decision"] == "allowed"),
