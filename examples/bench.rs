@@ -28,6 +28,8 @@ mod bench_cold;
 mod bench_egress;
 #[path = "bench_load.rs"]
 mod bench_load;
+#[path = "bench_mcp.rs"]
+mod bench_mcp;
 #[path = "bench_output.rs"]
 mod bench_output;
 #[path = "bench_session.rs"]
@@ -643,6 +645,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("egress") {
         figures.extend(bench_egress::figures().await?);
+    }
+    if want("mcp_call_loop") {
+        figures.extend(bench_mcp::figures(&home, &image, &shim).await?);
     }
     if want("sandbox_cold_start") {
         figures.extend(bench_cold::figures(&home, &image, &shim).await?);

@@ -105,6 +105,11 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<PolicyCommand>,
     },
+    /// MCP: serve an agent's tools to an MCP client (Claude Code, Codex, editors)
+    Mcp {
+        #[command(subcommand)]
+        command: Option<crate::cmd::mcp::McpCommand>,
+    },
     /// The offline demonstration: one agent in a real Docker sandbox, driven by a scripted
     /// model (no API key, no network, no daemon)
     #[command(

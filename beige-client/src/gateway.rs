@@ -27,7 +27,7 @@ use crate::prompt::PromptRequest;
 use crate::schedules::{ScheduleAuthor, ScheduleRun, ScheduleSpec, ScheduleView};
 use crate::session::{SessionRecord, SessionSettings, SettingsPatch};
 use crate::status::{DiskStatus, ModelHealth, SandboxStatus};
-use crate::tools::{CoreToolCall, ExecParams, ToolContext, ToolOutput};
+use crate::tools::{AgentToolCall, CoreToolCall, ExecParams, ToolContext, ToolOutput};
 use crate::usage::{UsageQuery, UsageReport};
 
 /// What a channel may know about an agent.
@@ -127,6 +127,35 @@ pub trait Gateway: Send + Sync {
             ToolContext::default(),
         )
         .await
+    }
+}
+
+/// A plugin tool an agent may use, as an outside client sees it
+/// ([`Admin::agent_tools`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct AgentTool {
+    /// The tool's name (its launcher in `/tools/bin`).
+    pub name: String,
+    /// The tool's one-line description.
+    pub description: String,
+    /// Its usage lines (e.g. `kv get <key>`).
+    pub commands: Vec<String>,
+}
+
+impl AgentTool {
+    /// A tool with its description and usage lines.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        commands: Vec<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            commands,
+        }
     }
 }
 
@@ -319,6 +348,31 @@ pub trait Admin: Send + Sync {
     async fn metrics(&self) -> Result<String, GatewayError> {
         Err(GatewayError::Unsupported { what: "metrics" })
     }
+
+    /// The plugin tools `agent` may use (configured, registered, exposed by the
+    /// policy), in config order: what an outside client (the MCP server) lists.
+    async fn agent_tools(&self, _agent: &str) -> Result<Vec<AgentTool>, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "agent_tools",
+        })
+    }
+
+    /// Run one of `agent`'s tools for an outside client through the guarded path
+    /// (policy, approvals, hooks, audit), as `ctx.principal`; `via` names the client's
+    /// connection in the audit record (`mcp:<token id>`). When `cancel` fires while a
+    /// core `exec` runs, its processes are killed in the sandbox.
+    async fn call_agent_tool(
+        &self,
+        _agent: &str,
+        _call: AgentToolCall,
+        _ctx: ToolContext,
+        _via: &str,
+        _cancel: CancellationToken,
+    ) -> Result<ToolOutput, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "call_agent_tool",
+        })
+    }
 }
 
 /// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
@@ -471,6 +525,19 @@ macro_rules! forward_gateway {
             }
             async fn metrics(&self) -> Result<String, GatewayError> {
                 (**self).metrics().await
+            }
+            async fn agent_tools(&self, agent: &str) -> Result<Vec<AgentTool>, GatewayError> {
+                (**self).agent_tools(agent).await
+            }
+            async fn call_agent_tool(
+                &self,
+                agent: &str,
+                call: AgentToolCall,
+                ctx: ToolContext,
+                via: &str,
+                cancel: CancellationToken,
+            ) -> Result<ToolOutput, GatewayError> {
+                (**self).call_agent_tool(agent, call, ctx, via, cancel).await
             }
         }
     )*};

@@ -79,8 +79,8 @@ pub mod usage;
 pub use error::{BoxError, GatewayError};
 pub use events::{hint_for, AgentEvent, OutputStream};
 pub use gateway::{
-    Admin, AgentEventStream, AgentInfo, AllowedModel, ApprovalEventStream, Gateway, GatewayFull,
-    Sessions,
+    Admin, AgentEventStream, AgentInfo, AgentTool, AllowedModel, ApprovalEventStream, Gateway,
+    GatewayFull, Sessions,
 };
 pub use home::{BeigeHome, HomeError, InstallationId};
 pub use hooks::HookName;
@@ -92,6 +92,6 @@ pub use remote::{RemoteGateway, DEFAULT_GATEWAY_URL};
 pub use session::{SessionRecord, SessionSettings, SettingsPatch};
 pub use status::{DiskStatus, FsSpace, FsStatus, LinkMode, LinkStatus, ModelHealth, SandboxStatus};
 pub use tools::{
-    ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams, ToolContext,
-    ToolOutcome, ToolOutput, Transport, WriteParams,
+    AgentToolCall, ContentBlock, CoreToolCall, ExecParams, InvalidCall, PatchParams, ReadParams,
+    ToolContext, ToolOutcome, ToolOutput, Transport, WriteParams,
 };

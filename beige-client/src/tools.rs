@@ -230,6 +230,24 @@ impl ToolOutput {
     }
 }
 
+/// One of an agent's tools, called for an outside client (the MCP server):
+/// [`Admin::call_agent_tool`](crate::Admin::call_agent_tool).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum AgentToolCall {
+    /// A core tool, run in the agent's sandbox.
+    Core(CoreToolCall),
+    /// A plugin tool the agent may use, run in the gateway like a script's call.
+    Plugin {
+        /// The tool's name.
+        tool: String,
+        /// Its arguments, as a script would pass them.
+        args: Vec<String>,
+        /// Data piped in.
+        stdin: Option<Vec<u8>>,
+    },
+}
+
 /// Who is calling, for the environment of `exec` and for image support.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolContext {

@@ -676,6 +676,8 @@ impl DiskGuard {
             session: None,
             model: None,
             channel: None,
+            principal: None,
+            via: None,
             phase: Phase::Finished,
             kind: AuditType::Security,
             tool: tool.to_string(),

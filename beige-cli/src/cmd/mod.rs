@@ -8,6 +8,7 @@ mod demo;
 mod doctor;
 mod egress;
 pub mod gateway;
+pub mod mcp;
 pub mod plugins;
 mod policy;
 mod run;
@@ -168,6 +169,18 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Policy {
             command: Some(PolicyCommand::List { agent, json }),
         }) => policy::list(&home, config, &agent, json),
+        Some(Command::Mcp { command: None }) => print_help(&["mcp"]),
+        Some(Command::Mcp {
+            command: Some(mcp::McpCommand::Serve(args)),
+        }) => {
+            let t = target();
+            block_on(mcp::serve(
+                &t,
+                &home,
+                &args.agent,
+                args.token_file.as_deref(),
+            ))
+        }
         Some(Command::Demo) => block_on(demo::run()),
         Some(Command::Tui { agent }) => {
             let t = target();

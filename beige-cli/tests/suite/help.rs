@@ -25,6 +25,8 @@ fn help_of_every_command() {
         ("help_policy_list", &["policy", "list", "--help"]),
         ("help_audit_verify", &["audit", "verify", "--help"]),
         ("help_audit_export", &["audit", "export", "--help"]),
+        ("help_mcp", &["mcp", "--help"]),
+        ("help_mcp_serve", &["mcp", "serve", "--help"]),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),
@@ -34,7 +36,7 @@ fn help_of_every_command() {
         assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
         insta::assert_snapshot!(*name, run.stdout, &args.join(" "));
     }
-    for group in ["gateway", "audit", "egress", "policy"] {
+    for group in ["gateway", "audit", "egress", "policy", "mcp"] {
         let run = env.run(&[group]);
         assert_eq!(run.code, Some(0));
         assert_eq!(run.stdout, env.run(&[group, "--help"]).stdout);

@@ -9,6 +9,7 @@ mod demo;
 mod doctor;
 mod egress;
 mod help;
+mod mcp_serve;
 mod plugins;
 mod policy;
 mod schedules;

@@ -122,6 +122,14 @@ pub struct AuditRecord {
     /// when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// New in beige, on calls of an authenticated outside client (the MCP server): who
+    /// made the call (`owner` for the gateway's token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// New in beige, with `principal`: the connection the call came through
+    /// (`mcp:<token id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
     /// Whether this is the record before the call ran or after it ended.
     pub phase: Phase,
     /// What kind of call (or event) this is; `type` in the log.
@@ -320,6 +328,8 @@ impl AuditRecord {
             session: None,
             model: None,
             channel: None,
+            principal: None,
+            via: None,
             phase: Phase::Finished,
             kind: AuditType::Security,
             tool: tool.to_string(),
@@ -1061,6 +1071,8 @@ mod tests {
             session: Some("socket:a".into()),
             model: None,
             channel: Some("socket".into()),
+            principal: None,
+            via: None,
             phase: Phase::Started,
             kind: AuditType::Tool,
             tool: "kv".into(),

@@ -8,6 +8,9 @@
 //! so policy, hooks, fallback and audit apply exactly as for every other channel; this
 //! module never touches the gateway's internals, the store or the sandboxes.
 //!
+//! With feature `mcp`, `/mcp/agents/{name}` serves an agent's tools over MCP's
+//! streamable HTTP transport behind the same checks (`mcp::serve`).
+//!
 //! The route table [`routes`] is the single list the router is built from; the OpenAPI
 //! document served at `/api/openapi.json` ([`OPENAPI_JSON`]) is checked against it by a
 //! test. `docs/http-api.md` is the reference for people.
@@ -120,6 +123,8 @@ impl ApiOptions {
             restart: self.restart,
             port: self.port,
             allow_ip_hosts: self.allow_ip_hosts,
+            #[cfg(feature = "mcp")]
+            mcp: Arc::default(),
         }
     }
 }
@@ -164,6 +169,9 @@ pub struct ApiState {
     /// Accept any IP literal in `Host`/`Origin` (set when listening on a wildcard
     /// address; an IP literal cannot be a DNS-rebinding name).
     pub allow_ip_hosts: bool,
+    /// The MCP endpoint `/mcp/agents/{name}` (its per-agent services and sessions).
+    #[cfg(feature = "mcp")]
+    mcp: Arc<crate::mcp::serve::McpEndpoint>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -184,6 +192,8 @@ impl ApiState {
             restart: None,
             port: None,
             allow_ip_hosts: false,
+            #[cfg(feature = "mcp")]
+            mcp: Arc::default(),
         }
     }
 
@@ -197,6 +207,25 @@ impl ApiState {
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
         self
+    }
+
+    /// How the MCP endpoint serves: the same `Host` names as the API (any, when the
+    /// API accepts any IP literal and has checked the `Host` itself), the same body
+    /// limit.
+    #[cfg(feature = "mcp")]
+    fn mcp_options(&self) -> crate::mcp::serve::EndpointOptions {
+        let hosts = (!self.allow_ip_hosts).then(|| {
+            let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            hosts.extend(self.allowed_hosts.iter().cloned());
+            hosts
+        });
+        crate::mcp::serve::EndpointOptions {
+            allowed_hosts: hosts,
+            body_limit: self.body_limit,
+        }
     }
 
     /// Serve `POST /api/gateway/restart` with this hook.
@@ -482,6 +511,12 @@ const TABLE: &[(&str, &str, Handler)] = &[
     }),
     ("POST", "/api/schedules/{id}/run", || post(run_schedule)),
     ("GET", "/metrics", || get(metrics)),
+    #[cfg(feature = "mcp")]
+    ("POST", "/mcp/agents/{name}", || post(mcp_endpoint)),
+    #[cfg(feature = "mcp")]
+    ("GET", "/mcp/agents/{name}", || get(mcp_endpoint)),
+    #[cfg(feature = "mcp")]
+    ("DELETE", "/mcp/agents/{name}", || delete(mcp_endpoint)),
 ];
 
 /// Every route the API serves, as `(method, path)` with `{param}` placeholders.
@@ -1079,6 +1114,19 @@ async fn metrics(State(s): State<Shared>) -> ApiResult {
         text,
     )
         .into_response())
+}
+
+/// `/mcp/agents/{name}` (POST, GET, DELETE): the agent's tools over MCP's streamable
+/// HTTP transport (`mcp::serve`), behind the same checks as every route.
+#[cfg(feature = "mcp")]
+async fn mcp_endpoint(State(s): State<Shared>, Path(name): Path<String>, req: Request) -> Response {
+    // Past the token check: the caller holds the API token, the owner's (a bearer
+    // token only; never read from the body).
+    let caller = crate::mcp::serve::McpCaller::owner();
+    let options = s.mcp_options();
+    s.mcp
+        .handle(s.gateway.clone(), &name, caller, &options, req)
+        .await
 }
 
 async fn approval_events(State(s): State<Shared>) -> ApiResult {

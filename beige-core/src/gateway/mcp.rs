@@ -137,8 +137,15 @@ impl Inner {
             );
         };
         let policy_name = format!("{server}.{tool}");
+        // A stdio server's work happens in the sandbox; a remote one's, from the gateway.
+        let target = if def.command.is_some() {
+            crate::audit::Target::Sandbox
+        } else {
+            crate::audit::Target::Gateway
+        };
         let meta = CallMeta {
             tool: &policy_name,
+            target,
             ..meta
         };
         let limit = def.timeout_of(&tool);

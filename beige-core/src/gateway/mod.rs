@@ -17,6 +17,7 @@ mod history;
 mod mcp;
 #[cfg(feature = "http-api")]
 mod metrics_listener;
+mod outside;
 mod platform_host;
 mod prompt;
 mod sandbox_host;
@@ -807,6 +808,9 @@ struct CallMeta<'a> {
     args: Vec<String>,
     session: Option<String>,
     channel: Option<String>,
+    /// The connection of an outside client's call (`mcp:<token id>`); with it, the
+    /// audit records name the principal too.
+    via: Option<String>,
     model: Option<String>,
     /// Who the call comes from: `Sandbox` on the socket, the prompt's for a model.
     principal: Principal,
@@ -1081,6 +1085,11 @@ impl Inner {
             session: meta.session.clone(),
             model: meta.model.clone(),
             channel: meta.channel.clone(),
+            principal: meta
+                .via
+                .as_ref()
+                .map(|_| outside::principal_name(&meta.principal)),
+            via: meta.via.clone(),
             phase,
             kind: AuditType::from(meta.kind),
             tool: meta.tool.to_string(),
@@ -1430,6 +1439,20 @@ impl Inner {
         cancel: Option<&CancellationToken>,
         output: Option<crate::sandbox::OutputSink>,
     ) -> Result<ToolOutput, GatewayError> {
+        self.call_core_via(agent, call, ctx, cancel, output, None)
+            .await
+    }
+
+    /// [`Inner::call_core_cancellable`] for an outside client's connection `via`.
+    async fn call_core_via(
+        &self,
+        agent: &str,
+        call: CoreToolCall,
+        ctx: ToolContext,
+        cancel: Option<&CancellationToken>,
+        output: Option<crate::sandbox::OutputSink>,
+        via: Option<String>,
+    ) -> Result<ToolOutput, GatewayError> {
         let config = self.agent(agent)?;
         if let Some(key) = &ctx.session_key {
             // The context comes from the prompt loop or the API, never from a sandbox.
@@ -1456,6 +1479,7 @@ impl Inner {
             args: audit_args(&call),
             session: ctx.session_key.clone(),
             channel: ctx.channel.clone(),
+            via,
             model: ctx.model.clone(),
             principal: ctx.principal.clone(),
             target: Target::Sandbox,
@@ -1773,6 +1797,7 @@ impl Inner {
             args: request.args.clone(),
             session: Some(session.key.clone()),
             channel: Some(session.channel.clone()),
+            via: None,
             model: None,
             principal: Principal::Sandbox,
             target: Target::Gateway,
@@ -2342,6 +2367,23 @@ pub(crate) fn decide_error(e: crate::approvals::DecideError) -> GatewayError {
 
 #[async_trait]
 impl Admin for Engine {
+    async fn agent_tools(&self, agent: &str) -> Result<Vec<beige_client::AgentTool>, GatewayError> {
+        self.inner.outside_tools(agent).await
+    }
+
+    async fn call_agent_tool(
+        &self,
+        agent: &str,
+        call: beige_client::AgentToolCall,
+        ctx: ToolContext,
+        via: &str,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, GatewayError> {
+        self.inner
+            .call_agent_tool(agent, call, ctx, via, cancel)
+            .await
+    }
+
     async fn approvals(
         &self,
         agent: Option<&str>,

@@ -981,6 +981,22 @@ impl Sessions for LocalGateway {
 
 #[async_trait]
 impl Admin for LocalGateway {
+    async fn agent_tools(&self, agent: &str) -> Result<Vec<beige_client::AgentTool>, GatewayError> {
+        self.engine().await.agent_tools(agent).await
+    }
+    async fn call_agent_tool(
+        &self,
+        agent: &str,
+        call: beige_client::AgentToolCall,
+        ctx: ToolContext,
+        via: &str,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<ToolOutput, GatewayError> {
+        self.engine()
+            .await
+            .call_agent_tool(agent, call, ctx, via, cancel)
+            .await
+    }
     async fn health(&self) -> Result<HashMap<String, ModelHealth>, GatewayError> {
         self.engine().await.health().await
     }

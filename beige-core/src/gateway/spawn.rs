@@ -622,6 +622,8 @@ impl Inner {
             session: Some(caller_key.to_string()),
             model: None,
             channel: None,
+            principal: None,
+            via: None,
             phase,
             kind: AuditType::Spawn,
             tool: "spawn".into(),

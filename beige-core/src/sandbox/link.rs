@@ -1117,6 +1117,107 @@ mod tests {
         })
     }
 
+    /// A spawn: the op goes out with a fresh token; a stream presenting another token is
+    /// refused; the one presenting the op's token becomes the process's stdin and stdout
+    /// (bytes sent right behind its `SpawnOpen` included); the op's result is its end.
+    #[tokio::test]
+    async fn a_spawn_stream_needs_the_ops_token_and_its_result_is_the_processes_end() {
+        use beige_protocol::spawn::{SpawnRequest, SpawnUser};
+        let hub = LinkHub::new();
+        let mut shim = connect(&hub, "a");
+        shim.hello("boot1", &[]).await;
+        assert!(hub.wait_connected("a", Duration::from_secs(2)).await);
+        let spawning = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                let request = SpawnRequest {
+                    argv: vec!["srv".into()],
+                    env: Vec::new(),
+                    cwd: None,
+                    user: SpawnUser::Uid(61000),
+                    token: "ignored".into(),
+                };
+                hub.spawn("a", request).await
+            })
+        };
+        let op = shim.next().await;
+        let LinkMessage::Op { id, name } = op.message else {
+            panic!("{op:?}")
+        };
+        assert_eq!(name, "spawn");
+        let sent: SpawnRequest = serde_json::from_slice(&op.payload).unwrap();
+        assert!(
+            beige_protocol::spawn::is_valid_token(&sent.token),
+            "{sent:?}"
+        );
+        let open = |token: &str| {
+            let (gw, stream) = tokio::io::duplex(1 << 16);
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                let (r, w) = tokio::io::split(gw);
+                hub.serve("a", Carrier::Unix, r, w).await;
+            });
+            let mut s = FakeShim {
+                io: stream,
+                decoder: FrameDecoder::new(),
+            };
+            let (id, token) = (id.clone(), token.to_string());
+            async move {
+                let hello = s.next().await;
+                assert!(matches!(hello.message, LinkMessage::GatewayHello { .. }));
+                let mut bytes = encode(
+                    &LinkMessage::ShimHello {
+                        role: Role::Spawn,
+                        boot_id: "boot1".into(),
+                        version: "test".into(),
+                        carrier: Carrier::Unix,
+                        pending: Vec::new(),
+                    },
+                    b"",
+                );
+                bytes.extend(encode(&LinkMessage::SpawnOpen { id, token }, b""));
+                bytes.extend_from_slice(b"early\n");
+                s.io.write_all(&bytes).await.unwrap();
+                s
+            }
+        };
+        // A forged token: refused, and the spawn still waits.
+        let mut forged = open(&"f".repeat(32)).await;
+        let refused = forged.next().await;
+        assert!(
+            matches!(refused.message, LinkMessage::Refused { .. }),
+            "{refused:?}"
+        );
+        assert!(!spawning.is_finished());
+        // The op's token: connected.
+        let mut real = open(&sent.token).await;
+        let mut process = tokio::time::timeout(Duration::from_secs(5), spawning)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut line = [0u8; 6];
+        process.reader.read_exact(&mut line).await.unwrap();
+        assert_eq!(&line, b"early\n");
+        process.writer.write_all(b"ping\n").await.unwrap();
+        let mut got = [0u8; 5];
+        real.io.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping\n");
+        // The op's result is the process's end.
+        shim.send(
+            LinkMessage::Result { id: id.clone() },
+            br#"{"exitCode":0,"stderrTail":"bye"}"#,
+        )
+        .await;
+        let exit = tokio::time::timeout(Duration::from_secs(5), process.exit)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(exit.exit_code, Some(0));
+        assert_eq!(exit.stderr_tail, "bye");
+    }
+
     #[tokio::test]
     async fn op_round_trip_ack_and_duplicate_dropped() {
         let hub = LinkHub::new();

@@ -34,7 +34,12 @@ fn testserver() -> Option<PathBuf> {
 }
 
 /// A gateway whose agent `m` has the test server as `testsrv`, with `tools` patterns.
-async fn start(t: &TestHome, env: &DockerEnv, server: &PathBuf, tools: Value) -> LocalGateway {
+async fn start(
+    t: &TestHome,
+    env: &DockerEnv,
+    server: &std::path::Path,
+    tools: Value,
+) -> LocalGateway {
     start_with(t, env, server, tools, json!({})).await
 }
 
@@ -42,7 +47,7 @@ async fn start(t: &TestHome, env: &DockerEnv, server: &PathBuf, tools: Value) ->
 async fn start_with(
     t: &TestHome,
     env: &DockerEnv,
-    server: &PathBuf,
+    server: &std::path::Path,
     tools: Value,
     extra: Value,
 ) -> LocalGateway {

@@ -20,7 +20,10 @@ mod ident;
 mod layers;
 mod link;
 mod mcp_cli;
+#[cfg(feature = "mcp")]
 mod mcp_remote;
+#[cfg(feature = "mcp")]
+mod mcp_server;
 mod metrics;
 mod plugins_external;
 mod policy_seam;
