@@ -636,7 +636,9 @@ pub fn credentials(
 }
 
 /// Checks one credential at `path` (`egress.credentials.<name>`) for `agent_name`.
-fn check_credential(
+/// (Also how a remote MCP server's `credentials` are checked: against the agent's
+/// rules, as if granted.)
+pub fn check_credential(
     path: &str,
     agent_name: &str,
     name: &str,

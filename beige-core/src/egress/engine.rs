@@ -670,6 +670,159 @@ impl EgressEngine {
     }
 }
 
+/// A connection the gateway opens itself on an agent's behalf (a remote MCP server):
+/// what [`EgressEngine::open_outbound`] hands back while it is open.
+#[non_exhaustive]
+pub struct Outbound {
+    /// The dialled connection to the pinned address.
+    pub upstream: super::upstream::BoxUpstream,
+    /// Its `started` record, to be finished by [`EgressEngine::finish_outbound`].
+    pub record: ConnectionRecord,
+    /// When it was decided.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound")
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EgressEngine {
+    /// Decides a connection the gateway itself would open for `agent` to `target` (a
+    /// remote MCP server): the same matcher as sandbox streams (with `request` as the
+    /// request it is for), then the name resolved and *every* address checked by the
+    /// same classifier. `Ok` with the addresses (the first is the one pinned), or the
+    /// refused record (`reason`, `rule`, `error` set; nothing written).
+    pub async fn check_outbound(
+        &self,
+        agent: &str,
+        rules: &RuleSet,
+        target: &Target,
+        request: Option<Request<'_>>,
+    ) -> Result<(Vec<IpAddr>, String), ConnectionRecord> {
+        let mut p = Pending {
+            record: outbound_record(agent, rules, target),
+            target_text: target.to_string(),
+        };
+        let allowed = match rules.decide(target, request) {
+            Verdict::Allow(a) => a,
+            Verdict::Deny(d) => {
+                p.refuse(d.reason, d.rule);
+                return Err(p.record);
+            }
+        };
+        p.record.rule = Some(allowed.rule.clone());
+        match self
+            .resolve_checked(target, &allowed.allow_private, &mut p)
+            .await
+        {
+            Some(addrs) => Ok((addrs, allowed.rule)),
+            None => Err(p.record),
+        }
+    }
+
+    /// Opens a connection of the gateway's own for `agent` to `target`: decided and
+    /// classified as [`EgressEngine::check_outbound`] says, pinned to the first address,
+    /// recorded `started` in `audit` (a record that cannot be written refuses it), and
+    /// dialled with the engine's [`Dialer`] (so the test seams apply). A refusal, or a
+    /// failed dial, is written as its one `finished` record and returned as `Err`.
+    pub async fn open_outbound(
+        &self,
+        agent: &str,
+        rules: &RuleSet,
+        target: &Target,
+        request: Option<Request<'_>>,
+        audit: &dyn EgressAudit,
+    ) -> Result<Outbound, ConnectionRecord> {
+        let started = Instant::now();
+        let (addrs, rule) = match self.check_outbound(agent, rules, target, request).await {
+            Ok(ok) => ok,
+            Err(mut refused) => {
+                refused.phase = ConnectionPhase::Finished;
+                if let Err(e) = audit.record(&refused).await {
+                    tracing::error!(agent, "egress: a refusal's record failed: {e}");
+                }
+                return Err(refused);
+            }
+        };
+        let mut record = outbound_record(agent, rules, target);
+        record.rule = Some(rule);
+        let pinned = addrs[0];
+        record.ip = Some(pinned);
+        record.phase = ConnectionPhase::Started;
+        if let Err(e) = audit.record(&record).await {
+            tracing::error!(agent, "egress: the audit record cannot be written: {e}");
+            record.phase = ConnectionPhase::Finished;
+            record.reason = Some(DenyReason::AuditUnavailable);
+            record.error = Some(e);
+            return Err(record);
+        }
+        match self.dialer.dial(SocketAddr::new(pinned, target.port)).await {
+            Ok(upstream) => Ok(Outbound {
+                upstream,
+                record,
+                started,
+            }),
+            Err(e) => {
+                record.phase = ConnectionPhase::Finished;
+                record.error = Some(format!("cannot connect to {pinned}: {e}"));
+                record.duration = Some(started.elapsed());
+                if let Err(e) = audit.record(&record).await {
+                    tracing::error!(agent, "egress: the finished record cannot be written: {e}");
+                }
+                Err(record)
+            }
+        }
+    }
+
+    /// Writes the `finished` record of a connection [`EgressEngine::open_outbound`]
+    /// opened, with what it carried.
+    pub async fn finish_outbound(
+        &self,
+        mut record: ConnectionRecord,
+        started: Instant,
+        (bytes_up, bytes_down): (u64, u64),
+        error: Option<String>,
+        audit: &dyn EgressAudit,
+    ) {
+        record.bytes_up = bytes_up;
+        record.bytes_down = bytes_down;
+        record.error = error;
+        let mut p = Pending {
+            target_text: String::new(),
+            record,
+        };
+        finish(&mut p, started, audit).await;
+    }
+}
+
+/// The record of a gateway-opened connection before it is decided. (Its `entry` is
+/// `explicit`: the gateway's own client names its target as a proxy client does; the
+/// gateway's audit marks it as the gateway's.)
+fn outbound_record(agent: &str, rules: &RuleSet, target: &Target) -> ConnectionRecord {
+    ConnectionRecord {
+        id: http::new_id(),
+        agent: agent.to_string(),
+        entry: EgressEntry::Explicit,
+        host: host_text(&target.host),
+        port: target.port,
+        ip: None,
+        mode: Some(Mode::Tunnel),
+        rule: None,
+        policy_version: rules.version(),
+        bytes_up: 0,
+        bytes_down: 0,
+        phase: ConnectionPhase::Finished,
+        reason: None,
+        approval: None,
+        error: None,
+        duration: None,
+    }
+}
+
 /// `bytes` (a request head and what follows) with the head's `Connection` headers
 /// replaced by `Connection: close`.
 fn close_after_first(bytes: &[u8]) -> Vec<u8> {

@@ -410,3 +410,72 @@ async fn a_rule_that_limits_methods_or_paths_is_never_a_whole_tunnel() {
     drop(client);
     task.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_gateway_connection_is_decided_classified_pinned_and_recorded_like_a_stream() {
+    let s = setup().await;
+    let audit = Records::default();
+    let rules = rules();
+    let target = |host: &str, port| Target {
+        host: Host::Name(host.into()),
+        port,
+    };
+
+    // Allowed: recorded `started` before the dial, to the pinned, checked address.
+    let opened = s
+        .engine
+        .open_outbound(
+            "a",
+            &rules,
+            &target("echo.example.test", 7000),
+            None,
+            &audit,
+        )
+        .await
+        .unwrap();
+    let Outbound {
+        mut upstream,
+        record,
+        started,
+    } = opened;
+    assert_eq!(record.phase, ConnectionPhase::Started);
+    assert_eq!(record.ip, Some("11.0.0.1".parse().unwrap()));
+    assert_eq!(record.rule.as_deref(), Some("echo"));
+    upstream.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    upstream.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"ping");
+    s.engine
+        .finish_outbound(record, started, (4, 4), None, &audit)
+        .await;
+    {
+        let all = audit.all.lock().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].phase, ConnectionPhase::Finished);
+        assert_eq!((all[1].bytes_up, all[1].bytes_down), (4, 4));
+    }
+
+    // No rule, another port, a private address: refused with one record each, and the
+    // dialer is never asked.
+    let dialled = s.dialer.dialled.lock().unwrap().len();
+    for (host, port, reason) in [
+        ("other.example.test", 7000, DenyReason::NoRule),
+        ("echo.example.test", 7001, DenyReason::PortNotAllowed),
+        ("inner.example.test", 7000, DenyReason::PrivateAddress),
+    ] {
+        let refused = s
+            .engine
+            .open_outbound("a", &rules, &target(host, port), None, &audit)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.reason, Some(reason), "{host}:{port}");
+        assert_eq!(refused.phase, ConnectionPhase::Finished);
+        let checked = s
+            .engine
+            .check_outbound("a", &rules, &target(host, port), None)
+            .await;
+        assert_eq!(checked.unwrap_err().reason, Some(reason));
+    }
+    assert_eq!(s.dialer.dialled.lock().unwrap().len(), dialled);
+    assert_eq!(audit.all.lock().unwrap().len(), 5);
+}

@@ -53,7 +53,7 @@ struct AgentEgress {
 /// Egress for every agent of one engine.
 #[derive(Debug)]
 pub(crate) struct GatewayEgress {
-    engine: EgressEngine,
+    engine: Arc<EgressEngine>,
     agents: HashMap<String, AgentEgress>,
     /// The home's egress CA, installed in every sandbox with egress.
     ca: Arc<EgressCa>,
@@ -244,7 +244,7 @@ impl GatewayEgress {
             engine = engine.with_inspector(Arc::new(inspector));
         }
         Ok(Some(Self {
-            engine,
+            engine: Arc::new(engine),
             agents,
             ca,
             placeholder_key,
@@ -772,4 +772,241 @@ pub(crate) fn audit_record(r: &ConnectionRecord) -> AuditRecord {
     };
     record.egress = Some(Value::Object(egress));
     record
+}
+
+/// Remote MCP servers' egress (`spec/mcp.md` §1.2): the gateway's own connections to a
+/// server decided with the agent's rules by the engine's matcher and classifier, pinned,
+/// dialled with the engine's dialer and recorded like sandbox streams (`egress.connect`,
+/// `entry: "gateway"`, `mcpServer`), and the server's credentials as headers.
+#[cfg(feature = "mcp")]
+#[derive(Debug)]
+pub(crate) struct McpEgressRoutes {
+    engine: Arc<EgressEngine>,
+    /// Each agent's rules (agents without egress have none).
+    rules: HashMap<String, Arc<RuleSet>>,
+    /// `egress.credentials`.
+    credentials: indexmap::IndexMap<String, crate::egress::config::CredentialConfig>,
+    audit: Arc<dyn AuditSink>,
+}
+
+#[cfg(feature = "mcp")]
+impl GatewayEgress {
+    /// What remote MCP servers of `config`'s agents go out through.
+    pub(crate) fn mcp_routes(
+        &self,
+        config: &Config,
+        audit: Arc<dyn AuditSink>,
+    ) -> Arc<dyn crate::mcp::remote::McpEgress> {
+        Arc::new(McpEgressRoutes {
+            engine: self.engine.clone(),
+            rules: self
+                .agents
+                .iter()
+                .map(|(name, a)| (name.clone(), a.rules.clone()))
+                .collect(),
+            credentials: config
+                .egress
+                .as_ref()
+                .map(|e| e.credentials.clone())
+                .unwrap_or_default(),
+            audit,
+        })
+    }
+}
+
+#[cfg(feature = "mcp")]
+impl McpEgressRoutes {
+    fn target(
+        t: &crate::mcp::remote::RemoteTarget,
+    ) -> Result<crate::egress::target::Target, String> {
+        let host = crate::egress::target::normalize_host(&t.host)
+            .map_err(|e| format!("its host {:?} cannot be used: {e}", t.host))?;
+        Ok(crate::egress::target::Target { host, port: t.port })
+    }
+
+    fn rule_hint(agent: &str, t: &crate::mcp::remote::RemoteTarget) -> String {
+        format!(
+            "add a rule to agents.{agent}.egress.rules: {{ id: \"mcp-{}\", hosts: [\"{}\"], ports: [{}] }}",
+            t.server, t.host, t.port
+        )
+    }
+}
+
+/// Writes a remote MCP server's connection records: egress records marked as the
+/// gateway's own connection for the server.
+#[cfg(feature = "mcp")]
+struct McpRecorder<'a> {
+    audit: &'a dyn AuditSink,
+    server: &'a str,
+}
+
+#[cfg(feature = "mcp")]
+#[async_trait]
+impl EgressAudit for McpRecorder<'_> {
+    async fn record(&self, r: &ConnectionRecord) -> Result<(), String> {
+        let mut record = audit_record(r);
+        if let Some(Value::Object(egress)) = record.egress.as_mut() {
+            egress.insert("entry".into(), json!("gateway"));
+            egress.insert("mcpServer".into(), json!(self.server));
+        }
+        self.audit.record(&record).await.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(feature = "mcp")]
+#[async_trait]
+impl crate::mcp::remote::McpEgress for McpEgressRoutes {
+    async fn check(&self, agent: &str, t: &crate::mcp::remote::RemoteTarget) -> Result<(), String> {
+        let Some(rules) = self.rules.get(agent) else {
+            return Err(format!(
+                "a remote MCP server is reached through the agent's egress, and agent '{agent}' has no egress; add agents.{agent}.egress and in it a rule {{ id: \"mcp-{}\", hosts: [\"{}\"], ports: [{}] }}",
+                t.server, t.host, t.port
+            ));
+        };
+        let target = Self::target(t)?;
+        let request = crate::egress::rules::Request {
+            method: "POST",
+            path: &t.path,
+        };
+        match self
+            .engine
+            .check_outbound(agent, rules, &target, Some(request))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(mut refused) => {
+                // Refused before any connection: one denied record, as a stream gets.
+                let recorder = McpRecorder {
+                    audit: self.audit.as_ref(),
+                    server: &t.server,
+                };
+                refused.phase = ConnectionPhase::Finished;
+                if let Err(e) = recorder.record(&refused).await {
+                    tracing::error!(agent, "egress: a refusal's record failed: {e}");
+                }
+                let reason = refused.reason.unwrap_or(DenyReason::NoRule);
+                let what = match (&refused.error, &refused.rule) {
+                    (Some(e), _) => format!("{}: {e}", reason.explain()),
+                    (None, Some(rule)) => format!("{} (rule '{rule}')", reason.explain()),
+                    (None, None) => reason.explain().to_string(),
+                };
+                let fix = match reason {
+                    DenyReason::NoRule | DenyReason::PortNotAllowed => {
+                        format!("; {}", Self::rule_hint(agent, t))
+                    }
+                    _ => String::new(),
+                };
+                Err(format!(
+                    "agent '{agent}' may not reach {}:{} ({}: {what}){fix}",
+                    t.host,
+                    t.port,
+                    reason.as_str()
+                ))
+            }
+        }
+    }
+
+    async fn open(
+        &self,
+        agent: &str,
+        t: &crate::mcp::remote::RemoteTarget,
+    ) -> Result<crate::mcp::remote::Opened, String> {
+        let Some(rules) = self.rules.get(agent).cloned() else {
+            return Err(format!("agent '{agent}' has no egress"));
+        };
+        let target = Self::target(t)?;
+        let request = crate::egress::rules::Request {
+            method: "POST",
+            path: &t.path,
+        };
+        let recorder = McpRecorder {
+            audit: self.audit.as_ref(),
+            server: &t.server,
+        };
+        let outbound = self
+            .engine
+            .open_outbound(agent, &rules, &target, Some(request), &recorder)
+            .await
+            .map_err(|refused| match (refused.reason, refused.error) {
+                (Some(reason), Some(e)) => {
+                    format!("{} ({}): {e}", reason.as_str(), reason.explain())
+                }
+                (Some(reason), None) => format!("{} ({})", reason.as_str(), reason.explain()),
+                (None, Some(e)) => e,
+                (None, None) => "refused".to_string(),
+            })?;
+        let crate::egress::engine::Outbound {
+            upstream,
+            record,
+            started,
+            ..
+        } = outbound;
+        let (engine, audit, server) = (self.engine.clone(), self.audit.clone(), t.server.clone());
+        Ok(crate::mcp::remote::Opened {
+            upstream,
+            finished: Box::new(move |up, down, error| {
+                Box::pin(async move {
+                    let recorder = McpRecorder {
+                        audit: audit.as_ref(),
+                        server: &server,
+                    };
+                    engine
+                        .finish_outbound(record, started, (up, down), error, &recorder)
+                        .await;
+                })
+            }),
+        })
+    }
+
+    fn credential_headers(
+        &self,
+        agent: &str,
+        t: &crate::mcp::remote::RemoteTarget,
+        credentials: &[String],
+    ) -> Result<Vec<crate::mcp::remote::CredentialHeader>, String> {
+        let Some(rules) = self.rules.get(agent) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for name in credentials {
+            let Some(config) = self.credentials.get(name) else {
+                return Err(format!(
+                    "mcp.servers.{}.credentials names '{name}', which egress.credentials does not define; define it there",
+                    t.server
+                ));
+            };
+            let path = format!("egress.credentials.{name}");
+            let credential =
+                crate::egress::config::check_credential(&path, agent, name, config, rules)
+                    .map_err(|errors| {
+                        errors
+                            .into_iter()
+                            .map(|e| format!("{}: {}", e.path, e.message))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    })?;
+            if !credential.is_for(&t.host) {
+                return Err(format!(
+                    "credential '{name}' is for {}, not {}; add {} to egress.credentials.{name}.hosts",
+                    credential.hosts.join(", "),
+                    t.host,
+                    t.host
+                ));
+            }
+            let (header, value) = match credential.header_value() {
+                Some((header, value)) => (header.to_string(), value),
+                // A placeholder credential: the gateway is the client, so the secret
+                // itself goes in, as a bearer token.
+                None => (
+                    "authorization".to_string(),
+                    format!("Bearer {}", credential.secret.expose()),
+                ),
+            };
+            out.push(crate::mcp::remote::CredentialHeader {
+                name: header,
+                value,
+            });
+        }
+        Ok(out)
+    }
 }

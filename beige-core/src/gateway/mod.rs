@@ -575,6 +575,18 @@ impl GatewayBuilder {
             }
         };
         let exec_budgets = crate::budget::ExecBudgets::from_config(&config);
+        // MCP clients: stdio servers in the sandboxes, remote ones through egress.
+        #[cfg(feature = "mcp")]
+        let mcp_clients = {
+            let clients = crate::mcp::client::McpClients::new(sandbox.clone());
+            #[cfg(feature = "egress")]
+            let clients = clients.with_egress(
+                egress
+                    .as_ref()
+                    .map(|e| e.mcp_routes(&config, audit.clone())),
+            );
+            Arc::new(clients)
+        };
         let inner = Arc::new(Inner {
             disk,
             approvals,
@@ -582,7 +594,7 @@ impl GatewayBuilder {
             config,
             home,
             #[cfg(feature = "mcp")]
-            mcp: Arc::new(crate::mcp::client::McpClients::new(sandbox.clone())),
+            mcp: mcp_clients,
             sandbox,
             specs,
             registry,

@@ -1,9 +1,10 @@
-//! The gateway's MCP clients for its agents' stdio servers (`spec/mcp.md` §1.2).
+//! The gateway's MCP clients for its agents' servers (`spec/mcp.md` §1.2).
 //!
-//! [`McpClients`] owns one rmcp client per `(agent, server)`: it starts the server in
-//! the agent's sandbox through [`Sandbox::spawn`] (PID 1 runs it under its own uid;
-//! no MCP server process ever runs on the host), speaks MCP over that process's stdin
-//! and stdout, keeps the tool list (rmcp caches it and drops the cache on
+//! [`McpClients`] owns one rmcp client per `(agent, server)`: it starts a stdio server
+//! in the agent's sandbox through [`Sandbox::spawn`] (PID 1 runs it under its own uid;
+//! no MCP server process ever runs on the host) and speaks MCP over that process's
+//! stdin and stdout, or reaches a remote server (`url`) over streamable HTTP through
+//! the agent's egress ([`super::remote`]). It keeps the tool list (rmcp caches it and drops the cache on
 //! `notifications/tools/list_changed`), and restarts a server that ended on the next
 //! call. Calls are bounded: at most [`MAX_CALLS_PER_SERVER`] at once per server, each
 //! within its time limit; a call dropped early (timeout, the caller gone) is cancelled
@@ -33,11 +34,22 @@ pub const MAX_LINE: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum McpError {
-    /// The server is remote (`url`), which this gateway does not reach yet.
-    #[error("MCP server '{server}' is a remote server (url); remote servers are not supported by this gateway yet")]
+    /// The server is remote (`url`), and this build has no egress (feature `egress`)
+    /// to reach it through.
+    #[error("MCP server '{server}' is a remote server (url), which is reached through egress, and this build has no egress (feature `egress`)")]
     Remote {
         /// The server.
         server: String,
+    },
+    /// The agent's egress does not let it reach the remote server.
+    #[error("MCP server '{server}' at {host} cannot be reached: {message}")]
+    EgressRefused {
+        /// The server.
+        server: String,
+        /// `host:port` of its URL.
+        host: String,
+        /// Why, and the rule to add.
+        message: String,
     },
     /// The server could not be started or did not initialize.
     #[error("MCP server '{server}' is unavailable: {message}")]
@@ -73,10 +85,19 @@ type Client = RunningService<RoleClient, ()>;
 
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// A running client, and for a remote server the relay its connections go through
+/// (kept as long as the client).
+#[derive(Debug)]
+struct Running {
+    client: Arc<Client>,
+    #[cfg(feature = "egress")]
+    _relay: Option<super::remote::Relay>,
+}
+
 /// One server of one agent: its client while it runs, and its call slots.
 #[derive(Debug)]
 struct Slot {
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    client: tokio::sync::Mutex<Option<Running>>,
     calls: tokio::sync::Semaphore,
 }
 
@@ -156,6 +177,9 @@ impl Worker {
 #[derive(Debug)]
 pub struct McpClients {
     sandbox: Arc<dyn Sandbox>,
+    /// How remote servers are reached; `None` when no agent has egress.
+    #[cfg(feature = "egress")]
+    egress: Option<Arc<dyn super::remote::McpEgress>>,
     worker: Worker,
     slots: Mutex<HashMap<(String, String), Arc<Slot>>>,
 }
@@ -165,9 +189,18 @@ impl McpClients {
     pub fn new(sandbox: Arc<dyn Sandbox>) -> Self {
         Self {
             sandbox,
+            #[cfg(feature = "egress")]
+            egress: None,
             worker: Worker::start(),
             slots: Mutex::default(),
         }
+    }
+
+    /// The same clients reaching remote servers through `egress`.
+    #[cfg(feature = "egress")]
+    pub fn with_egress(mut self, egress: Option<Arc<dyn super::remote::McpEgress>>) -> Self {
+        self.egress = egress;
+        self
     }
 
     fn slot(&self, agent: &str, server: &str) -> Arc<Slot> {
@@ -193,24 +226,46 @@ impl McpClients {
     ) -> Result<Arc<Client>, McpError> {
         let slot = self.slot(agent, server);
         let mut client = slot.client.lock().await;
-        if let Some(c) = client.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
+        if let Some(c) = client.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(c.client.clone());
         }
-        let (sandbox, owned) = (
-            self.sandbox.clone(),
-            (agent.to_string(), server.to_string(), def.clone()),
-        );
-        let start = move || Self::start(sandbox, owned.0, owned.1, owned.2);
-        let started = self
-            .worker
-            .run(start)
-            .await
-            .map_err(|message| McpError::Unavailable {
-                server: server.to_string(),
-                message,
-            })??;
-        let started = Arc::new(started);
-        *client = Some(started.clone());
+        let unavailable = |message| McpError::Unavailable {
+            server: server.to_string(),
+            message,
+        };
+        let owned = (agent.to_string(), server.to_string(), def.clone());
+        let running = match &def.url {
+            #[cfg(feature = "egress")]
+            Some(url) => {
+                let (egress, url) = (self.egress.clone(), url.clone());
+                let start = move || async move {
+                    super::remote::start(egress, &owned.0, &owned.1, &owned.2, &url).await
+                };
+                let (started, relay) = self.worker.run(start).await.map_err(unavailable)??;
+                Running {
+                    client: Arc::new(started),
+                    _relay: Some(relay),
+                }
+            }
+            #[cfg(not(feature = "egress"))]
+            Some(_) => {
+                return Err(McpError::Remote {
+                    server: server.to_string(),
+                })
+            }
+            None => {
+                let sandbox = self.sandbox.clone();
+                let start = move || Self::start(sandbox, owned.0, owned.1, owned.2);
+                let started = self.worker.run(start).await.map_err(unavailable)??;
+                Running {
+                    client: Arc::new(started),
+                    #[cfg(feature = "egress")]
+                    _relay: None,
+                }
+            }
+        };
+        let started = running.client.clone();
+        *client = Some(running);
         Ok(started)
     }
 
@@ -379,8 +434,8 @@ impl McpClients {
             .map(|(_, s)| s)
             .collect();
         for slot in slots {
-            if let Some(client) = slot.client.lock().await.take() {
-                if let Ok(client) = Arc::try_unwrap(client) {
+            if let Some(running) = slot.client.lock().await.take() {
+                if let Ok(client) = Arc::try_unwrap(running.client) {
                     let _ = client.cancel().await;
                 }
             }

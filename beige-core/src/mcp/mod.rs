@@ -12,8 +12,11 @@
 //! |---|---|
 //! | [`cli`] | the command-line grammar of an MCP tool: listings and `--help` made from a tool's schema, argv → arguments, schema validation before a call |
 //! | [`client`] | the rmcp clients of the agents' stdio servers, started in their sandboxes over the shim link |
+//! | [`remote`] | remote servers (`url`): the streamable-HTTP client whose every connection goes through the agent's egress (checked, pinned, audited), and the credential headers only the gateway sends (feature `egress`) |
 //! | [`serve`] | the MCP server: the `ServerHandler` over an agent's tools, the streamable-HTTP service mounted on the API router |
 
 pub mod cli;
 pub mod client;
+#[cfg(feature = "egress")]
+pub mod remote;
 pub mod serve;

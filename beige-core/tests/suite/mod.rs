@@ -21,6 +21,8 @@ mod layers;
 mod link;
 mod mcp_cli;
 #[cfg(feature = "mcp")]
+mod mcp_remote;
+#[cfg(feature = "mcp")]
 mod mcp_server;
 mod metrics;
 mod plugins_external;

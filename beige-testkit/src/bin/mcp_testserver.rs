@@ -119,6 +119,11 @@ fn tools(extra: bool) -> Vec<Tool> {
             "The authorization header of the HTTP request (HTTP mode).",
             no_args(),
         ),
+        tool(
+            "headers_digest",
+            "The sha256 (hex) of the authorization header of the HTTP request, and the host (HTTP mode): a test can check the secret arrived without the secret in the result.",
+            no_args(),
+        ),
     ];
     if extra {
         list.push(tool("extra", "Added by change_tools.", no_args()));
@@ -259,7 +264,7 @@ impl TestServer {
                     &json!({"uid": uid, "gid": gid, "pid": std::process::id(), "env": env}),
                 ))
             }
-            "headers" => {
+            "headers" | "headers_digest" => {
                 let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
                     return Ok(CallToolResult::error(vec![ContentBlock::text(
                         "no HTTP request: the server runs over stdio",
@@ -271,6 +276,19 @@ impl TestServer {
                         .get(name)
                         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 };
+                if name == "headers_digest" {
+                    use sha2::Digest as _;
+                    let digest = header("authorization").map(|a| {
+                        sha2::Sha256::digest(a.as_bytes())
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<String>()
+                    });
+                    return Ok(json_text(&json!({
+                        "authorization_sha256": digest,
+                        "host": header("host"),
+                    })));
+                }
                 Ok(json_text(&json!({
                     "authorization": header("authorization"),
                     "host": header("host"),
