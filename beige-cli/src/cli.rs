@@ -105,7 +105,7 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<PolicyCommand>,
     },
-    /// MCP: serve an agent's tools to an MCP client (Claude Code, Codex, editors)
+    /// MCP: list an agent's MCP servers and tools; serve its tools to an MCP client (Claude Code, Codex, editors)
     Mcp {
         #[command(subcommand)]
         command: Option<crate::cmd::mcp::McpCommand>,

@@ -159,6 +159,73 @@ impl AgentTool {
     }
 }
 
+/// An MCP server an agent has, with its tools (`beige mcp list`, `GET
+/// /api/agents/{name}/mcp`; [`Admin::mcp_servers`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct McpServerView {
+    /// The server's name: its command, `/tools/bin/<server>`.
+    pub server: String,
+    /// `sandbox` (a stdio server run in the agent's sandbox) or `remote` (a URL).
+    pub kind: String,
+    /// The server's tools, allowed or not, in its order; empty when it did not answer.
+    pub tools: Vec<McpToolView>,
+    /// Why the server could not list its tools, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One tool of an [`McpServerView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct McpToolView {
+    /// The server's name for the tool.
+    pub name: String,
+    /// Its subcommand (`<server> <command>`).
+    pub command: String,
+    /// Whether the agent's patterns allow it.
+    pub allowed: bool,
+    /// The first line of the server's description (its text, not beige's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl McpServerView {
+    /// A server and its tools.
+    pub fn new(
+        server: impl Into<String>,
+        kind: impl Into<String>,
+        tools: Vec<McpToolView>,
+        error: Option<String>,
+    ) -> Self {
+        Self {
+            server: server.into(),
+            kind: kind.into(),
+            tools,
+            error,
+        }
+    }
+}
+
+impl McpToolView {
+    /// A tool of a server.
+    pub fn new(
+        name: impl Into<String>,
+        command: impl Into<String>,
+        allowed: bool,
+        description: Option<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            command: command.into(),
+            allowed,
+            description,
+        }
+    }
+}
+
 /// The sessions of an agent and their settings (`/api/agents/{name}/sessions`, the TUI's
 /// session list, Telegram's `/new` and `/resume`).
 #[async_trait]
@@ -357,6 +424,14 @@ pub trait Admin: Send + Sync {
         })
     }
 
+    /// The MCP servers `agent` has and their tools (each server started when it is not
+    /// running, so its list is current).
+    async fn mcp_servers(&self, _agent: &str) -> Result<Vec<McpServerView>, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "mcp_servers",
+        })
+    }
+
     /// Run one of `agent`'s tools for an outside client through the guarded path
     /// (policy, approvals, hooks, audit), as `ctx.principal`; `via` names the client's
     /// connection in the audit record (`mcp:<token id>`). When `cancel` fires while a
@@ -528,6 +603,12 @@ macro_rules! forward_gateway {
             }
             async fn agent_tools(&self, agent: &str) -> Result<Vec<AgentTool>, GatewayError> {
                 (**self).agent_tools(agent).await
+            }
+            async fn mcp_servers(
+                &self,
+                agent: &str,
+            ) -> Result<Vec<McpServerView>, GatewayError> {
+                (**self).mcp_servers(agent).await
             }
             async fn call_agent_tool(
                 &self,

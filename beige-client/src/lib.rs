@@ -80,7 +80,7 @@ pub use error::{BoxError, GatewayError};
 pub use events::{hint_for, AgentEvent, OutputStream};
 pub use gateway::{
     Admin, AgentEventStream, AgentInfo, AgentTool, AllowedModel, ApprovalEventStream, Gateway,
-    GatewayFull, Sessions,
+    GatewayFull, McpServerView, McpToolView, Sessions,
 };
 pub use home::{BeigeHome, HomeError, InstallationId};
 pub use hooks::HookName;

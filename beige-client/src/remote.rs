@@ -892,6 +892,20 @@ impl Admin for RemoteGateway {
         Ok(list.into_iter().map(AllowedModel::from).collect())
     }
 
+    async fn mcp_servers(&self, agent: &str) -> Result<Vec<crate::McpServerView>, GatewayError> {
+        // Not quick: servers that are not running are started for their lists.
+        let v = self
+            .call(
+                Method::GET,
+                &["api", "agents", agent, "mcp"],
+                None,
+                None,
+                ErrCtx::agent(agent),
+            )
+            .await?;
+        field(v, "servers")
+    }
+
     async fn config_summary(&self) -> Result<Value, GatewayError> {
         self.call(
             Method::GET,

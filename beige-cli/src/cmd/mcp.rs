@@ -49,6 +49,77 @@ Exit codes:
   5  the gateway refused the token"
     )]
     Serve(McpServeArgs),
+    /// The MCP servers an agent has and their tools (allowed or not), from the running
+    /// gateway
+    #[command(
+        after_help = "Servers that are not running are started for their lists (in the agent's sandbox, or\nthrough its egress for a remote one). A server that cannot list its tools is shown with\nits error.\n\nExit codes:\n  1  the gateway answered with an error (e.g. no such agent)\n  3  the gateway is not running"
+    )]
+    List(McpListArgs),
+}
+
+/// `beige mcp list`.
+#[derive(Debug, clap::Args)]
+pub struct McpListArgs {
+    /// The agent
+    pub agent: String,
+    /// Print the gateway's JSON answer instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `beige mcp list AGENT`: the agent's servers and their tools.
+pub async fn list(target: &crate::client::Target, args: &McpListArgs) -> anyhow::Result<()> {
+    use beige_core::api::Admin as _;
+    let gw = target.remote()?;
+    let servers = match gw.mcp_servers(&args.agent).await {
+        Ok(s) => s,
+        Err(beige_core::GatewayError::Unreachable { .. }) => {
+            return Err(Exit::new(
+                crate::code::NOT_RUNNING,
+                crate::client::not_running_message(&target.url),
+            )
+            .into())
+        }
+        Err(e) => return Err(Exit::new(1, format!("error: {e}")).into()),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&servers)?);
+        return Ok(());
+    }
+    print!("{}", list_text(&args.agent, &servers));
+    Ok(())
+}
+
+/// The table `beige mcp list` prints.
+pub fn list_text(agent: &str, servers: &[beige_core::api::McpServerView]) -> String {
+    use std::fmt::Write as _;
+    if servers.is_empty() {
+        return format!(
+            "agent '{agent}' has no MCP server (a pattern in agents.{agent}.tools names one of mcp.servers)\n"
+        );
+    }
+    let mut out = String::new();
+    for s in servers {
+        let allowed = s.tools.iter().filter(|t| t.allowed).count();
+        let _ = write!(out, "{} ({}): ", s.server, s.kind);
+        match &s.error {
+            Some(e) => {
+                let _ = writeln!(out, "unavailable: {e}");
+            }
+            None => {
+                let _ = writeln!(out, "{} tools, {allowed} allowed", s.tools.len());
+            }
+        }
+        for t in &s.tools {
+            let mark = if t.allowed { " " } else { "✗" };
+            let _ = write!(out, "  {mark} {} {}", s.server, t.command);
+            if let Some(d) = &t.description {
+                let _ = write!(out, "  — {d}");
+            }
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// `beige mcp serve`.
@@ -280,5 +351,37 @@ impl ServerHandler for Proxy {
                 rmcp::model::ContentBlock::text("cancelled by the client"),
             ]).into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod list_tests {
+    use beige_core::api::{McpServerView, McpToolView};
+
+    #[test]
+    fn the_list_marks_denied_tools_and_shows_errors() {
+        let servers = vec![
+            McpServerView::new(
+                "testsrv",
+                "sandbox",
+                vec![
+                    McpToolView::new("add", "add", true, Some("Add two integers.".into())),
+                    McpToolView::new("fail", "fail", false, None),
+                ],
+                None,
+            ),
+            McpServerView::new(
+                "tracker",
+                "remote",
+                Vec::new(),
+                Some("no egress rule".into()),
+            ),
+        ];
+        let text = super::list_text("m", &servers);
+        assert_eq!(
+            text,
+            "testsrv (sandbox): 2 tools, 1 allowed\n    testsrv add  — Add two integers.\n  ✗ testsrv fail\ntracker (remote): unavailable: no egress rule\n"
+        );
+        assert!(super::list_text("m", &[]).contains("no MCP server"));
     }
 }

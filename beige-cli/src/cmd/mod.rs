@@ -171,6 +171,9 @@ pub fn run(cli: Cli) -> Result<()> {
         }) => policy::list(&home, config, &agent, json),
         Some(Command::Mcp { command: None }) => print_help(&["mcp"]),
         Some(Command::Mcp {
+            command: Some(mcp::McpCommand::List(args)),
+        }) => block_on(mcp::list(&target(), &args)),
+        Some(Command::Mcp {
             command: Some(mcp::McpCommand::Serve(args)),
         }) => {
             let t = target();

@@ -27,6 +27,7 @@ fn help_of_every_command() {
         ("help_audit_export", &["audit", "export", "--help"]),
         ("help_mcp", &["mcp", "--help"]),
         ("help_mcp_serve", &["mcp", "serve", "--help"]),
+        ("help_mcp_list", &["mcp", "list", "--help"]),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),

@@ -457,6 +457,7 @@ const TABLE: &[(&str, &str, Handler)] = &[
     ("GET", "/api/config", || get(config)),
     ("GET", "/api/agents/{name}/models", || get(agent_models)),
     ("GET", "/api/agents/{name}/sandbox", || get(agent_sandbox)),
+    ("GET", "/api/agents/{name}/mcp", || get(agent_mcp)),
     ("POST", "/api/agents/{name}/exec", || post(exec)),
     ("POST", "/api/agents/{name}/prompt", || post(prompt)),
     ("GET", "/api/agents/{name}/sessions", || get(list_sessions)),
@@ -889,6 +890,11 @@ async fn agent_models(State(s): State<Shared>, Path(name): Path<String>) -> ApiR
 
 async fn agent_sandbox(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
     Ok(Json(s.gateway.sandbox_status(&name).await?).into_response())
+}
+
+async fn agent_mcp(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
+    let servers = s.gateway.mcp_servers(&name).await?;
+    Ok(Json(json!({ "servers": servers })).into_response())
 }
 
 async fn exec(

@@ -47,6 +47,59 @@ impl Inner {
         out
     }
 
+    /// `agent`'s MCP servers with every tool, allowed or not (`beige mcp list`); a
+    /// server that does not list its tools within [`PROMPT_LIST_WAIT`] has its error.
+    pub(super) async fn mcp_servers(&self, agent: &str) -> Vec<beige_client::McpServerView> {
+        let mut out = Vec::new();
+        for server in self.config.agent_mcp_servers(agent) {
+            let kind = match self.config.mcp_server(agent, &server) {
+                Ok(def) if def.url.is_some() => "remote",
+                _ => "sandbox",
+            };
+            let listed = match self.config.mcp_server(agent, &server) {
+                Ok(def) => {
+                    tokio::time::timeout(PROMPT_LIST_WAIT, self.mcp.tools(agent, &server, &def))
+                        .await
+                        .map_err(|_| {
+                            format!(
+                                "it did not list its tools within {} s",
+                                PROMPT_LIST_WAIT.as_secs()
+                            )
+                        })
+                        .and_then(|r| r.map_err(|e| e.to_string()))
+                }
+                Err(e) => Err(e),
+            };
+            let (tools, error) = match listed {
+                Ok(tools) => {
+                    let (specs, _) = ToolSpec::from_tools(&tools);
+                    let mut views = Vec::with_capacity(specs.len());
+                    for spec in specs {
+                        let allowed = self
+                            .policy
+                            .exposes(agent, &format!("{server}.{}", spec.name))
+                            .await;
+                        let description = spec
+                            .description
+                            .as_deref()
+                            .and_then(|d| d.lines().next())
+                            .map(|d| d.chars().filter(|c| !c.is_control()).take(200).collect());
+                        views.push(beige_client::McpToolView::new(
+                            spec.name,
+                            spec.cli_name,
+                            allowed,
+                            description,
+                        ));
+                    }
+                    (views, None)
+                }
+                Err(e) => (Vec::new(), Some(e)),
+            };
+            out.push(beige_client::McpServerView::new(server, kind, tools, error));
+        }
+        out
+    }
+
     /// The tools of `server` the agent's patterns allow, waiting at most `wait` for the
     /// server.
     async fn allowed_mcp_tools(

@@ -2371,6 +2371,17 @@ impl Admin for Engine {
         self.inner.outside_tools(agent).await
     }
 
+    async fn mcp_servers(
+        &self,
+        agent: &str,
+    ) -> Result<Vec<beige_client::McpServerView>, GatewayError> {
+        self.inner.agent(agent)?;
+        #[cfg(feature = "mcp")]
+        return Ok(self.inner.mcp_servers(agent).await);
+        #[cfg(not(feature = "mcp"))]
+        Ok(Vec::new())
+    }
+
     async fn call_agent_tool(
         &self,
         agent: &str,

@@ -984,6 +984,12 @@ impl Admin for LocalGateway {
     async fn agent_tools(&self, agent: &str) -> Result<Vec<beige_client::AgentTool>, GatewayError> {
         self.engine().await.agent_tools(agent).await
     }
+    async fn mcp_servers(
+        &self,
+        agent: &str,
+    ) -> Result<Vec<beige_client::McpServerView>, GatewayError> {
+        self.engine().await.mcp_servers(agent).await
+    }
     async fn call_agent_tool(
         &self,
         agent: &str,

@@ -150,6 +150,22 @@ async fn a_script_calls_a_sandboxed_mcp_tool_a_hundred_times_and_each_call_is_au
         denied.contains("testsrv.fail"),
         "the refusal names the tool: {denied}"
     );
+    // What `beige mcp list` shows: every tool, with whether the patterns allow it.
+    let servers = beige_core::api::Admin::mcp_servers(&gw, "m").await.unwrap();
+    assert_eq!(servers.len(), 1);
+    assert_eq!(
+        (servers[0].server.as_str(), servers[0].kind.as_str()),
+        ("testsrv", "sandbox")
+    );
+    let allowed = |name: &str| {
+        servers[0]
+            .tools
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.allowed)
+    };
+    assert_eq!(allowed("add"), Some(true));
+    assert_eq!(allowed("fail"), Some(false));
     // A typo never names the denied tool ("did you mean" knows only allowed ones).
     let typo = exec(&gw, "testsrv fial; echo rc=$?").await.joined_text();
     assert!(typo.contains("rc=2"), "{typo}");
