@@ -136,7 +136,8 @@ async fn every_tool_over_stdio() {
             "junk_stdout",
             "change_tools",
             "whoami",
-            "headers"
+            "headers",
+            "headers_digest"
         ]
     );
     let add = tools.iter().find(|t| t.name == "add").unwrap();

@@ -11,7 +11,8 @@
 //! - started no earlier than the op process (field 22 of `/proc/<pid>/stat`);
 //! - is not in the command's process group (those were just sent SIGKILL and are dying);
 //! - is not the op process itself, nor another shim process (its command line starts
-//!   with the shim's own path: other op processes are PID 1's children too).
+//!   with the shim's own path: other op processes are PID 1's children too);
+//! - has a command line (one without is exiting: its memory is already released).
 //!
 //! Survivors are reported, not killed: a daemon may be intended. Another `exec` running
 //! at the same time can have its daemons reported here as well.
@@ -157,6 +158,11 @@ impl Baseline {
                 continue;
             }
             let cmdline = fs::read(path.join("cmdline")).unwrap_or_default();
+            // No command line: a process that is exiting (its memory already released,
+            // not yet a zombie), never a daemon that stays.
+            if cmdline.is_empty() {
+                continue;
+            }
             let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
             if self.shim_paths.iter().any(|p| p.as_slice() == first) {
                 continue;
@@ -258,6 +264,7 @@ mod tests {
         add(62, stat_line(62, "S", 1, 62, 90), 1000, b"older\0"); // started before
         add(63, stat_line(63, "S", 1, 63, 120), 0, b"root-owned\0"); // other uid
         add(64, stat_line(64, "Z", 1, 64, 120), 1000, b""); // zombie
+        add(68, stat_line(68, "R", 1, 68, 120), 1000, b""); // exiting
         add(
             65,
             stat_line(65, "S", 1, 70, 120),
