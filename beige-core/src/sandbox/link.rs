@@ -852,6 +852,32 @@ impl LinkHub {
         self.serve(agent, Carrier::Unix, r, w).await;
     }
 
+    /// Why a per-stream connection (`kind`: egress or spawn) of PID 1's boot `boot_id` is
+    /// not taken, when it is not: such streams need the unix carrier and a control link
+    /// of the same boot that is up (a stale or foreign PID 1 is refused).
+    fn stream_refusal(
+        &self,
+        agent: &str,
+        carrier: Carrier,
+        boot_id: &str,
+        kind: &str,
+    ) -> Option<String> {
+        let current = self
+            .link(agent)
+            .state()
+            .conn
+            .as_ref()
+            .map(|c| c.boot_id.clone());
+        match (carrier, current) {
+            (Carrier::Attach, _) => Some(format!("{kind} streams need the unix carrier")),
+            (_, None) => Some("no control link is up for this sandbox".to_string()),
+            (_, Some(b)) if b != boot_id => Some(format!(
+                "the stream's boot id {boot_id} is not the link's ({b})"
+            )),
+            _ => None,
+        }
+    }
+
     /// An egress stream's hello was read: check it belongs to the link that is up, read
     /// its `EgressOpen`, and hand the stream to the [`SandboxHost`]. Only the Unix
     /// carrier has per-stream connections; a stream from a boot whose control link is
@@ -868,20 +894,7 @@ impl LinkHub {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let current = self
-            .link(agent)
-            .state()
-            .conn
-            .as_ref()
-            .map(|c| c.boot_id.clone());
-        let refusal = match (carrier, current) {
-            (Carrier::Attach, _) => Some("egress streams need the unix carrier".to_string()),
-            (_, None) => Some("no control link is up for this sandbox".to_string()),
-            (_, Some(b)) if b != boot_id => Some(format!(
-                "the stream's boot id {boot_id} is not the link's ({b})"
-            )),
-            _ => None,
-        };
+        let refusal = self.stream_refusal(agent, carrier, &boot_id, "egress");
         if let Some(reason) = refusal {
             self.reject(agent, None, None, &reason).await;
             let _ = writer

@@ -185,22 +185,14 @@ impl LinkHub {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let current = self
-            .link(agent)
-            .state()
-            .conn
-            .as_ref()
-            .map(|c| c.boot_id.clone());
         let open = first_frame(&mut decoder, &mut reader).await;
-        let refusal = match (carrier, current, &open) {
-            (Carrier::Attach, _, _) => Some("spawn streams need the unix carrier".to_string()),
-            (_, None, _) => Some("no control link is up for this sandbox".to_string()),
-            (_, Some(b), _) if b != boot_id => Some(format!(
-                "the stream's boot id {boot_id} is not the link's ({b})"
-            )),
+        let refusal = match (
+            self.stream_refusal(agent, carrier, &boot_id, "spawn"),
+            &open,
+        ) {
+            (Some(why), _) => Some(why),
             (
-                _,
-                _,
+                None,
                 Some(Frame {
                     message: LinkMessage::SpawnOpen { id, token },
                     ..
@@ -223,7 +215,7 @@ impl LinkHub {
                     _ => Some("the spawn stream's token is not one issued for it".to_string()),
                 }
             }
-            _ => Some("the spawn stream did not open".to_string()),
+            (None, _) => Some("the spawn stream did not open".to_string()),
         };
         let reason = refusal.unwrap_or_default();
         self.reject(agent, None, None, &reason).await;

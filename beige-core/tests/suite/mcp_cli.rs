@@ -15,7 +15,7 @@ use super::support::{required, DockerEnv, TestHome};
 use crate::docker_or_skip;
 
 /// The static test server, or `None` (skipping) when it was not built.
-fn testserver() -> Option<PathBuf> {
+pub(super) fn testserver() -> Option<PathBuf> {
     let path = std::env::var_os("BEIGE_MCP_TESTSERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

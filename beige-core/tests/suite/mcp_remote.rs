@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -20,30 +19,12 @@ use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
 use super::egress_support::{exec_as, TestResolver, PUBLIC_IP};
-use super::support::{required, TestHome};
+use super::mcp_cli::testserver;
+use super::support::TestHome;
 use crate::docker_or_skip;
 
 const HOST: &str = "mcp.example.test";
 const SECRET: &str = "mcp_remoteSecret0123456789abcdefXYZ";
-
-/// The static test server, or `None` (skipping) when it was not built.
-fn testserver() -> Option<PathBuf> {
-    let path = std::env::var_os("BEIGE_MCP_TESTSERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/shim/beige-mcp-testserver")
-        });
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "no MCP test server at {}: run scripts/build-shim or set BEIGE_MCP_TESTSERVER",
-        path.display()
-    );
-    assert!(!required(), "MCP test cannot run in CI: {why}");
-    eprintln!("SKIPPED (not in CI): {why}");
-    None
-}
 
 /// Dials `11.0.0.1:<port>` on `127.0.0.1:<port>`; records every other address and
 /// refuses it.
