@@ -147,6 +147,19 @@ pub enum GatewayError {
         /// The operation, e.g. `sandbox_status`.
         what: &'static str,
     },
+    /// The caller's roles do not allow the request (HTTP 403, or 404 for an agent they
+    /// have no role on): the refusal names the user, their role and what is required.
+    #[error(transparent)]
+    Refused(#[from] crate::auth::Refusal),
+    /// A token or user operation that cannot be done as asked (HTTP 400, or 404 for an
+    /// unknown token): the message names the thing and what to do.
+    #[error("{message}")]
+    InvalidAuth {
+        /// The HTTP status that fits.
+        status: u16,
+        /// What is wrong.
+        message: String,
+    },
     /// No schedule has that id (HTTP 404).
     #[error("no schedule '{id}'; list the schedules with `beige schedule list`")]
     UnknownSchedule {

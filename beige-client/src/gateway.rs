@@ -18,6 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::approvals::{Approval, ApprovalDecision};
+use crate::auth::{Caller, MintedToken, NewToken, TokenInfo};
 use crate::error::GatewayError;
 use crate::events::AgentEvent;
 use crate::hooks::HookName;
@@ -448,6 +449,32 @@ pub trait Admin: Send + Sync {
             what: "call_agent_tool",
         })
     }
+
+    /// Who presents `token` (a personal `bgt_…` token or the gateway's own): the caller
+    /// with their roles narrowed by the token's scope, or `None` when it is unknown,
+    /// revoked or expired. A failed attempt is audited (`type: "auth"`).
+    async fn authenticate(&self, _token: &str) -> Result<Option<Caller>, GatewayError> {
+        Ok(None)
+    }
+
+    /// Make a personal API token; its secret is in the answer and nowhere else.
+    async fn create_token(&self, _new: NewToken) -> Result<MintedToken, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "create_token",
+        })
+    }
+
+    /// The personal tokens (of one user, or all), newest first, without secrets.
+    async fn tokens(&self, _user: Option<&str>) -> Result<Vec<TokenInfo>, GatewayError> {
+        Err(GatewayError::Unsupported { what: "tokens" })
+    }
+
+    /// Revoke a token by id: it stops working at once.
+    async fn revoke_token(&self, _id: &str) -> Result<TokenInfo, GatewayError> {
+        Err(GatewayError::Unsupported {
+            what: "revoke_token",
+        })
+    }
 }
 
 /// The approval steps of a gateway, as they happen ([`Admin::approval_events`]).
@@ -619,6 +646,18 @@ macro_rules! forward_gateway {
                 cancel: CancellationToken,
             ) -> Result<ToolOutput, GatewayError> {
                 (**self).call_agent_tool(agent, call, ctx, via, cancel).await
+            }
+            async fn authenticate(&self, token: &str) -> Result<Option<Caller>, GatewayError> {
+                (**self).authenticate(token).await
+            }
+            async fn create_token(&self, new: NewToken) -> Result<MintedToken, GatewayError> {
+                (**self).create_token(new).await
+            }
+            async fn tokens(&self, user: Option<&str>) -> Result<Vec<TokenInfo>, GatewayError> {
+                (**self).tokens(user).await
+            }
+            async fn revoke_token(&self, id: &str) -> Result<TokenInfo, GatewayError> {
+                (**self).revoke_token(id).await
             }
         }
     )*};

@@ -15,6 +15,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`auth`] | [`Role`](auth::Role), [`Action`](auth::Action), [`Caller`](auth::Caller), [`Refusal`](auth::Refusal), token records |
 //! | [`approvals`] | [`Approval`](approvals::Approval), [`ApprovalDecision`](approvals::ApprovalDecision), [`ApprovalEvent`](approvals::ApprovalEvent), button codes |
 //! | [`gateway`] | the traits, their `Arc`/`Box` forwarding, [`AgentEventStream`], [`AgentInfo`], [`AllowedModel`] |
 //! | [`prompt`] | [`PromptRequest`] |
@@ -58,6 +59,7 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod approvals;
+pub mod auth;
 pub mod error;
 pub mod events;
 pub mod gateway;

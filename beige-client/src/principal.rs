@@ -22,6 +22,14 @@ pub enum Principal {
     ApiToken,
     /// The program embedding the gateway, calling it in process.
     Embedder,
+    /// A user of the gateway's `users` section, as the gateway authenticated them: a
+    /// personal token, a console session, or a channel identity mapped to the user.
+    Person {
+        /// The user's name in `users`.
+        name: String,
+        /// How they authenticated (`token:<id>`, `console:<token id>`, `telegram:<id>`).
+        via: String,
+    },
 }
 
 impl Principal {

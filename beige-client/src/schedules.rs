@@ -366,6 +366,7 @@ impl ScheduleAuthor {
             Principal::User { channel, id } => format!("{channel}:{id}"),
             Principal::ApiToken => "api".to_string(),
             Principal::Embedder => "embedder".to_string(),
+            Principal::Person { name, .. } => name.clone(),
         };
         Self {
             owner: who.clone(),
