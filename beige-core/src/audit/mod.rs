@@ -78,6 +78,10 @@ pub enum AuditType {
     /// `auth.login`, `auth.logout`), with `principal` and `via` when known. `agent` is
     /// the agent concerned, or `*` for the gateway.
     Auth,
+    /// A prompt accepted for an agent (`tool: "prompt"`), with its session, channel,
+    /// `principal` (the person, or `system` for the gateway's own runs) and `via`;
+    /// `args` carry the message's size, never its text.
+    Prompt,
 }
 
 impl From<ToolKind> for AuditType {
@@ -959,6 +963,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Spawn => "SPAWN",
         AuditType::Schedule => "SCHEDULE",
         AuditType::Auth => "AUTH",
+        AuditType::Prompt => "PROMPT",
     };
     let mut ctx = String::new();
     for (k, v) in [
