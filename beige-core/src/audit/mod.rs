@@ -84,6 +84,24 @@ pub enum AuditType {
     Prompt,
 }
 
+impl AuditType {
+    /// The record's kind as the human log and `beige audit` show it (`CORE`, `AUTH`, …).
+    pub fn label(self) -> &'static str {
+        match self {
+            AuditType::CoreTool => "CORE",
+            AuditType::Tool => "TOOL",
+            AuditType::Security => "SECURITY",
+            AuditType::Egress => "EGRESS",
+            AuditType::Approval => "APPROVAL",
+            AuditType::Budget => "BUDGET",
+            AuditType::Spawn => "SPAWN",
+            AuditType::Schedule => "SCHEDULE",
+            AuditType::Auth => "AUTH",
+            AuditType::Prompt => "PROMPT",
+        }
+    }
+}
+
 impl From<ToolKind> for AuditType {
     fn from(k: ToolKind) -> Self {
         match k {
@@ -953,18 +971,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditDecision::Allowed => "✓",
         AuditDecision::Denied => "✗",
     };
-    let kind = match r.kind {
-        AuditType::CoreTool => "CORE",
-        AuditType::Tool => "TOOL",
-        AuditType::Security => "SECURITY",
-        AuditType::Egress => "EGRESS",
-        AuditType::Approval => "APPROVAL",
-        AuditType::Budget => "BUDGET",
-        AuditType::Spawn => "SPAWN",
-        AuditType::Schedule => "SCHEDULE",
-        AuditType::Auth => "AUTH",
-        AuditType::Prompt => "PROMPT",
-    };
+    let kind = r.kind.label();
     let mut ctx = String::new();
     for (k, v) in [
         ("session", &r.session),
