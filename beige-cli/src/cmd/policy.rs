@@ -30,7 +30,7 @@ const ASK: u8 = 2;
 const CONFIG: u8 = 78;
 
 /// Loads the config as the gateway does; a failure exits with [`CONFIG`].
-fn load(home: &BeigeHome, explicit: Option<&Path>) -> Result<Config> {
+pub(crate) fn load(home: &BeigeHome, explicit: Option<&Path>) -> Result<Config> {
     let path = explicit
         .map(Path::to_path_buf)
         .unwrap_or_else(|| home.config_path());
