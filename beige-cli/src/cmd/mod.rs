@@ -175,6 +175,12 @@ pub fn run(cli: Cli) -> Result<()> {
             command: Some(users::UsersCommand::List { json }),
         }) => users::list(&home, config, json),
         Some(Command::Users {
+            command: Some(users::UsersCommand::Add(args)),
+        }) => users::add(&home, config, &args),
+        Some(Command::Users {
+            command: Some(users::UsersCommand::Remove { name }),
+        }) => users::remove(&home, config, &name),
+        Some(Command::Users {
             command: Some(users::UsersCommand::Token { command }),
         }) => block_on(users::token(&target(), &command)),
         Some(Command::Mcp { command: None }) => print_help(&["mcp"]),

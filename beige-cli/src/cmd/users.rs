@@ -23,11 +23,37 @@ pub enum UsersCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add a user, or change one: roles per agent, Telegram ids (edits the config)
+    #[command(
+        after_help = "Examples:\n  beige users add ops1 --role intern=operator --role '*=viewer' --telegram 123456789\n  beige users add ci --role 'build-*=member' --service\n\nOnly the config's users section is rewritten; the whole file is validated before it\nreplaces the old one. Restart the gateway to apply (beige gateway restart)."
+    )]
+    Add(UserAddArgs),
+    /// Remove a user from the config (their tokens stop working)
+    Remove {
+        /// The user
+        name: String,
+    },
     /// Personal API tokens: create, list, revoke (through the running gateway)
     Token {
         #[command(subcommand)]
         command: TokenCommand,
     },
+}
+
+/// `beige users add`.
+#[derive(Debug, clap::Args)]
+pub struct UserAddArgs {
+    /// The user's name (lowercase letters, digits, '-', '_')
+    pub name: String,
+    /// A role on an agent or a glob of agents: AGENT=ROLE (viewer, member, operator; owner only on '*')
+    #[arg(long = "role", value_name = "AGENT=ROLE", required = true)]
+    pub roles: Vec<String>,
+    /// A Telegram user id that is this user (repeatable)
+    #[arg(long)]
+    pub telegram: Vec<i64>,
+    /// A service account: tokens only, no console
+    #[arg(long)]
+    pub service: bool,
 }
 
 /// `beige users token …`.
@@ -100,6 +126,120 @@ pub fn list(home: &BeigeHome, config: Option<&Path>, json: bool) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// `beige users add`: the user is added, or replaced when it exists.
+pub fn add(home: &BeigeHome, config: Option<&Path>, args: &UserAddArgs) -> Result<()> {
+    let mut user = beige_core::config::users::UserConfig {
+        roles: Default::default(),
+        telegram: args.telegram.clone(),
+        service: args.service,
+    };
+    for entry in &args.roles {
+        let (agent, role) = entry.split_once('=').ok_or_else(|| {
+            Exit::new(
+                2,
+                format!("error: --role '{entry}': write AGENT=ROLE, e.g. --role intern=member"),
+            )
+        })?;
+        let role: Role = role
+            .trim()
+            .parse()
+            .map_err(|m: String| Exit::new(2, format!("error: --role '{entry}': {m}")))?;
+        user.roles.insert(agent.trim().to_string(), role);
+    }
+    let existed = edit_user(home, config, &args.name, UserEdit::Set(user))?;
+    println!(
+        "{} user '{}'; restart the gateway to apply: beige gateway restart",
+        if existed { "changed" } else { "added" },
+        args.name
+    );
+    Ok(())
+}
+
+/// `beige users remove`.
+pub fn remove(home: &BeigeHome, config: Option<&Path>, name: &str) -> Result<()> {
+    let removed = edit_user(home, config, name, UserEdit::Remove)?;
+    if !removed {
+        return Err(Exit::new(
+            1,
+            format!("error: no user '{name}' in the config (see beige users list)"),
+        )
+        .into());
+    }
+    println!("removed user '{name}': their tokens stop working once the gateway restarts (beige gateway restart)");
+    Ok(())
+}
+
+/// What `beige users add|remove` does to the config's text.
+enum UserEdit {
+    Set(beige_core::config::users::UserConfig),
+    Remove,
+}
+
+/// Apply `edit` to user `name` in the config file: only that entry's text changes
+/// (comments and layout elsewhere stay), the whole new file is validated, and it
+/// replaces the old one through a temporary file beside it, keeping its mode. Nothing
+/// is written when the result would be invalid. `Ok(false)`: there was no such user.
+fn edit_user(
+    home: &BeigeHome,
+    explicit: Option<&Path>,
+    name: &str,
+    edit: UserEdit,
+) -> Result<bool> {
+    use crate::install::edit;
+    let path = explicit
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| home.config_path());
+    let existed = super::policy::load(home, explicit)?
+        .users
+        .contains_key(name);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Exit::new(
+            super::policy::CONFIG,
+            format!("error: cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let cannot = |e: edit::EditError| {
+        Exit::new(
+            super::policy::CONFIG,
+            format!(
+                "error: cannot edit {}: {}; edit its users section by hand",
+                path.display(),
+                e.0
+            ),
+        )
+    };
+    let new_text = match edit {
+        UserEdit::Set(user) => {
+            edit::set_member(&text, "users", name, &serde_json::to_value(&user)?).map_err(cannot)?
+        }
+        UserEdit::Remove => match edit::remove_member(&text, "users", name).map_err(cannot)? {
+            Some(t) => t,
+            None => return Ok(false),
+        },
+    };
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".config-edit-")
+        .suffix(".json5")
+        .tempfile_in(dir)?;
+    std::io::Write::write_all(&mut tmp, new_text.as_bytes())?;
+    if let Ok(meta) = std::fs::metadata(&path) {
+        std::fs::set_permissions(tmp.path(), meta.permissions())?;
+    }
+    if let Err(e) = beige_core::config::Config::load(tmp.path(), home) {
+        return Err(Exit::new(
+            super::policy::CONFIG,
+            format!(
+                "error: the change would make the config invalid, so nothing was written:\n{e}"
+            ),
+        )
+        .into());
+    }
+    tmp.persist(&path)
+        .map_err(|e| Exit::new(1, format!("error: cannot replace {}: {e}", path.display())))?;
+    Ok(existed)
 }
 
 /// Seconds in `30d`, `12h`, `90m`, `45s`.

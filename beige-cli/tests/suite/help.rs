@@ -30,6 +30,7 @@ fn help_of_every_command() {
         ("help_mcp_list", &["mcp", "list", "--help"]),
         ("help_users", &["users", "--help"]),
         ("help_users_list", &["users", "list", "--help"]),
+        ("help_users_add", &["users", "add", "--help"]),
         (
             "help_users_token_create",
             &["users", "token", "create", "--help"],
