@@ -445,6 +445,8 @@ fn flush() {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct AuditCounts {
     pub records: usize,
+    /// Prompts recorded (each with who sent it).
+    pub prompts: usize,
     pub calls: usize,
     pub denied: usize,
     pub writes: usize,
@@ -474,6 +476,11 @@ pub fn count_audit(path: &Path) -> Result<AuditCounts> {
         }
         let r: AuditRecord = serde_json::from_value(value)
             .with_context(|| format!("unreadable audit record: {line}"))?;
+        // The prompt's own record (who sent it) is no call either.
+        if r.kind == AuditType::Prompt {
+            c.prompts += 1;
+            continue;
+        }
         c.records += 1;
         if r.phase != Phase::Finished {
             continue;
@@ -515,6 +522,13 @@ fn summary(home: &BeigeHome, t: &Timings) -> Result<()> {
         "  {} audit records: each of the {} calls checked by policy and recorded when it started and when it finished; {} denied",
         c.records, c.calls, c.denied
     );
+    if c.prompts > 0 {
+        println!(
+            "  and {} prompt record{}, each naming who sent it",
+            c.prompts,
+            if c.prompts == 1 { "" } else { "s" }
+        );
+    }
     println!();
     println!("Timings:");
     println!("  sandbox start                     {}", secs(t.sandbox));

@@ -24,6 +24,10 @@ async fn demo_runs_offline_with_the_labelled_scripted_model() {
         "{out}"
     );
     assert!(out.contains("104 audit records"), "{out}");
+    assert!(
+        out.contains("and 1 prompt record, each naming who sent it"),
+        "{out}"
+    );
     assert!(out.contains("0 denied"), "{out}");
     assert!(out.contains("sandbox start"), "{out}");
     assert!(out.contains("the exec with 50 kv calls"), "{out}");

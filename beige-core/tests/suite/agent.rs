@@ -228,6 +228,8 @@ async fn the_model_writes_a_script_runs_it_and_answers() {
     assert_eq!(
         tools,
         [
+            // The prompt itself, with who sent it (`spec/people.md` §1.4).
+            ("prompt".into(), "finished".into()),
             ("write".into(), "started".into()),
             ("write".into(), "finished".into()),
             ("exec".into(), "started".into()),
@@ -237,6 +239,9 @@ async fn the_model_writes_a_script_runs_it_and_answers() {
     for r in &audit {
         assert_eq!(r["session"], "api:a:default");
         assert_eq!(r["channel"], "api");
+        if r["type"] == "prompt" {
+            continue;
+        }
         assert_eq!(r["model"], "anthropic/claude-sonnet-4-6");
         assert_eq!(r["type"], "core_tool");
     }

@@ -1216,6 +1216,8 @@ async fn an_unattended_prompt_is_denied_at_once_and_the_owner_is_told() {
 #[tokio::test]
 async fn mapped_telegram_users_act_with_their_roles() {
     const VIEWER: i64 = 4343;
+    // A member of `a` whose chat is mapped to `b`.
+    const ELSEWHERE: i64 = 4444;
     let model = scripted()
         .then_tool("t1", "exec", json!({"command": "git push origin main"}))
         .then_text("pushed");
@@ -1224,10 +1226,12 @@ async fn mapped_telegram_users_act_with_their_roles() {
     patch["users"] = json!({
         "mem": {"roles": {"a": "member"}, "telegram": [USER]},
         "vi": {"roles": {"*": "viewer"}, "telegram": [VIEWER]},
+        "other": {"roles": {"a": "member"}, "telegram": [ELSEWHERE]},
     });
     let Some(h) = Harness::build_with(
         Models::Scripted(vec![model]),
-        json!({"allowedUsers": [USER, VIEWER]}),
+        json!({"allowedUsers": [USER, VIEWER, ELSEWHERE],
+               "agentMapping": {"default": "a", "4444": "b"}}),
         false,
         patch,
     )
