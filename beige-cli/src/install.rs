@@ -1154,13 +1154,11 @@ pub fn ensure_installed(
 
 // ---- the in-place JSON5 editor ----
 
-/// A minimal JSON5 editor that changes one `plugins` entry and leaves every other byte
-/// alone. It understands exactly what it must skip: comments, strings (both quotes),
-/// nested objects and arrays, unquoted keys and scalars.
+/// A minimal JSON5 editor that changes one entry of a section (`plugins.<name>`,
+/// `users.<name>`) and leaves every other byte alone. It understands exactly what it
+/// must skip: comments, strings (both quotes), nested objects and arrays, unquoted keys
+/// and scalars.
 pub(crate) mod edit {
-    //! Structural edits of a JSON5 config that keep its comments and layout: members
-    //! are found by a scanner that skips strings and comments, and only their text is
-    //! replaced, inserted or removed.
     use serde_json::Value;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
