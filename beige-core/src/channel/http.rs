@@ -1574,7 +1574,11 @@ impl Channel for HttpApiChannel {
         if let (None, Some(reload)) = (&state.restart, reload) {
             state.restart = Some(Arc::new(move || reload.request()));
         }
-        let extra = self.options.extra_routes.as_ref().map(|build| build(&state));
+        let extra = self
+            .options
+            .extra_routes
+            .as_ref()
+            .map(|build| build(&state));
         let mut app = router(state);
         if let Some(extra) = extra {
             app = app.merge(extra);
