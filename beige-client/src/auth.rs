@@ -439,6 +439,68 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     go(pattern.as_bytes(), name.as_bytes())
 }
 
+/// A step of a person's authentication, or a refusal, for the audit (`type: "auth"`):
+/// what channels report through [`Admin::audit_auth`](crate::Admin::audit_auth).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthEvent {
+    /// `auth.refused`, `auth.login`, `auth.logout`, `auth.failed`.
+    pub what: String,
+    /// The agent concerned; `None` for the gateway as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The user, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// How they came (`token:<id>`, `console:<id>`, the client's address for a failed
+    /// login).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// Whether it went through (a login) or was refused.
+    pub allowed: bool,
+    /// What was refused and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl AuthEvent {
+    /// A request of `caller` refused.
+    pub fn refused(caller: &Caller, agent: Option<&str>, refusal: &Refusal) -> Self {
+        Self {
+            what: "auth.refused".to_string(),
+            agent: agent.map(str::to_string),
+            user: Some(caller.user.clone()),
+            via: Some(caller.via.clone()),
+            allowed: false,
+            detail: Some(refusal.to_string()),
+        }
+    }
+
+    /// An event about `caller` that went through (`auth.login`, `auth.logout`).
+    pub fn of(what: &str, caller: &Caller) -> Self {
+        Self {
+            what: what.to_string(),
+            agent: None,
+            user: Some(caller.user.clone()),
+            via: Some(caller.via.clone()),
+            allowed: true,
+            detail: None,
+        }
+    }
+
+    /// A failed attempt (`auth.failed`) from `via`, and why.
+    pub fn failed(via: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            what: "auth.failed".to_string(),
+            agent: None,
+            user: None,
+            via: Some(via.into()),
+            allowed: false,
+            detail: Some(why.into()),
+        }
+    }
+}
+
 /// A personal API token as listed (never its secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::approvals::{Approval, ApprovalDecision};
-use crate::auth::{Caller, MintedToken, NewToken, TokenInfo};
+use crate::auth::{AuthEvent, Caller, MintedToken, NewToken, TokenInfo};
 use crate::error::GatewayError;
 use crate::events::AgentEvent;
 use crate::hooks::HookName;
@@ -457,6 +457,10 @@ pub trait Admin: Send + Sync {
         Ok(None)
     }
 
+    /// Write an `auth` audit record for a channel (a refusal at its edge, a console
+    /// login). Failing to write it is logged, never an error of the request.
+    async fn audit_auth(&self, _event: AuthEvent) {}
+
     /// Make a personal API token; its secret is in the answer and nowhere else.
     async fn create_token(&self, _new: NewToken) -> Result<MintedToken, GatewayError> {
         Err(GatewayError::Unsupported {
@@ -649,6 +653,9 @@ macro_rules! forward_gateway {
             }
             async fn authenticate(&self, token: &str) -> Result<Option<Caller>, GatewayError> {
                 (**self).authenticate(token).await
+            }
+            async fn audit_auth(&self, event: AuthEvent) {
+                (**self).audit_auth(event).await
             }
             async fn create_token(&self, new: NewToken) -> Result<MintedToken, GatewayError> {
                 (**self).create_token(new).await

@@ -13,6 +13,7 @@ pub(crate) fn audit_name(principal: &Principal) -> String {
         Principal::User { channel, id } => format!("{channel}:{id}"),
         Principal::Sandbox => "sandbox".to_string(),
         Principal::Embedder => "embedder".to_string(),
+        Principal::Person { name, .. } => name.clone(),
         _ => "unverified".to_string(),
     }
 }

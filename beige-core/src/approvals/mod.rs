@@ -121,6 +121,7 @@ pub fn principal_name(p: &Principal) -> String {
         Principal::Sandbox => "sandbox".into(),
         Principal::Embedder => "embedder".into(),
         Principal::Unverified => "unverified".into(),
+        Principal::Person { name, .. } => name.clone(),
         _ => "unknown".into(),
     }
 }

@@ -73,6 +73,11 @@ pub enum AuditType {
     /// interrupted`); `tool` is the schedule id and `args` carry `run=`, `fireAt=`,
     /// `status=`, `session=`, `exec=`.
     Schedule,
+    /// A person's authentication or a refusal of what they asked (`tool`
+    /// `auth.token_created`, `auth.token_revoked`, `auth.failed`, `auth.refused`,
+    /// `auth.login`, `auth.logout`), with `principal` and `via` when known. `agent` is
+    /// the agent concerned, or `*` for the gateway.
+    Auth,
 }
 
 impl From<ToolKind> for AuditType {
@@ -953,6 +958,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditType::Budget => "BUDGET",
         AuditType::Spawn => "SPAWN",
         AuditType::Schedule => "SCHEDULE",
+        AuditType::Auth => "AUTH",
     };
     let mut ctx = String::new();
     for (k, v) in [

@@ -31,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch, post, MethodRouter};
 use axum::{Json, Router};
 use beige_client::approvals::{ApprovalDecision, ApprovalMode};
+use beige_client::auth::{Action, AuthEvent, Caller, Refusal};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -307,22 +308,47 @@ impl ApiState {
         })
     }
 
+    /// Who the request's bearer token is: the gateway's token (or no token, when
+    /// authentication is off) is the owner; a personal `bgt_…` token is its user, as the
+    /// gateway says (`Admin::authenticate`: revoked, expired and unknown tokens are
+    /// `None`); anything else is nobody.
+    pub async fn caller(&self, headers: &HeaderMap) -> Option<Caller> {
+        if self.token.is_none() || self.token_ok(headers) {
+            return Some(Caller::owner());
+        }
+        let given = bearer(headers)?;
+        if !given.starts_with("bgt_") {
+            return None;
+        }
+        match self.gateway.authenticate(given).await {
+            Ok(caller) => caller,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check a personal token");
+                None
+            }
+        }
+    }
+
     fn token_ok(&self, headers: &HeaderMap) -> bool {
         let Some(expected) = &self.token else {
             return true;
         };
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                let (scheme, token) = v.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-        else {
+        let Some(given) = bearer(headers) else {
             return false;
         };
         constant_time_eq(given.as_bytes(), expected.as_bytes())
     }
+}
+
+/// The token of an `Authorization: Bearer …` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
 }
 
 /// Compare two secrets without leaking where they differ (or their lengths): both are
@@ -435,6 +461,11 @@ impl From<GatewayError> for ApiError {
                 StatusCode::from_u16(status).unwrap_or(StatusCode::CONFLICT),
                 message,
             ),
+            GatewayError::Refused(r) => refused(&r),
+            GatewayError::InvalidAuth { status, message } => ApiError::new(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+                message,
+            ),
             // An administration call this gateway leaves at its default.
             e @ GatewayError::Unsupported { .. } => {
                 ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string())
@@ -462,83 +493,255 @@ type ApiResult = Result<Response, ApiError>;
 type Shared = Arc<ApiState>;
 type Handler = fn() -> MethodRouter<Shared>;
 
-/// The route table: method, path (axum syntax, also the OpenAPI path) and handler. The
+/// What a route needs of its caller (`spec/people.md` §1.2), checked by [`guard`]
+/// before the handler runs. Handlers of [`Access::Any`] routes narrow what they show
+/// (agents, approvals) or what they do (approval decisions, tokens) to the caller.
+#[derive(Debug, Clone, Copy)]
+enum Access {
+    /// No token (health).
+    Public,
+    /// Any authenticated caller.
+    Any,
+    /// This action on the agent named by the path's `{name}`.
+    Agent(Action),
+    /// Administration of the whole gateway (owners).
+    Admin,
+}
+
+/// The route a request is for: its access rule and the `{name}` segment of its path.
+fn route_access(method: &str, path: &str) -> Option<(Access, Option<String>)> {
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    TABLE.iter().find_map(|(m, pattern, access, _)| {
+        if *m != method {
+            return None;
+        }
+        let want: Vec<&str> = pattern.split('/').collect();
+        if want.len() != segments.len() {
+            return None;
+        }
+        let mut agent = None;
+        for (w, got) in want.iter().zip(&segments) {
+            if *w == "{name}" {
+                agent = Some(percent_decode(got));
+            } else if !(w.starts_with('{') || w == got) {
+                return None;
+            }
+        }
+        Some((*access, agent))
+    })
+}
+
+/// `%XX` escapes of a path segment decoded (as axum's `Path` does), so the name checked
+/// is the name the handler uses.
+fn percent_decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&segment[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A refusal as the API answers it: 404 for an agent the caller has no role on, else
+/// 403 naming what is missing.
+fn refused(refusal: &Refusal) -> ApiError {
+    let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::FORBIDDEN);
+    ApiError::new(status, refusal.to_string())
+}
+
+/// The route table: method, path (axum syntax, also the OpenAPI path), what the caller
+/// needs ([`Access`], checked by [`guard`] before the handler runs) and handler. The
 /// router is built from it and a test checks the OpenAPI document against it.
-const TABLE: &[(&str, &str, Handler)] = &[
-    ("GET", "/api/health", || get(health)),
-    ("GET", "/api/health/models", || get(models_health)),
-    ("GET", "/api/usage", || get(usage)),
-    ("GET", "/api/openapi.json", || get(openapi)),
-    ("GET", "/api/agents", || get(agents)),
-    ("GET", "/api/config", || get(config)),
-    ("GET", "/api/agents/{name}/models", || get(agent_models)),
-    ("GET", "/api/agents/{name}/sandbox", || get(agent_sandbox)),
-    ("GET", "/api/agents/{name}/mcp", || get(agent_mcp)),
-    ("POST", "/api/agents/{name}/exec", || post(exec)),
-    ("POST", "/api/agents/{name}/prompt", || post(prompt)),
-    ("GET", "/api/agents/{name}/sessions", || get(list_sessions)),
-    ("POST", "/api/agents/{name}/sessions", || post(new_session)),
-    ("GET", "/api/agents/{name}/sessions/{id}/messages", || {
-        get(session_messages)
+const TABLE: &[(&str, &str, Access, Handler)] = &[
+    ("GET", "/api/health", Access::Public, || get(health)),
+    ("GET", "/api/health/models", Access::Any, || {
+        get(models_health)
     }),
-    ("POST", "/api/agents/{name}/sessions/{key}/resume", || {
-        post(resume_session)
-    }),
-    ("PATCH", "/api/agents/{name}/sessions/{key}/model", || {
-        patch(set_model)
-    }),
-    ("GET", "/api/agents/{name}/sessions/{key}/settings", || {
-        get(get_settings)
-    }),
+    ("GET", "/api/usage", Access::Any, || get(usage)),
+    ("GET", "/api/openapi.json", Access::Any, || get(openapi)),
+    ("GET", "/api/agents", Access::Any, || get(agents)),
+    ("GET", "/api/config", Access::Admin, || get(config)),
+    (
+        "GET",
+        "/api/agents/{name}/models",
+        Access::Agent(Action::See),
+        || get(agent_models),
+    ),
+    (
+        "GET",
+        "/api/agents/{name}/sandbox",
+        Access::Agent(Action::See),
+        || get(agent_sandbox),
+    ),
+    (
+        "GET",
+        "/api/agents/{name}/mcp",
+        Access::Agent(Action::See),
+        || get(agent_mcp),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/exec",
+        Access::Agent(Action::Operate),
+        || post(exec),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/prompt",
+        Access::Agent(Action::Prompt),
+        || post(prompt),
+    ),
+    (
+        "GET",
+        "/api/agents/{name}/sessions",
+        Access::Agent(Action::See),
+        || get(list_sessions),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/sessions",
+        Access::Agent(Action::Prompt),
+        || post(new_session),
+    ),
+    (
+        "GET",
+        "/api/agents/{name}/sessions/{id}/messages",
+        Access::Agent(Action::See),
+        || get(session_messages),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/sessions/{key}/resume",
+        Access::Agent(Action::Prompt),
+        || post(resume_session),
+    ),
+    (
+        "PATCH",
+        "/api/agents/{name}/sessions/{key}/model",
+        Access::Agent(Action::Prompt),
+        || patch(set_model),
+    ),
+    (
+        "GET",
+        "/api/agents/{name}/sessions/{key}/settings",
+        Access::Agent(Action::Prompt),
+        || get(get_settings),
+    ),
     (
         "PATCH",
         "/api/agents/{name}/sessions/{key}/settings",
+        Access::Agent(Action::Prompt),
         || patch(update_settings),
     ),
-    ("POST", "/api/agents/{name}/sessions/{key}/cancel", || {
-        post(cancel)
+    (
+        "POST",
+        "/api/agents/{name}/sessions/{key}/cancel",
+        Access::Agent(Action::Prompt),
+        || post(cancel),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/hooks/pre-prompt",
+        Access::Agent(Action::Operate),
+        || hook_route(HookName::PrePrompt),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/hooks/post-response",
+        Access::Agent(Action::Operate),
+        || hook_route(HookName::PostResponse),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/hooks/session-created",
+        Access::Agent(Action::Operate),
+        || hook_route(HookName::SessionCreated),
+    ),
+    (
+        "POST",
+        "/api/agents/{name}/hooks/session-disposed",
+        Access::Agent(Action::Operate),
+        || hook_route(HookName::SessionDisposed),
+    ),
+    ("POST", "/api/gateway/restart", Access::Admin, || {
+        post(restart)
     }),
-    ("POST", "/api/agents/{name}/hooks/pre-prompt", || {
-        hook_route(HookName::PrePrompt)
+    ("GET", "/api/whoami", Access::Any, || get(whoami)),
+    ("GET", "/api/tokens", Access::Any, || get(list_tokens)),
+    ("POST", "/api/tokens", Access::Any, || post(create_token)),
+    ("DELETE", "/api/tokens/{id}", Access::Any, || {
+        delete(revoke_token)
     }),
-    ("POST", "/api/agents/{name}/hooks/post-response", || {
-        hook_route(HookName::PostResponse)
+    ("GET", "/api/approvals", Access::Any, || get(list_approvals)),
+    ("GET", "/api/approvals/events", Access::Any, || {
+        get(approval_events)
     }),
-    ("POST", "/api/agents/{name}/hooks/session-created", || {
-        hook_route(HookName::SessionCreated)
+    ("GET", "/api/approvals/{id}", Access::Any, || {
+        get(get_approval)
     }),
-    ("POST", "/api/agents/{name}/hooks/session-disposed", || {
-        hook_route(HookName::SessionDisposed)
-    }),
-    ("POST", "/api/gateway/restart", || post(restart)),
-    ("GET", "/api/approvals", || get(list_approvals)),
-    ("GET", "/api/approvals/events", || get(approval_events)),
-    ("GET", "/api/approvals/{id}", || get(get_approval)),
-    ("POST", "/api/approvals/{id}/decision", || {
+    ("POST", "/api/approvals/{id}/decision", Access::Any, || {
         post(decide_approval)
     }),
-    ("GET", "/api/schedules", || get(list_schedules)),
-    ("POST", "/api/schedules", || post(add_schedule)),
-    ("GET", "/api/schedules/{id}", || get(get_schedule)),
-    ("DELETE", "/api/schedules/{id}", || delete(cancel_schedule)),
-    ("GET", "/api/schedules/{id}/runs", || get(schedule_runs)),
-    ("POST", "/api/schedules/{id}/pause", || post(pause_schedule)),
-    ("POST", "/api/schedules/{id}/resume", || {
+    ("GET", "/api/schedules", Access::Admin, || {
+        get(list_schedules)
+    }),
+    ("POST", "/api/schedules", Access::Admin, || {
+        post(add_schedule)
+    }),
+    ("GET", "/api/schedules/{id}", Access::Admin, || {
+        get(get_schedule)
+    }),
+    ("DELETE", "/api/schedules/{id}", Access::Admin, || {
+        delete(cancel_schedule)
+    }),
+    ("GET", "/api/schedules/{id}/runs", Access::Admin, || {
+        get(schedule_runs)
+    }),
+    ("POST", "/api/schedules/{id}/pause", Access::Admin, || {
+        post(pause_schedule)
+    }),
+    ("POST", "/api/schedules/{id}/resume", Access::Admin, || {
         post(resume_schedule)
     }),
-    ("POST", "/api/schedules/{id}/run", || post(run_schedule)),
-    ("GET", "/metrics", || get(metrics)),
+    ("POST", "/api/schedules/{id}/run", Access::Admin, || {
+        post(run_schedule)
+    }),
+    ("GET", "/metrics", Access::Admin, || get(metrics)),
     #[cfg(feature = "mcp")]
-    ("POST", "/mcp/agents/{name}", || post(mcp_endpoint)),
+    (
+        "POST",
+        "/mcp/agents/{name}",
+        Access::Agent(Action::Operate),
+        || post(mcp_endpoint),
+    ),
     #[cfg(feature = "mcp")]
-    ("GET", "/mcp/agents/{name}", || get(mcp_endpoint)),
+    (
+        "GET",
+        "/mcp/agents/{name}",
+        Access::Agent(Action::Operate),
+        || get(mcp_endpoint),
+    ),
     #[cfg(feature = "mcp")]
-    ("DELETE", "/mcp/agents/{name}", || delete(mcp_endpoint)),
+    (
+        "DELETE",
+        "/mcp/agents/{name}",
+        Access::Agent(Action::Operate),
+        || delete(mcp_endpoint),
+    ),
 ];
 
 /// Every route the API serves, as `(method, path)` with `{param}` placeholders.
 pub fn routes() -> Vec<(&'static str, &'static str)> {
-    TABLE.iter().map(|(m, p, _)| (*m, *p)).collect()
+    TABLE.iter().map(|(m, p, _, _)| (*m, *p)).collect()
 }
 
 /// The HTTP API as a whole axum app, as [`HttpApiChannel`] serves it: the routes, the
@@ -566,7 +769,7 @@ pub fn api_router(state: ApiState) -> Router {
 
 fn table_routes() -> Router<Shared> {
     let mut app: Router<Shared> = Router::new();
-    for (_, path, handler) in TABLE {
+    for (_, path, _, handler) in TABLE {
         app = app.route(path, handler());
     }
     app
@@ -587,10 +790,28 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(refused) = refuse_foreign(&s, &req) {
         return refused;
     }
-    if req.uri().path() != "/api/health" && !s.token_ok(req.headers()) {
-        return ApiError::new(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
-            .with_www_authenticate()
-            .into_response();
+    let mut req = req;
+    let route = route_access(req.method().as_str(), req.uri().path());
+    if !matches!(route, Some((Access::Public, _))) {
+        let Some(caller) = s.caller(req.headers()).await else {
+            return ApiError::new(StatusCode::UNAUTHORIZED, UNAUTHORIZED_MESSAGE)
+                .with_www_authenticate()
+                .into_response();
+        };
+        let checked = match &route {
+            Some((Access::Agent(action), Some(agent))) => caller
+                .may(*action, agent)
+                .map_err(|r| (r, Some(agent.clone()))),
+            Some((Access::Admin, _)) => caller.may_administer().map_err(|r| (r, None)),
+            _ => Ok(()),
+        };
+        if let Err((refusal, agent)) = checked {
+            s.gateway
+                .audit_auth(AuthEvent::refused(&caller, agent.as_deref(), &refusal))
+                .await;
+            return refused(&refusal).into_response();
+        }
+        req.extensions_mut().insert(caller);
     }
     if let Some(len) = req
         .headers()
@@ -856,6 +1077,7 @@ async fn models_health(State(s): State<Shared>) -> ApiResult {
 /// `GET /api/usage?agent=&since=7d&by=agent|session|model|day` (or `sinceMs=<Unix ms>`).
 async fn usage(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     axum::extract::Query(params): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> ApiResult {
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, m);
@@ -863,6 +1085,16 @@ async fn usage(
         agent: params.get("agent").filter(|a| !a.is_empty()).cloned(),
         ..Default::default()
     };
+    // Everyone's usage is the owners'; others ask for an agent they see.
+    match &query.agent {
+        Some(agent) => caller.may(Action::See, agent).map_err(|r| refused(&r))?,
+        None => caller.may_administer().map_err(|_| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("{} may read the usage of one agent at a time: add ?agent=NAME (all agents: owner required)", caller.user),
+            )
+        })?,
+    }
     if let Some(by) = params.get("by").filter(|b| !b.is_empty()) {
         query.by = by.parse().map_err(bad)?;
     }
@@ -890,8 +1122,12 @@ async fn openapi() -> Response {
         .into_response()
 }
 
-async fn agents(State(s): State<Shared>) -> ApiResult {
-    let agents = s.gateway.agents().await?;
+async fn agents(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult {
+    let mut agents = s.gateway.agents().await?;
+    agents.retain(|a| caller.sees(&a.name));
     Ok(Json(json!({ "agents": agents })).into_response())
 }
 
@@ -915,6 +1151,7 @@ async fn agent_mcp(State(s): State<Shared>, Path(name): Path<String>) -> ApiResu
 
 async fn exec(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -927,7 +1164,8 @@ async fn exec(
         Some(Value::Null) | None => return Err(missing()),
         Some(_) => return Err(ApiError::bad_request("Invalid params: expected an object")),
     };
-    let session_key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let session_key =
+        opt_key(&map, "sessionKey")?.unwrap_or_else(|| caller.default_session_key(&name));
     // The model whose image support `read` checks: `activeModel`, else the primary.
     let active = match map.get("activeModel") {
         None | Some(Value::Null) => None,
@@ -973,8 +1211,8 @@ async fn exec(
         channel: Some(CHANNEL_NAME.to_string()),
         model,
         model_accepts_images: images,
-        // Past the token check: the caller holds the API token (never read from the body).
-        principal: Principal::ApiToken,
+        // The caller the guard authenticated (never read from the body).
+        principal: caller.principal(),
         ..ToolContext::default()
     };
     let out = s.gateway.call_tool(&name, call, ctx).await?;
@@ -1004,18 +1242,27 @@ fn sse_event<T: serde::Serialize>(e: &T) -> Event {
 
 async fn list_approvals(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    let list = s
+    let mut list = s
         .gateway
         .approvals(q.get("agent").map(String::as_str))
         .await?;
+    list.retain(|a| caller.sees(&a.agent));
     Ok(Json(json!({ "approvals": list })).into_response())
 }
 
-async fn get_approval(State(s): State<Shared>, Path(id): Path<String>) -> ApiResult {
+async fn get_approval(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
     let list = s.gateway.approvals(None).await?;
-    match list.into_iter().find(|a| a.id == id) {
+    match list
+        .into_iter()
+        .find(|a| a.id == id && caller.sees(&a.agent))
+    {
         Some(a) => Ok(Json(a).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -1026,6 +1273,7 @@ async fn get_approval(State(s): State<Shared>, Path(id): Path<String>) -> ApiRes
 
 async fn decide_approval(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -1041,12 +1289,118 @@ async fn decide_approval(
             "Missing callDigest: quote the request's callDigest (GET /api/approvals/{id}) so the decision is bound to the call you saw",
         ));
     }
-    // Past the token check: the caller holds the API token.
+    // The gateway checks the caller's role on the request's agent (and that a member
+    // decides only their own sessions' requests, once).
     let approval = s
         .gateway
-        .decide_approval(&id, decision, Principal::ApiToken)
+        .decide_approval(&id, decision, caller.principal())
         .await?;
     Ok(Json(approval).into_response())
+}
+
+/// The agent an approvals event is about (`None`: not about one agent).
+fn approval_event_agent(e: &beige_client::approvals::ApprovalEvent) -> Option<&str> {
+    use beige_client::approvals::ApprovalEvent;
+    match e {
+        ApprovalEvent::ApprovalRequest { approval }
+        | ApprovalEvent::ApprovalDecided { approval } => Some(approval.agent.as_str()),
+        ApprovalEvent::UnattendedDenied { agent, .. } => Some(agent.as_str()),
+    }
+}
+
+// ---- people ----
+
+/// `GET /api/whoami`: the caller, how they authenticated, and their role on each agent
+/// they see.
+async fn whoami(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult {
+    let agents = s.gateway.agents().await?;
+    let roles: Map<String, Value> = agents
+        .iter()
+        .filter_map(|a| caller.role_on(&a.name).map(|r| (a.name.clone(), json!(r))))
+        .collect();
+    Ok(Json(json!({
+        "user": caller.user,
+        "via": caller.via,
+        "tokenId": caller.token_id,
+        "owner": caller.may_administer().is_ok(),
+        "roles": roles,
+    }))
+    .into_response())
+}
+
+/// `GET /api/tokens[?user=]`: the caller's own tokens; an owner's: everyone's (or one
+/// user's).
+async fn list_tokens(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let user = match (caller.may_administer().is_ok(), q.get("user")) {
+        (true, u) => u.cloned(),
+        (false, Some(u)) if *u != caller.user => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} may list only their own tokens: owner required for {u}'s",
+                    caller.user
+                ),
+            ))
+        }
+        (false, _) => Some(caller.user.clone()),
+    };
+    let tokens = s.gateway.tokens(user.as_deref()).await?;
+    Ok(Json(json!({ "tokens": tokens })).into_response())
+}
+
+/// `POST /api/tokens` `{user?, name, expiresInSecs?, scope?}`: a new personal token
+/// (its secret shown once). Owners make tokens for anyone; others for themselves.
+async fn create_token(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let mut map = json_body(&s, &headers, body).await?;
+    if !map.contains_key("user") {
+        map.insert("user".into(), json!(caller.user));
+    }
+    let new: beige_client::auth::NewToken = serde_path_to_error::deserialize(Value::Object(map))
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "Invalid token request at {}: {}; send {{\"name\": \"laptop\", \"expiresInSecs\": 2592000, \"scope\": {{\"agents\": [\"intern\"], \"maxRole\": \"member\"}}}}",
+                e.path(),
+                e.inner()
+            ))
+        })?;
+    if new.user != caller.user || caller.is_gateway_owner() {
+        caller.may_administer().map_err(|r| refused(&r))?;
+    }
+    let minted = s.gateway.create_token(new).await?;
+    Ok((StatusCode::CREATED, Json(minted)).into_response())
+}
+
+/// `DELETE /api/tokens/{id}`: revoke a token (own, or anyone's for an owner).
+async fn revoke_token(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    if caller.may_administer().is_err() {
+        let own = s.gateway.tokens(Some(&caller.user)).await?;
+        if !own.iter().any(|t| t.id == id) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no token '{id}' of {}; list yours with GET /api/tokens",
+                    caller.user
+                ),
+            ));
+        }
+    }
+    Ok(Json(s.gateway.revoke_token(&id).await?).into_response())
 }
 
 // ---- schedules ----
@@ -1141,19 +1495,29 @@ async fn metrics(State(s): State<Shared>) -> ApiResult {
 /// `/mcp/agents/{name}` (POST, GET, DELETE): the agent's tools over MCP's streamable
 /// HTTP transport (`mcp::serve`), behind the same checks as every route.
 #[cfg(feature = "mcp")]
-async fn mcp_endpoint(State(s): State<Shared>, Path(name): Path<String>, req: Request) -> Response {
-    // Past the token check: the caller holds the API token, the owner's (a bearer
-    // token only; never read from the body).
-    let caller = crate::mcp::serve::McpCaller::owner();
+async fn mcp_endpoint(
+    State(s): State<Shared>,
+    axum::Extension(person): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    // The guard authenticated the bearer token and checked the operator role on the
+    // agent (never read from the body).
+    let caller = crate::mcp::serve::McpCaller::of(&person);
     let options = s.mcp_options();
     s.mcp
         .handle(s.gateway.clone(), &name, caller, &options, req)
         .await
 }
 
-async fn approval_events(State(s): State<Shared>) -> ApiResult {
+async fn approval_events(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult {
     let stream = s.gateway.approval_events().await?;
-    let events = stream.map(|e| Ok::<Event, Infallible>(sse_event(&e)));
+    let events = stream
+        .filter(move |e| std::future::ready(approval_event_agent(e).is_none_or(|a| caller.sees(a))))
+        .map(|e| Ok::<Event, Infallible>(sse_event(&e)));
     let mut r = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
         .into_response();
@@ -1164,16 +1528,20 @@ async fn approval_events(State(s): State<Shared>) -> ApiResult {
 
 async fn prompt(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
     let map = json_body(&s, &headers, body).await?;
     let message = req_str(&map, "message", "Missing message")?;
-    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| caller.default_session_key(&name));
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     let mut request = PromptRequest::new(name, key, message);
-    // Past the token check: the caller holds the API token (never read from the body).
-    request.principal = Principal::ApiToken;
+    // The caller the guard authenticated (never read from the body).
+    request.principal = caller.principal();
     request.channel = opt_key(&map, "channel")?;
     request.chat_id = opt_str(&map, "chatId")?;
     request.thread_id = opt_str(&map, "threadId")?;
@@ -1273,37 +1641,69 @@ async fn prompt(
     ))
 }
 
-async fn list_sessions(State(s): State<Shared>, Path(name): Path<String>) -> ApiResult {
-    let sessions = s.gateway.sessions(&name).await?;
+async fn list_sessions(
+    State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let mut sessions = s.gateway.sessions(&name).await?;
+    // Members list their own sessions; viewers (read-only), operators and owners all.
+    if caller.may(Action::ReadAllTranscripts, &name).is_err() {
+        sessions.retain(|r| caller.owns_session(&name, &r.key));
+    }
     Ok(Json(json!({ "sessions": sessions })).into_response())
 }
 
 async fn new_session(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
     let map = json_body(&s, &headers, body).await?;
-    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| default_key(&name));
+    let key = opt_key(&map, "sessionKey")?.unwrap_or_else(|| caller.default_session_key(&name));
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     let session = s.gateway.new_session(&name, &key).await?;
     Ok((StatusCode::CREATED, Json(session)).into_response())
 }
 
 async fn session_messages(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, id)): Path<(String, String)>,
 ) -> ApiResult {
+    if caller.may(Action::ReadAllTranscripts, &name).is_err() {
+        // A member reads the transcripts of their own sessions only.
+        let own = s
+            .gateway
+            .sessions(&name)
+            .await?
+            .iter()
+            .any(|r| r.id == id && caller.owns_session(&name, &r.key));
+        if !own {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("{} may read only their own sessions of {name}: operator or viewer required for others'", caller.user),
+            ));
+        }
+    }
     let messages = s.gateway.session_messages(&name, &id).await?;
     Ok(Json(json!({ "messages": messages })).into_response())
 }
 
 async fn resume_session(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, key)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     let map = json_body(&s, &headers, body).await?;
     let id = req_str(&map, "sessionId", "Missing sessionId")?;
     let session = s.gateway.resume_session(&name, &key, &id).await?;
@@ -1312,10 +1712,14 @@ async fn resume_session(
 
 async fn set_model(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, key)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     let map = json_body(&s, &headers, body).await?;
     let provider = opt_key(&map, "provider")?;
     let model_id = opt_key(&map, "modelId")?;
@@ -1339,18 +1743,26 @@ async fn set_model(
 
 async fn get_settings(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, key)): Path<(String, String)>,
 ) -> ApiResult {
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     ensure_agent(&s, &name).await?;
     Ok(Json(s.gateway.settings(&key).await?).into_response())
 }
 
 async fn update_settings(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, key)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     let map = json_body(&s, &headers, body).await?;
     if let Some(unknown) = map
         .keys()
@@ -1372,10 +1784,14 @@ async fn update_settings(
 
 async fn cancel(
     State(s): State<Shared>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, key)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller
+        .may_use_session(&name, &key)
+        .map_err(|r| refused(&r))?;
     // The body is optional and ignored, but still checked like every body.
     json_body(&s, &headers, body).await?;
     let cancelled = s.gateway.cancel(&name, &key).await?;

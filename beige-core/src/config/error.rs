@@ -21,6 +21,8 @@ pub enum NameKind {
     Tool,
     /// A server of `mcp.servers` (a key of an agent's `mcpConfigs`).
     McpServer,
+    /// A configured agent (a key of a user's `roles`).
+    Agent,
 }
 
 impl NameKind {
@@ -31,6 +33,7 @@ impl NameKind {
             NameKind::Skill => "skill",
             NameKind::Tool => "tool",
             NameKind::McpServer => "MCP server",
+            NameKind::Agent => "agent",
         }
     }
 
@@ -54,6 +57,9 @@ impl NameKind {
             }
             NameKind::McpServer => {
                 "mcpConfigs keys must name a server configured under mcp.servers."
+            }
+            NameKind::Agent => {
+                "A role's key is an agent's name or a pattern with '*' (\"*\" for every agent)."
             }
         }
     }

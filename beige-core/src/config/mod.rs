@@ -15,6 +15,7 @@ pub mod mcp;
 mod resolve;
 mod size;
 pub mod types;
+pub mod users;
 mod validate;
 
 pub use error::{ConfigError, NameKind};

@@ -59,6 +59,11 @@ pub struct Config {
     /// whose `tools` name them (`spec/mcp.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<super::mcp::McpConfig>,
+    /// New in beige: the people of a shared gateway, with roles per agent and their
+    /// channel identities (`spec/people.md`). Without it, the gateway's token is the
+    /// owner and channel users are members of their chats' agents.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub users: super::users::UsersConfig,
 }
 
 /// `telemetry`: what the gateway reports to monitoring.

@@ -567,6 +567,7 @@ pub(crate) fn validate(
         validate_agent(config, file, home, resolver, &writable, name, agent)?;
     }
     validate_mcp(config, file)?;
+    validate_users(config, file)?;
     validate_budgets(config, file)?;
     validate_schedules(config, file)?;
     if let Some(listen) = config.metrics_listen() {
@@ -576,6 +577,48 @@ pub(crate) fn validate(
                 .key("metrics")
                 .key("listen");
             return Err(invalid(file, path, message));
+        }
+    }
+    Ok(())
+}
+
+/// `users`: valid names, `owner` only on `"*"`, role patterns that are agent names or
+/// globs, and each Telegram id mapped to one user at most.
+fn validate_users(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    use beige_client::auth::Role;
+    let mut telegram: std::collections::HashMap<i64, &str> = std::collections::HashMap::new();
+    for (name, user) in &config.users {
+        let at = KeyPath::root().key("users").key(name);
+        if !super::users::is_valid_user_name(name) {
+            return Err(invalid(
+                file,
+                at,
+                format!("user name '{name}' is not valid; use a lowercase letter, then lowercase letters, digits, '-' or '_' (not owner, system or sandbox)"),
+            ));
+        }
+        for (pattern, role) in &user.roles {
+            let at = at.key("roles").key(pattern);
+            if *role == Role::Owner && pattern != "*" {
+                return Err(invalid(
+                    file,
+                    at,
+                    format!("'owner' is a role on the whole gateway: write it as roles: {{ \"*\": \"owner\" }}, or give '{pattern}' the role operator"),
+                ));
+            }
+            let literal = !pattern.contains('*');
+            if literal && !config.agents.contains_key(pattern) {
+                let known: Vec<&str> = config.agents.keys().map(String::as_str).collect();
+                return Err(unknown_name(file, at, NameKind::Agent, pattern, &known));
+            }
+        }
+        for id in &user.telegram {
+            if let Some(other) = telegram.insert(*id, name) {
+                return Err(invalid(
+                    file,
+                    at.key("telegram"),
+                    format!("Telegram id {id} is already user '{other}'s; one id is one user"),
+                ));
+            }
         }
     }
     Ok(())

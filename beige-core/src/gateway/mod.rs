@@ -18,6 +18,7 @@ mod mcp;
 #[cfg(feature = "http-api")]
 mod metrics_listener;
 mod outside;
+mod people;
 mod platform_host;
 mod prompt;
 mod sandbox_host;
@@ -606,6 +607,7 @@ impl GatewayBuilder {
             store: stores.sessions,
             history: history::HistoryCache::default(),
             ledger: stores.usage,
+            credentials: stores.credentials,
             warned: crate::budget::WarnedOnce::default(),
             exec_budgets,
             router,
@@ -734,6 +736,8 @@ struct Inner {
     history: history::HistoryCache,
     /// The cost ledger: one row per model call, read by the budget checks.
     ledger: Arc<dyn crate::store::UsageLedger>,
+    /// The users' personal API tokens.
+    credentials: Arc<dyn crate::store::CredentialStore>,
     /// The budget warnings already sent (once per scope and period).
     warned: crate::budget::WarnedOnce,
     /// Plugin tool calls per running exec (`budgets.exec.toolCalls`).
@@ -2143,6 +2147,14 @@ impl Gateway for Engine {
 
     async fn prompt(&self, request: PromptRequest) -> Result<AgentEventStream, GatewayError> {
         self.inner.agent(&request.agent)?;
+        if matches!(
+            request.principal,
+            Principal::Person { .. } | Principal::User { .. }
+        ) {
+            self.inner
+                .require_prompt(&request.principal, &request.agent, &request.session_key)
+                .await?;
+        }
         self.inner.disk.check(&request.agent).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
@@ -2367,6 +2379,35 @@ pub(crate) fn decide_error(e: crate::approvals::DecideError) -> GatewayError {
 
 #[async_trait]
 impl Admin for Engine {
+    async fn authenticate(
+        &self,
+        token: &str,
+    ) -> Result<Option<beige_client::auth::Caller>, GatewayError> {
+        self.inner.authenticate(token).await
+    }
+
+    async fn create_token(
+        &self,
+        new: beige_client::auth::NewToken,
+    ) -> Result<beige_client::auth::MintedToken, GatewayError> {
+        self.inner.create_token(new).await
+    }
+
+    async fn audit_auth(&self, event: beige_client::auth::AuthEvent) {
+        self.inner.audit_auth_event(event).await
+    }
+
+    async fn tokens(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<beige_client::auth::TokenInfo>, GatewayError> {
+        Ok(self.inner.credentials.list_tokens(user).await?)
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<beige_client::auth::TokenInfo, GatewayError> {
+        self.inner.revoke_token(id).await
+    }
+
     async fn agent_tools(&self, agent: &str) -> Result<Vec<beige_client::AgentTool>, GatewayError> {
         self.inner.outside_tools(agent).await
     }
@@ -2408,9 +2449,26 @@ impl Admin for Engine {
         decision: beige_client::approvals::ApprovalDecision,
         approver: Principal,
     ) -> Result<beige_client::approvals::Approval, GatewayError> {
+        // People's roles first (spec/people.md §1.2), whichever channel the decision
+        // came through; the broker then applies its own rules (binding, scope).
+        let approver = match self.inner.approvals.get(id) {
+            Some(approval) => {
+                let any = self
+                    .inner
+                    .require_decide(&approver, &approval, &decision)
+                    .await?;
+                if any {
+                    self.inner.person_of(approver)
+                } else {
+                    approver
+                }
+            }
+            None => approver,
+        };
         let via = match &approver {
             Principal::User { channel, .. } => channel.clone(),
             Principal::ApiToken => "api".to_string(),
+            Principal::Person { via, .. } => via.clone(),
             _ => "gateway".to_string(),
         };
         self.inner

@@ -981,6 +981,30 @@ impl Sessions for LocalGateway {
 
 #[async_trait]
 impl Admin for LocalGateway {
+    async fn authenticate(
+        &self,
+        token: &str,
+    ) -> Result<Option<beige_client::auth::Caller>, GatewayError> {
+        self.engine().await.authenticate(token).await
+    }
+    async fn create_token(
+        &self,
+        new: beige_client::auth::NewToken,
+    ) -> Result<beige_client::auth::MintedToken, GatewayError> {
+        self.engine().await.create_token(new).await
+    }
+    async fn audit_auth(&self, event: beige_client::auth::AuthEvent) {
+        self.engine().await.audit_auth(event).await
+    }
+    async fn tokens(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<beige_client::auth::TokenInfo>, GatewayError> {
+        self.engine().await.tokens(user).await
+    }
+    async fn revoke_token(&self, id: &str) -> Result<beige_client::auth::TokenInfo, GatewayError> {
+        self.engine().await.revoke_token(id).await
+    }
     async fn agent_tools(&self, agent: &str) -> Result<Vec<beige_client::AgentTool>, GatewayError> {
         self.engine().await.agent_tools(agent).await
     }

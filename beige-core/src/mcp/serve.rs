@@ -78,6 +78,18 @@ impl McpCaller {
         }
     }
 
+    /// The caller the HTTP API authenticated: their principal and token id (`owner`
+    /// for the gateway's token).
+    pub fn of(caller: &beige_client::auth::Caller) -> Self {
+        Self {
+            principal: caller.principal(),
+            token_id: caller
+                .token_id
+                .clone()
+                .unwrap_or_else(|| OWNER_TOKEN_ID.to_string()),
+        }
+    }
+
     /// The audit's name of the principal (`owner`, `<channel>:<id>`): the `<user>` of
     /// the session key and the key of the concurrency limit.
     pub fn user(&self) -> String {
@@ -94,7 +106,9 @@ impl McpCaller {
 /// bearer token is the owner's, which has operator rights; users and roles (`people.md`
 /// §1.2: `operator` and above) extend this one check.
 pub fn may_use_tools_directly(principal: &Principal, _agent: &str) -> bool {
-    matches!(principal, Principal::ApiToken)
+    // A person reaches this endpoint only past the HTTP API's check of the operator
+    // role on the agent (`Access::Agent(Action::Operate)`).
+    matches!(principal, Principal::ApiToken | Principal::Person { .. })
 }
 
 /// The session key of a principal's MCP calls to an agent: `mcp:<agent>:<user>`

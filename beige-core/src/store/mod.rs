@@ -15,6 +15,7 @@
 //! and how settings resolve against channel defaults belong to the agent loop and the
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
+mod credentials;
 mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::llm::{Message, Usage};
 pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, UsageTotals};
 
+pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
 pub use schedule::{
     Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
     ScheduleStore, ScheduleView, RERUN_PREFIX,
@@ -588,7 +590,13 @@ pub trait UsageLedger: Send + Sync + Debug {
 /// wanted, wrap it once more (`Arc::new(store)`: `Arc<S>` implements each part `S`
 /// does), or take the part from [`Stores::from`].
 pub trait Store:
-    SessionStore + HealthStore + ChannelState + PluginData + UsageLedger + ScheduleStore
+    SessionStore
+    + HealthStore
+    + ChannelState
+    + PluginData
+    + UsageLedger
+    + ScheduleStore
+    + CredentialStore
 {
 }
 
@@ -599,6 +607,7 @@ impl<
             + PluginData
             + UsageLedger
             + ScheduleStore
+            + CredentialStore
             + ?Sized,
     > Store for T
 {
@@ -630,6 +639,8 @@ pub struct Stores {
     pub usage: Arc<dyn UsageLedger>,
     /// Schedules and their runs.
     pub schedules: Arc<dyn ScheduleStore>,
+    /// The users' personal API tokens.
+    pub credentials: Arc<dyn CredentialStore>,
 }
 
 /// One value that is the whole store (`Arc<SqliteStore>`, `Arc<dyn Store>`, …).
@@ -641,7 +652,8 @@ impl<T: Store + ?Sized + 'static> From<Arc<T>> for Stores {
             channels: Arc::new(store.clone()),
             data: Arc::new(store.clone()),
             usage: Arc::new(store.clone()),
-            schedules: Arc::new(store),
+            schedules: Arc::new(store.clone()),
+            credentials: Arc::new(store),
         }
     }
 }

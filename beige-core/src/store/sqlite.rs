@@ -28,6 +28,10 @@ use crate::llm::{Message, Role, Usage};
 #[path = "sqlite_schedules.rs"]
 mod schedules;
 
+// The `CredentialStore` half (personal API tokens).
+#[path = "sqlite_credentials.rs"]
+mod credentials;
+
 /// How long a call waits for a lock held by another connection before failing with
 /// [`StoreError::Locked`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -286,6 +290,22 @@ pub(super) const MIGRATIONS: &[&str] = &[
                              WHERE m.session_id = sessions.id),
         cache_write_tokens = (SELECT COALESCE(SUM(m.cache_write_tokens), 0) FROM messages m
                               WHERE m.session_id = sessions.id);
+    "#,
+    // 7: personal API tokens of the gateway's users (`spec/people.md` §1.1): the hash of
+    // the secret only, looked up by the token's public id.
+    r#"
+    CREATE TABLE api_tokens (
+        id            TEXT PRIMARY KEY NOT NULL,
+        user          TEXT NOT NULL,
+        name          TEXT NOT NULL,
+        scope         TEXT NOT NULL,
+        created       INTEGER NOT NULL,
+        expires       INTEGER,
+        last_used     INTEGER,
+        revoked       INTEGER NOT NULL DEFAULT 0,
+        secret_sha256 TEXT NOT NULL
+    ) STRICT;
+    CREATE INDEX api_tokens_by_user ON api_tokens(user, created);
     "#,
 ];
 

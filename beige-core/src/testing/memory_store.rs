@@ -20,6 +20,9 @@ use crate::store::{
 // The `ScheduleStore` half, in its own file; a child module so it shares the state.
 #[path = "memory_schedules.rs"]
 mod schedules;
+// The `CredentialStore` half.
+#[path = "memory_credentials.rs"]
+mod credentials;
 
 use crate::store::{
     LedgerEntry, LedgerFilter, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals,
@@ -141,6 +144,8 @@ struct State {
     lineage: HashMap<String, Lineage>,
     /// Schedules by id, and their runs.
     schedules: schedules::Schedules,
+    /// Personal API tokens by id.
+    tokens: HashMap<String, crate::store::TokenRecord>,
 }
 
 struct Session {
