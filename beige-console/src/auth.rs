@@ -101,7 +101,12 @@ impl SessionStore {
                 return Ok(Some(Caller::owner()));
             }
         }
-        Ok(api.gateway.authenticate(token).await?)
+        // A personal token at the console acts as `console:<token id>` (the audit's `via`).
+        let caller = api.gateway.authenticate(token).await?;
+        Ok(caller.map(|c| match c.token_id.clone() {
+            Some(id) => c.with_via(format!("console:{id}")),
+            None => c,
+        }))
     }
 
     /// Whether `addr` may try another login now.

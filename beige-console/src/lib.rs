@@ -132,7 +132,22 @@ pub fn router(api: &ApiState, options: ConsoleOptions) -> Router {
 
 /// The checks and headers of every console request: the API's `Host` and `Origin` rules,
 /// then the security headers on the answer (`no-store` unless the answer is an asset).
-async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
+///
+/// Under `Referrer-Policy: no-referrer` a browser sends `Origin: null` with the
+/// console's own form posts; such a request counts as the console's own only when the
+/// browser also says `Sec-Fetch-Site: same-origin` (a header pages cannot set). Any
+/// other `Origin: null` is refused like a foreign origin.
+async fn guard(State(s): State<Shared>, mut req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let null_origin = headers
+        .get(header::ORIGIN)
+        .is_some_and(|o| o.as_bytes() == b"null");
+    let same_origin = headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"same-origin");
+    if null_origin && same_origin {
+        req.headers_mut().remove(header::ORIGIN);
+    }
     let mut response = match refuse_foreign(&s.api, &req) {
         Some(refused) => refused,
         None => next.run(req).await,
