@@ -412,12 +412,12 @@ async fn login_refuses_a_wrong_token_and_sets_an_httponly_strict_cookie() {
         assert!(b.client.current_url().await.unwrap().path().ends_with("/console/login"));
         b.shots("login").await;
 
-        b.login(&gw, "not-the-token").await;
+        b.login(gw, "not-the-token").await;
         let error = b.text("#login-error").await;
         assert!(error.contains("not valid"), "{error}");
         b.shot("login-refused").await;
 
-        b.login(&gw, TOKEN).await;
+        b.login(gw, TOKEN).await;
         assert_eq!(b.text("main h1").await, "Agents");
         assert!(b.text("#agent-a").await.contains("anthropic/claude-sonnet-4-6"));
         // The session cookie is HttpOnly: scripts cannot read it.
@@ -537,7 +537,7 @@ async fn a_prompt_streams_text_and_a_tool_cell_with_exit_code_and_output() {
     with_browser("streaming", |b| {
         let gw = &gw;
         async move {
-            b.login(&gw, TOKEN).await;
+            b.login(gw, TOKEN).await;
             b.find("#agent-a").await;
             b.find("#agent-a a.button").await.click().await.unwrap();
             b.find("textarea#message").await;
@@ -605,7 +605,7 @@ async fn an_approval_given_by_keyboard_lets_the_call_finish() {
     with_browser("approvals", |b| {
         let gw = &gw;
         async move {
-            b.login(&gw, TOKEN).await;
+            b.login(gw, TOKEN).await;
             b.find("#agent-a").await;
             b.goto(&gw.url("/console/agents/a/sessions/api%3Aa%3Adefault"))
                 .await;
@@ -703,7 +703,7 @@ async fn the_audit_filter_by_decision_shows_only_matching_rows_and_follows() {
     with_browser("audit", |b| {
         let gw = &gw;
         async move {
-        b.login(&gw, TOKEN).await;
+        b.login(gw, TOKEN).await;
         b.find("#agent-a").await;
         b.goto(&gw.url("/console/audit")).await;
         let all = b.text("#audit-rows").await;
