@@ -512,6 +512,25 @@ async fn login_refuses_a_wrong_token_and_sets_an_httponly_strict_cookie() {
             .to_str()
             .unwrap()
             .contains("immutable"));
+
+        // Logging out ends the browser's session: it is back at the login page, and
+        // its pages ask for a login again.
+        b.find("form.logout button").await.click().await.unwrap();
+        b.find("#token").await;
+        b.goto(&gw.url("/console/usage")).await;
+        b.find("#token").await;
+        // Ten failed logins a minute from one address, then even the right token
+        // waits (one failure was the browser's).
+        let post = |token: &'static str| {
+            http.post(gw.url("/console/login"))
+                .header("cookie", format!("beige_login_csrf={pre}"))
+                .form(&[("_csrf", pre.as_str()), ("token", token)])
+                .send()
+        };
+        for _ in 0..9 {
+            assert_eq!(post("wrong").await.unwrap().status(), 401);
+        }
+        assert_eq!(post(TOKEN).await.unwrap().status(), 429);
     }})
     .await;
     gw.stop().await;
@@ -526,13 +545,17 @@ async fn a_prompt_streams_text_and_a_tool_cell_with_exit_code_and_output() {
         return;
     }
     let gw = Gw::start(json!({})).await;
-    gw.llm.push(
-        MessageStream::new()
-            .text("Let me check.")
-            .tool_use("t1", "exec", json!({"command": "echo hi"}))
-            .stop_reason("tool_use")
-            .reply(),
-    );
+    // The model's stream stops after its first text for a while: the page must show
+    // that text before the rest of the answer exists.
+    let first = MessageStream::new()
+        .text("Let me check.")
+        .tool_use("t1", "exec", json!({"command": "echo hi"}))
+        .stop_reason("tool_use");
+    let body = first.body();
+    let tool_at = body.find("\"tool_use\"").unwrap();
+    let hold_at = body[..tool_at].rfind("event:").unwrap();
+    gw.llm
+        .push(first.reply().pause_at(hold_at, Duration::from_secs(6)));
     gw.llm.push(text_response("The command said hi."));
     with_browser("streaming", |b| {
         let gw = &gw;
@@ -549,6 +572,18 @@ async fn a_prompt_streams_text_and_a_tool_cell_with_exit_code_and_output() {
                 .await
                 .unwrap();
             b.find("form.composer button").await.click().await.unwrap();
+
+            // The first text is on the page while the model still holds the rest back.
+            b.wait_text(".turn-log", "the first text", |t| {
+                t.contains("Let me check.")
+            })
+            .await;
+            assert!(
+                b.client.find(Locator::Css(".turn .tool")).await.is_err(),
+                "the tool call is not streamed yet"
+            );
+            assert_eq!(gw.llm.request_count(), 1);
+            b.shots("chat-streaming").await;
 
             let exit = b
                 .wait_text(".turn .tool .exit", "the exit code", |t| !t.is_empty())
@@ -676,6 +711,20 @@ async fn an_approval_given_by_keyboard_lets_the_call_finish() {
             let decided = gw.gw.approvals(Some("a")).await.unwrap();
             assert_ne!(decided[0].status, ApprovalStatus::Pending);
             assert!(decided[0].decided_by.is_some());
+            // The audit holds the decision, with who made it.
+            let audit = std::fs::read_to_string(gw.home.audit_log_path()).unwrap();
+            let approved = audit
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|r| {
+                    r["type"] == "approval"
+                        && r["approval"]["id"] == decided[0].id.as_str()
+                        && r["approval"]["approver"].is_string()
+                });
+            assert!(
+                approved.is_some(),
+                "no approval record with its approver: {audit}"
+            );
         }
     })
     .await;
