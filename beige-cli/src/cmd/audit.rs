@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::Result;
-use beige_core::audit::{AuditDecision, AuditRecord, AuditType, Phase};
+use beige_core::audit::{AuditDecision, AuditRecord, Phase};
 use beige_core::home::BeigeHome;
 
 use crate::logfile::{self, Follower};
@@ -23,16 +23,7 @@ use crate::Exit;
 pub fn render(r: &AuditRecord) -> String {
     let ok =
         r.decision == AuditDecision::Allowed && r.error.is_none() && r.exit_code.unwrap_or(0) == 0;
-    let kind = match r.kind {
-        AuditType::CoreTool => "CORE",
-        AuditType::Tool => "TOOL",
-        AuditType::Security => "SECURITY",
-        AuditType::Egress => "EGRESS",
-        AuditType::Budget => "BUDGET",
-        AuditType::Approval => "APPROVAL",
-        AuditType::Spawn => "SPAWN",
-        AuditType::Schedule => "SCHEDULE",
-    };
+    let kind = r.kind.label();
     let args = r
         .args
         .iter()

@@ -78,6 +78,28 @@ pub enum AuditType {
     /// `auth.login`, `auth.logout`), with `principal` and `via` when known. `agent` is
     /// the agent concerned, or `*` for the gateway.
     Auth,
+    /// A prompt accepted for an agent (`tool: "prompt"`), with its session, channel,
+    /// `principal` (the person, or `system` for the gateway's own runs) and `via`;
+    /// `args` carry the message's size, never its text.
+    Prompt,
+}
+
+impl AuditType {
+    /// The record's kind as the human log and `beige audit` show it (`CORE`, `AUTH`, …).
+    pub fn label(self) -> &'static str {
+        match self {
+            AuditType::CoreTool => "CORE",
+            AuditType::Tool => "TOOL",
+            AuditType::Security => "SECURITY",
+            AuditType::Egress => "EGRESS",
+            AuditType::Approval => "APPROVAL",
+            AuditType::Budget => "BUDGET",
+            AuditType::Spawn => "SPAWN",
+            AuditType::Schedule => "SCHEDULE",
+            AuditType::Auth => "AUTH",
+            AuditType::Prompt => "PROMPT",
+        }
+    }
 }
 
 impl From<ToolKind> for AuditType {
@@ -949,17 +971,7 @@ fn human_line(record: &AuditRecord, json: &str) -> String {
         AuditDecision::Allowed => "✓",
         AuditDecision::Denied => "✗",
     };
-    let kind = match r.kind {
-        AuditType::CoreTool => "CORE",
-        AuditType::Tool => "TOOL",
-        AuditType::Security => "SECURITY",
-        AuditType::Egress => "EGRESS",
-        AuditType::Approval => "APPROVAL",
-        AuditType::Budget => "BUDGET",
-        AuditType::Spawn => "SPAWN",
-        AuditType::Schedule => "SCHEDULE",
-        AuditType::Auth => "AUTH",
-    };
+    let kind = r.kind.label();
     let mut ctx = String::new();
     for (k, v) in [
         ("session", &r.session),

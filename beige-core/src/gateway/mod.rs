@@ -2155,6 +2155,7 @@ impl Gateway for Engine {
                 .require_prompt(&request.principal, &request.agent, &request.session_key)
                 .await?;
         }
+        self.inner.audit_prompt(&request).await;
         self.inner.disk.check(&request.agent).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
@@ -2453,15 +2454,10 @@ impl Admin for Engine {
         // came through; the broker then applies its own rules (binding, scope).
         let approver = match self.inner.approvals.get(id) {
             Some(approval) => {
-                let any = self
-                    .inner
+                self.inner
                     .require_decide(&approver, &approval, &decision)
                     .await?;
-                if any {
-                    self.inner.person_of(approver)
-                } else {
-                    approver
-                }
+                self.inner.person_of(approver)
             }
             None => approver,
         };

@@ -138,15 +138,13 @@ impl Inner {
 
     /// An approval decision: operators and owners decide anything for the agent;
     /// members only requests raised in their own sessions, and only once (or deny);
-    /// viewers nothing. `Ok(true)`: the caller may decide any request of the agent.
-    /// A channel user who is a member stays under the broker's own rule for members
-    /// (their chat's sessions).
+    /// viewers nothing. A chat user's own sessions are their private chat's.
     pub(crate) async fn require_decide(
         &self,
         principal: &Principal,
         approval: &beige_client::approvals::Approval,
         decision: &beige_client::approvals::ApprovalDecision,
-    ) -> Result<bool, GatewayError> {
+    ) -> Result<(), GatewayError> {
         use beige_client::approvals::{Scope, Verdict};
         let agent = approval.agent.as_str();
         let Some(caller) = self.caller_of(principal) else {
@@ -158,20 +156,21 @@ impl Inner {
             return Err(refusal.into());
         };
         if caller.may(Action::ApproveAny, agent).is_ok() {
-            return Ok(true);
+            return Ok(());
         }
         let once = decision.decision == Verdict::Deny || decision.scope == Scope::Once;
-        let own = match principal {
-            // The broker checks a chat member's sessions itself.
-            Principal::User { .. } => true,
-            _ => self
-                .session_key_of(&approval.session)
-                .await
-                .is_some_and(|key| caller.owns_session(agent, &key)),
-        };
+        let key = self.session_key_of(&approval.session).await;
+        let own = key.is_some_and(|key| match principal {
+            // A chat user's own sessions are their private chat's (`telegram:<id>`).
+            Principal::User { channel, id } => {
+                let mine = format!("{channel}:{id}");
+                key == mine || key.starts_with(&format!("{mine}:"))
+            }
+            _ => caller.owns_session(agent, &key),
+        });
         let result = match caller.may(Action::ApproveOwn, agent) {
             Err(refusal) => Err(refusal),
-            Ok(()) if own && once => Ok(false),
+            Ok(()) if own && once => Ok(()),
             Ok(()) => Err(Refusal::Forbidden {
                 user: caller.user.clone(),
                 role: caller.role_on(agent),
@@ -268,6 +267,22 @@ impl Inner {
         if let Err(e) = self.audit.record(&r).await {
             tracing::warn!(tool = %r.tool, error = %e, "could not audit an auth event");
         }
+    }
+
+    /// The `prompt` record of an accepted prompt: who sent it, how, into which session.
+    pub(crate) async fn audit_prompt(&self, req: &crate::api::PromptRequest) {
+        let mut r = AuditRecord::security(
+            &req.agent,
+            "prompt",
+            vec![format!("bytes={}", req.message.len())],
+            AuditDecision::Allowed,
+        );
+        r.kind = AuditType::Prompt;
+        r.session = Some(req.session_key.clone());
+        r.channel = Some(req.channel());
+        let principal = self.person_of(req.principal.clone());
+        self.stamp(&mut r, &principal);
+        self.write_auth(r).await;
     }
 
     /// An `auth` record a channel reports.

@@ -25,6 +25,7 @@ mod mcp_remote;
 #[cfg(feature = "mcp")]
 mod mcp_server;
 mod metrics;
+mod people;
 mod plugins_external;
 mod policy_seam;
 mod sandbox_docker;
