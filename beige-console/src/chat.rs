@@ -247,6 +247,9 @@ pub(crate) async fn page(
     };
     let live = s.turns.running(&agent, &key).map(|t| LiveTurn {
         id: t.id.clone(),
+        agent: agent.clone(),
+        key: key.clone(),
+        csrf: me.csrf.clone(),
         message: None,
     });
     html(&ChatPage {
@@ -319,6 +322,9 @@ pub(crate) async fn prompt(
     if from_htmx(&headers) {
         return html(&LiveTurn {
             id: turn.id.clone(),
+            agent,
+            key,
+            csrf: me.csrf,
             message: Some(message),
         });
     }
@@ -330,6 +336,37 @@ pub(crate) async fn prompt(
         crate::url_encode(&key)
     ))
     .into_response())
+}
+
+/// `POST /console/agents/{agent}/sessions/{key}/cancel`: cancel the session's running
+/// turn (the turn's stream then ends with its status).
+pub(crate) async fn cancel(
+    State(s): State<Shared>,
+    Path((agent, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfOnly>,
+) -> PageResult {
+    let me = session(&s, &headers).await?;
+    auth::check_csrf(&headers, Some(&form.csrf), &me.csrf)?;
+    me.caller.may_use_session(&agent, &key)?;
+    let cancelled = s.api.gateway.cancel(&agent, &key).await?;
+    tracing::info!(%agent, %key, user = %me.caller.user, cancelled, "console: cancel");
+    if from_htmx(&headers) {
+        return Ok(axum::http::StatusCode::NO_CONTENT.into_response());
+    }
+    Ok(Redirect::to(&format!(
+        "/console/agents/{}/sessions/{}",
+        crate::url_encode(&agent),
+        crate::url_encode(&key)
+    ))
+    .into_response())
+}
+
+/// A form with only the CSRF field.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CsrfOnly {
+    #[serde(default, rename = "_csrf")]
+    csrf: String,
 }
 
 /// SSE `data` cannot carry a carriage return.

@@ -118,6 +118,10 @@ pub fn router(api: &ApiState, options: ConsoleOptions) -> Router {
             "/console/agents/{agent}/sessions/{key}/prompt",
             post(chat::prompt),
         )
+        .route(
+            "/console/agents/{agent}/sessions/{key}/cancel",
+            post(chat::cancel),
+        )
         .route("/console/turns/{id}/events", get(chat::events))
         .route("/console/approvals", get(pages::approvals))
         .route("/console/approvals/list", get(pages::approval_list))

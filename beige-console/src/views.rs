@@ -177,6 +177,12 @@ pub struct ChatPage {
 pub struct LiveTurn {
     /// The turn's id.
     pub id: String,
+    /// The agent.
+    pub agent: String,
+    /// The session key.
+    pub key: String,
+    /// The session's CSRF token (for the Cancel form).
+    pub csrf: String,
     /// The user's message that started it, when shown with it.
     pub message: Option<String>,
 }

@@ -611,6 +611,53 @@ async fn a_prompt_streams_text_and_a_tool_cell_with_exit_code_and_output() {
     gw.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_turn_is_cancelled_from_the_page() {
+    if browser_binaries().is_none() {
+        return;
+    }
+    let gw = Gw::start(json!({})).await;
+    // The model never answers: the turn runs until it is cancelled.
+    gw.llm.push(beige_testkit::llm::Reply::hang());
+    with_browser("cancel", |b| {
+        let gw = &gw;
+        async move {
+            b.login(gw, TOKEN).await;
+            b.find("#agent-a").await;
+            b.goto(&gw.url("/console/agents/a/sessions/api%3Aa%3Adefault"))
+                .await;
+            b.find("textarea#message")
+                .await
+                .send_keys("wait")
+                .await
+                .unwrap();
+            b.find("form.composer button").await.click().await.unwrap();
+            gw.llm.wait_for_requests(1).await;
+            b.find(".turn form.cancel button")
+                .await
+                .click()
+                .await
+                .unwrap();
+            let status = b
+                .wait_text(".turn-status", "the cancelled status", |t| {
+                    t.starts_with("Failed")
+                })
+                .await;
+            assert!(status.contains("cancel"), "{status}");
+            assert!(
+                b.client
+                    .find(Locator::Css(".turn form.cancel"))
+                    .await
+                    .is_err(),
+                "the Cancel button goes with the turn"
+            );
+            b.shot("cancelled").await;
+        }
+    })
+    .await;
+    gw.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Approvals
 
