@@ -105,6 +105,11 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<PolicyCommand>,
     },
+    /// Users and their personal API tokens (a shared gateway: roles per agent)
+    Users {
+        #[command(subcommand)]
+        command: Option<crate::cmd::users::UsersCommand>,
+    },
     /// MCP: list an agent's MCP servers and tools; serve its tools to an MCP client (Claude Code, Codex, editors)
     Mcp {
         #[command(subcommand)]

@@ -1157,7 +1157,10 @@ pub fn ensure_installed(
 /// A minimal JSON5 editor that changes one `plugins` entry and leaves every other byte
 /// alone. It understands exactly what it must skip: comments, strings (both quotes),
 /// nested objects and arrays, unquoted keys and scalars.
-mod edit {
+pub(crate) mod edit {
+    //! Structural edits of a JSON5 config that keep its comments and layout: members
+    //! are found by a scanner that skips strings and comments, and only their text is
+    //! replaced, inserted or removed.
     use serde_json::Value;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1633,15 +1636,53 @@ mod edit {
 
     /// Remove `plugins.<name>` with its line; `None` when there is no such entry.
     pub fn remove_entry(text: &str, name: &str) -> Result<Option<String>, EditError> {
+        remove_member(text, "plugins", name)
+    }
+
+    /// Set `<section>.<name>` to `value` (an existing value is replaced whole), adding
+    /// the section when the config has none.
+    pub fn set_member(
+        text: &str,
+        section: &str,
+        name: &str,
+        value: &Value,
+    ) -> Result<String, EditError> {
         let root = root(text)?;
-        let Some(plugins) = root.member("plugins") else {
+        let Some(sec) = root.member(section) else {
+            let mut wrapper = serde_json::Map::new();
+            wrapper.insert(name.to_string(), value.clone());
+            let edits = insert_members(text, &root, &[(section.into(), Value::Object(wrapper))]);
+            return Ok(apply(text, edits));
+        };
+        if text.as_bytes().get(sec.value_start) != Some(&b'{') {
+            return err(format!("`{section}` is not an object"));
+        }
+        let obj = parse_object(text, sec.value_start)?;
+        let edits = match obj.member(name) {
+            None => insert_members(text, &obj, &[(name.to_string(), value.clone())]),
+            Some(m) => {
+                let indent = indent_before(text, m.key_start).unwrap_or("").to_string();
+                vec![(m.value_start, m.value_end, render(value, &indent, false))]
+            }
+        };
+        Ok(apply(text, edits))
+    }
+
+    /// Remove `<section>.<name>` with its line; `None` when there is no such entry.
+    pub fn remove_member(
+        text: &str,
+        section: &str,
+        name: &str,
+    ) -> Result<Option<String>, EditError> {
+        let root = root(text)?;
+        let Some(sec) = root.member(section) else {
             return Ok(None);
         };
-        if text.as_bytes().get(plugins.value_start) != Some(&b'{') {
+        if text.as_bytes().get(sec.value_start) != Some(&b'{') {
             return Ok(None);
         }
-        let plugins = parse_object(text, plugins.value_start)?;
-        let Some(m) = plugins.member(name) else {
+        let sec = parse_object(text, sec.value_start)?;
+        let Some(m) = sec.member(name) else {
             return Ok(None);
         };
         let end = m.comma.map(|c| c + 1).unwrap_or(m.value_end);

@@ -906,6 +906,51 @@ impl Admin for RemoteGateway {
         field(v, "servers")
     }
 
+    async fn create_token(
+        &self,
+        new: crate::auth::NewToken,
+    ) -> Result<crate::auth::MintedToken, GatewayError> {
+        let body = serde_json::to_value(&new).map_err(|e| GatewayError::Remote {
+            status: 0,
+            message: format!("could not encode the token request: {e}"),
+        })?;
+        let v = self
+            .call(
+                Method::POST,
+                &["api", "tokens"],
+                Some(body),
+                Some(QUICK_TIMEOUT),
+                ErrCtx::default(),
+            )
+            .await?;
+        decode(v)
+    }
+
+    async fn tokens(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<crate::auth::TokenInfo>, GatewayError> {
+        let mut url = self.url(&["api", "tokens"]);
+        if let Some(u) = user {
+            url.query_pairs_mut().append_pair("user", u);
+        }
+        let v = self.get_url(url, ErrCtx::default()).await?;
+        field(v, "tokens")
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<crate::auth::TokenInfo, GatewayError> {
+        let v = self
+            .call(
+                Method::DELETE,
+                &["api", "tokens", id],
+                None,
+                Some(QUICK_TIMEOUT),
+                ErrCtx::default(),
+            )
+            .await?;
+        decode(v)
+    }
+
     async fn config_summary(&self) -> Result<Value, GatewayError> {
         self.call(
             Method::GET,

@@ -15,6 +15,7 @@ mod run;
 mod schedule;
 mod setup;
 pub mod usage;
+pub mod users;
 
 use std::future::Future;
 
@@ -169,6 +170,19 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Policy {
             command: Some(PolicyCommand::List { agent, json }),
         }) => policy::list(&home, config, &agent, json),
+        Some(Command::Users { command: None }) => print_help(&["users"]),
+        Some(Command::Users {
+            command: Some(users::UsersCommand::List { json }),
+        }) => users::list(&home, config, json),
+        Some(Command::Users {
+            command: Some(users::UsersCommand::Add(args)),
+        }) => users::add(&home, config, &args),
+        Some(Command::Users {
+            command: Some(users::UsersCommand::Remove { name }),
+        }) => users::remove(&home, config, &name),
+        Some(Command::Users {
+            command: Some(users::UsersCommand::Token { command }),
+        }) => block_on(users::token(&target(), &command)),
         Some(Command::Mcp { command: None }) => print_help(&["mcp"]),
         Some(Command::Mcp {
             command: Some(mcp::McpCommand::List(args)),

@@ -27,10 +27,10 @@ const DENY: u8 = 1;
 /// Exit code: the call would need approval.
 const ASK: u8 = 2;
 /// Exit code: the config does not load (`EX_CONFIG`).
-const CONFIG: u8 = 78;
+pub(crate) const CONFIG: u8 = 78;
 
 /// Loads the config as the gateway does; a failure exits with [`CONFIG`].
-fn load(home: &BeigeHome, explicit: Option<&Path>) -> Result<Config> {
+pub(crate) fn load(home: &BeigeHome, explicit: Option<&Path>) -> Result<Config> {
     let path = explicit
         .map(Path::to_path_buf)
         .unwrap_or_else(|| home.config_path());

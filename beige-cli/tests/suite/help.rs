@@ -28,6 +28,13 @@ fn help_of_every_command() {
         ("help_mcp", &["mcp", "--help"]),
         ("help_mcp_serve", &["mcp", "serve", "--help"]),
         ("help_mcp_list", &["mcp", "list", "--help"]),
+        ("help_users", &["users", "--help"]),
+        ("help_users_list", &["users", "list", "--help"]),
+        ("help_users_add", &["users", "add", "--help"]),
+        (
+            "help_users_token_create",
+            &["users", "token", "create", "--help"],
+        ),
         ("help_demo", &["demo", "--help"]),
         ("help_tui", &["tui", "--help"]),
         ("help_completions", &["completions", "--help"]),
@@ -37,7 +44,7 @@ fn help_of_every_command() {
         assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
         insta::assert_snapshot!(*name, run.stdout, &args.join(" "));
     }
-    for group in ["gateway", "audit", "egress", "policy", "mcp"] {
+    for group in ["gateway", "audit", "egress", "policy", "mcp", "users"] {
         let run = env.run(&[group]);
         assert_eq!(run.code, Some(0));
         assert_eq!(run.stdout, env.run(&[group, "--help"]).stdout);

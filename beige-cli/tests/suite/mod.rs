@@ -15,6 +15,7 @@ mod policy;
 mod schedules;
 mod setup;
 mod tui_pty;
+mod users;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

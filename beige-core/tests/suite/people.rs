@@ -514,6 +514,41 @@ async fn a_revoked_token_stops_working_at_once() {
     );
     // In process, the same check: the gateway says nobody.
     assert!(f.gw.authenticate(&mem).await.unwrap().is_none());
+    // The client `beige users token` uses: create, list, revoke over HTTP.
+    let remote = beige_core::RemoteGateway::new(&f.url, Some(OWNER_TOKEN.into())).unwrap();
+    let minted = remote
+        .create_token(beige_core::api::auth::NewToken {
+            user: "op".into(),
+            name: "ci".into(),
+            expires_in_secs: Some(3600),
+            scope: Default::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        f.call(&minted.token, "GET", "/api/whoami", None).await.1["user"],
+        "op"
+    );
+    assert!(remote
+        .tokens(Some("op"))
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.id == minted.info.id));
+    assert!(remote.revoke_token(&minted.info.id).await.unwrap().revoked);
+    assert_eq!(
+        f.call(&minted.token, "GET", "/api/whoami", None).await.0,
+        401
+    );
+    let err = remote
+        .create_token(beige_core::api::auth::NewToken {
+            user: "nobody".into(),
+            name: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no user 'nobody'"), "{err}");
     // The gateway's own token is still the owner, unchanged.
     assert_eq!(f.call(OWNER_TOKEN, "GET", "/api/config", None).await.0, 200);
     let _ = Principal::ApiToken;

@@ -1209,3 +1209,92 @@ async fn an_unattended_prompt_is_denied_at_once_and_the_owner_is_told() {
         "no request waits"
     );
 }
+
+/// Telegram ids mapped to users act with those users' roles: a viewer's message is
+/// refused with the reason and reaches no model, a viewer's press of an approval button
+/// decides nothing, and the member's own press does; the audit names the users.
+#[tokio::test]
+async fn mapped_telegram_users_act_with_their_roles() {
+    const VIEWER: i64 = 4343;
+    let model = scripted()
+        .then_tool("t1", "exec", json!({"command": "git push origin main"}))
+        .then_text("pushed");
+    let requests = model.clone();
+    let mut patch = ask_on_push(json!({}));
+    patch["users"] = json!({
+        "mem": {"roles": {"a": "member"}, "telegram": [USER]},
+        "vi": {"roles": {"*": "viewer"}, "telegram": [VIEWER]},
+    });
+    let Some(h) = Harness::build_with(
+        Models::Scripted(vec![model]),
+        json!({"allowedUsers": [USER, VIEWER]}),
+        false,
+        patch,
+    )
+    .await
+    else {
+        return;
+    };
+    // The viewer is heard (allowedUsers) but may not prompt.
+    h.tg.send_text(VIEWER, VIEWER, "hello");
+    let refused = h.reply_containing(VIEWER, "may not prompt").await;
+    assert!(
+        refused.visible.contains("vi (viewer on a)"),
+        "{}",
+        refused.visible
+    );
+    assert!(
+        requests.requests().is_empty(),
+        "no model call for a refused prompt"
+    );
+
+    h.tg.send_text(USER, USER, "push it");
+    let asked = approval_message(&h, USER, 0).await;
+    // The viewer's press (an allowed user) is refused by their role.
+    h.tg.press_button(USER, VIEWER, asked.message_id, &button(&asked, 'o'));
+    within("the viewer's answer", async {
+        h.tg.wait_until(|t| {
+            t.callback_answers()
+                .iter()
+                .any(|(_, a)| a.contains("may not approve"))
+        })
+        .await
+    })
+    .await;
+    assert!(!h
+        .sandbox
+        .executed("a")
+        .iter()
+        .any(|c| c.contains("git push")));
+    // The member approves a request of their own chat, once.
+    h.tg.press_button(USER, USER, asked.message_id, &button(&asked, 'o'));
+    h.reply_containing(USER, "pushed").await;
+    assert_eq!(
+        h.sandbox
+            .executed("a")
+            .iter()
+            .filter(|c| c.contains("git push"))
+            .count(),
+        1
+    );
+    let audit: Vec<Value> = std::fs::read_to_string(h.gw.home().audit_log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        audit.iter().any(|r| r["type"] == "prompt"
+            && r["principal"] == "mem"
+            && r["via"] == format!("telegram:{USER}")),
+        "the prompt names the user"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|r| r["type"] == "approval" && r["approval"]["approver"] == "mem"),
+        "the approval names the user"
+    );
+    assert!(audit
+        .iter()
+        .any(|r| r["tool"] == "auth.refused" && r["principal"] == "vi"));
+}
