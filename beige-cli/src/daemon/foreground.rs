@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use async_trait::async_trait;
-use beige_core::channel::http::{ApiOptions, HttpApiChannel};
+use beige_core::channel::http::{ApiOptions, ExtraRoutes, HttpApiChannel};
 use beige_core::config::{Config, LoadedConfig};
 use beige_core::home::BeigeHome;
 use beige_core::GatewayBuilder;
@@ -132,8 +132,17 @@ pub async fn run(home: BeigeHome, config_path: PathBuf) -> Result<()> {
         None
     };
 
-    let (api, addr) = HttpApiChannel::bind(&gw_config.host, gw_config.port, ApiOptions::new(token))
-        .map_err(|e| {
+    // The web console at /console on the same port (docs/console.md).
+    let audit_log = home.audit_log_path();
+    let console: ExtraRoutes = Arc::new(move |state| {
+        beige_console::router(
+            state,
+            beige_console::ConsoleOptions::new().audit_log(audit_log.clone()),
+        )
+    });
+    let options = ApiOptions::new(token).with_extra_routes(console);
+    let (api, addr) =
+        HttpApiChannel::bind(&gw_config.host, gw_config.port, options).map_err(|e| {
             tracing::error!("cannot start the HTTP API: {e:#}");
             Exit::new(1, format!("error: {e:#}"))
         })?;

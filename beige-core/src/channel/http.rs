@@ -69,6 +69,11 @@ const MAX_REWRAPPED_BODY: usize = 16 * 1024;
 /// background and return at once.
 pub type RestartHook = Arc<dyn Fn() + Send + Sync>;
 
+/// More routes served on the API's port (the web console at `/console`): built from the
+/// state once [`HttpApiChannel::run`] has the gateway, and merged into the app outside
+/// the API's checks (such routes apply [`refuse_foreign`] and their own authentication).
+pub type ExtraRoutes = Arc<dyn Fn(&ApiState) -> Router + Send + Sync>;
+
 /// How the HTTP API serves, apart from the gateway it serves: what
 /// [`HttpApiChannel::bind`] takes (the gateway comes with [`Channel::run`]'s context, and
 /// the restart route from its reload handle unless a hook is set here).
@@ -87,6 +92,8 @@ pub struct ApiOptions {
     pub port: Option<u16>,
     /// Accept any IP literal in `Host`/`Origin` (set when listening on a wildcard).
     pub allow_ip_hosts: bool,
+    /// More routes on the same port (see [`ExtraRoutes`]).
+    pub extra_routes: Option<ExtraRoutes>,
 }
 
 impl ApiOptions {
@@ -99,6 +106,7 @@ impl ApiOptions {
             restart: None,
             port: None,
             allow_ip_hosts: false,
+            extra_routes: None,
         }
     }
 
@@ -111,6 +119,12 @@ impl ApiOptions {
     /// Change the body limit.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
+        self
+    }
+
+    /// Serve these routes too (see [`ExtraRoutes`]).
+    pub fn with_extra_routes(mut self, routes: ExtraRoutes) -> Self {
+        self.extra_routes = Some(routes);
         self
     }
 
@@ -139,6 +153,7 @@ impl std::fmt::Debug for ApiOptions {
             .field("restart", &self.restart.is_some())
             .field("port", &self.port)
             .field("allow_ip_hosts", &self.allow_ip_hosts)
+            .field("extra_routes", &self.extra_routes.is_some())
             .finish()
     }
 }
@@ -244,6 +259,7 @@ impl ApiState {
             restart: self.restart.clone(),
             port: self.port,
             allow_ip_hosts: self.allow_ip_hosts,
+            extra_routes: None,
         }
     }
 
@@ -811,10 +827,10 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
     rewrap_error(response).await
 }
 
-/// The `Host` and `Origin` checks of [`guard`] (against DNS rebinding and cross-site
-/// requests): the refusal to answer with, or `None` when the request may go on. The
-/// metrics listener applies the same checks.
-pub(crate) fn refuse_foreign(s: &ApiState, req: &Request) -> Option<Response> {
+/// The `Host` and `Origin` checks in front of every API route (against DNS rebinding
+/// and cross-site requests): the refusal to answer with, or `None` when the request may
+/// go on. The metrics listener and the web console apply the same checks.
+pub fn refuse_foreign(s: &ApiState, req: &Request) -> Option<Response> {
     let authority = req
         .uri()
         .authority()
@@ -1974,9 +1990,18 @@ impl Channel for HttpApiChannel {
         if let (None, Some(reload)) = (&state.restart, reload) {
             state.restart = Some(Arc::new(move || reload.request()));
         }
-        let app = router(state);
+        let extra = self
+            .options
+            .extra_routes
+            .as_ref()
+            .map(|build| build(&state));
+        let mut app = router(state);
+        if let Some(extra) = extra {
+            app = app.merge(extra);
+        }
         tracing::info!(addr = %self.addr, "HTTP API listening");
         let stop = shutdown.clone();
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let serve = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .into_future();
