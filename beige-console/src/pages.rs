@@ -13,7 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::Form;
 use beige_core::api::approvals::{ApprovalDecision, ApprovalStatus, Scope};
-use beige_core::api::auth::{Action, Caller};
+use beige_core::api::auth::{Action, AuthEvent, Caller};
 use beige_core::api::usage::{UsageGroupBy, UsageQuery};
 use beige_core::api::{Admin as _, Gateway as _, GatewayError, SandboxStatus, Sessions as _};
 use futures_util::StreamExt as _;
@@ -378,7 +378,17 @@ pub(crate) async fn decide(
             )))
         }
     };
-    may_decide(&me.caller, &approval.agent, &approval.session, scope)?;
+    if let Err(e) = may_decide(&me.caller, &approval.agent, &approval.session, scope) {
+        if let ConsoleError::Refused(refusal) = &e {
+            gw.audit_auth(AuthEvent::refused(
+                &me.caller,
+                Some(&approval.agent),
+                refusal,
+            ))
+            .await;
+        }
+        return Err(e);
+    }
     let digest = if form.digest.is_empty() {
         approval.call_digest.clone()
     } else {

@@ -1026,6 +1026,14 @@ async fn a_viewer_sees_no_approve_button_and_a_forged_decision_is_refused() {
             .await;
         assert_eq!(status, json!(403));
         assert_eq!(gw.pending().await.len(), 1, "still pending");
+        // The refusal is an `auth` record naming the viewer.
+        let audit = std::fs::read_to_string(gw.home.audit_log_path()).unwrap();
+        assert!(
+            audit.lines().any(|l| l.contains("\"tool\":\"auth.refused\"")
+                && l.contains("\"principal\":\"vera\"")
+                && l.contains("may not approve")),
+            "the forged decision is audited: {audit}"
+        );
         // And a viewer cannot prompt.
         let status = b
             .js(&format!(
