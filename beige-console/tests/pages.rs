@@ -204,6 +204,18 @@ async fn roles_decide_what_each_person_gets() {
         assert!(agents.contains("id=\"agent-a\""));
         assert!(!agents.contains("id=\"agent-b\""));
     }
+    // A member of a cannot prompt b: it is not there for her.
+    let body = format!("_csrf={m_csrf}&message=hi");
+    let (status, _, _) = send(
+        &a.app,
+        post(
+            "/console/agents/b/sessions/api%3Ab%3Au%3Amia/prompt",
+            &m_cookie,
+            &body,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     // A viewer may not prompt: 403 with the refusal's words, nothing started.
     let body = format!("_csrf={v_csrf}&message=hi");
     let (status, _, page) = send(
