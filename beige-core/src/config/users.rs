@@ -4,7 +4,7 @@
 //! are them (Telegram user ids). Without a `users` section nothing changes: the
 //! gateway's token is the owner and channel users are members of their chats' agents.
 //!
-//! [`UsersConfig::caller`] turns a user into a [`Caller`]; the gateway calls it after it
+//! [`caller`] turns a user into a [`Caller`]; the gateway calls it after it
 //! has verified a credential, never on a name a request gives.
 
 use indexmap::IndexMap;
