@@ -725,8 +725,7 @@ async fn preview(home: &BeigeHome, config: &Config, agent: &str) -> Result<Strin
         &prompt_skills,
         &PromptSession {
             channel: "cli".into(),
-            chat_id: None,
-            thread_id: None,
+            ..Default::default()
         },
         &workspace,
     ))

@@ -638,6 +638,12 @@ impl Run<'_> {
                     channel: channel.clone(),
                     chat_id: self.req.chat_id.clone(),
                     thread_id: self.req.thread_id.clone(),
+                    speaker: match inner.person_of(self.req.principal.clone()) {
+                        crate::policy::Principal::Person { name, via } => {
+                            Some(format!("{name}, via {via}"))
+                        }
+                        _ => None,
+                    },
                 },
                 child.as_ref().map(|c| &c.rights.tools),
                 Some(&self.req.session_key),

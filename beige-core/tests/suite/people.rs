@@ -199,6 +199,9 @@ async fn each_role_may_do_exactly_what_the_table_says_through_the_http_api() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["response"], "hello mem");
+    // The model is told who is speaking, as the gateway authenticated them.
+    let system = &f.model.requests()[0].system;
+    assert!(system.contains("- Speaker: mem, via token:"), "{system}");
     let (status, body) = f
         .call(
             &mem,
