@@ -162,6 +162,17 @@ async fn send(target: &Target, mut req: reqwest::RequestBuilder) -> Result<Value
 }
 
 /// The sentence every command prints when the gateway is down.
+/// The exit for a failed call to the running gateway: not running (exit 3, with how to
+/// start it), or its error as it is (exit 1).
+pub fn gateway_exit(target: &Target, e: beige_core::GatewayError) -> anyhow::Error {
+    match e {
+        beige_core::GatewayError::Unreachable { .. } => {
+            crate::Exit::new(crate::code::NOT_RUNNING, not_running_message(&target.url)).into()
+        }
+        e => crate::Exit::new(1, format!("error: {e}")).into(),
+    }
+}
+
 pub fn not_running_message(url: &str) -> String {
     format!("the gateway is not running (nothing answers at {url}) — start it with `beige gateway start`")
 }

@@ -73,14 +73,7 @@ pub async fn list(target: &crate::client::Target, args: &McpListArgs) -> anyhow:
     let gw = target.remote()?;
     let servers = match gw.mcp_servers(&args.agent).await {
         Ok(s) => s,
-        Err(beige_core::GatewayError::Unreachable { .. }) => {
-            return Err(Exit::new(
-                crate::code::NOT_RUNNING,
-                crate::client::not_running_message(&target.url),
-            )
-            .into())
-        }
-        Err(e) => return Err(Exit::new(1, format!("error: {e}")).into()),
+        Err(e) => return Err(crate::client::gateway_exit(target, e)),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&servers)?);

@@ -96,14 +96,7 @@ pub async fn run(target: &Target, args: UsageArgs) -> Result<()> {
     let q = query(&args, chrono::Utc::now().timestamp_millis())?;
     let report = match gw.usage(q).await {
         Ok(r) => r,
-        Err(beige_core::GatewayError::Unreachable { .. }) => {
-            return Err(Exit::new(
-                crate::code::NOT_RUNNING,
-                crate::client::not_running_message(&target.url),
-            )
-            .into())
-        }
-        Err(e) => return Err(Exit::new(1, format!("error: {e}")).into()),
+        Err(e) => return Err(crate::client::gateway_exit(target, e)),
     };
     if args.json {
         println!("{}", json(&report)?);

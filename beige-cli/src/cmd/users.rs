@@ -261,17 +261,6 @@ fn parse_lifetime(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("--expires '{text}' is out of range"))
 }
 
-fn gateway_error(target: &Target, e: beige_core::GatewayError) -> anyhow::Error {
-    match e {
-        beige_core::GatewayError::Unreachable { .. } => Exit::new(
-            crate::code::NOT_RUNNING,
-            crate::client::not_running_message(&target.url),
-        )
-        .into(),
-        e => Exit::new(1, format!("error: {e}")).into(),
-    }
-}
-
 /// `beige users token …`.
 pub async fn token(target: &Target, command: &TokenCommand) -> Result<()> {
     let gw = target.remote()?;
@@ -295,7 +284,7 @@ pub async fn token(target: &Target, command: &TokenCommand) -> Result<()> {
             let minted = gw
                 .create_token(new)
                 .await
-                .map_err(|e| gateway_error(target, e))?;
+                .map_err(|e| crate::client::gateway_exit(target, e))?;
             println!("{}", minted.token);
             eprintln!(
                 "token {} for {} ('{}'): store it now, it is not shown again",
@@ -306,7 +295,7 @@ pub async fn token(target: &Target, command: &TokenCommand) -> Result<()> {
             let tokens = gw
                 .tokens(user.as_deref())
                 .await
-                .map_err(|e| gateway_error(target, e))?;
+                .map_err(|e| crate::client::gateway_exit(target, e))?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&tokens)?);
             } else {
@@ -317,7 +306,7 @@ pub async fn token(target: &Target, command: &TokenCommand) -> Result<()> {
             let info = gw
                 .revoke_token(id)
                 .await
-                .map_err(|e| gateway_error(target, e))?;
+                .map_err(|e| crate::client::gateway_exit(target, e))?;
             println!(
                 "revoked token {} of {} ('{}')",
                 info.id, info.user, info.name
