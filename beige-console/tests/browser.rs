@@ -293,8 +293,20 @@ impl Browser {
             .unwrap_or_else(|e| panic!("no element `{css}`: {e}"))
     }
 
+    /// The text of `css`; an element the page replaced between finding and reading it
+    /// (a navigation, an htmx swap) is found again.
     async fn text(&self, css: &str) -> String {
-        self.find(css).await.text().await.unwrap()
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.find(css).await.text().await {
+                Ok(t) => return t,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("reading `{css}` again: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot read `{css}`: {e}"),
+            }
+        }
     }
 
     /// Wait until the text of `css` (the first match) satisfies `ok`.
