@@ -17,11 +17,13 @@
 
 mod credentials;
 mod schedule;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(test)]
-#[cfg(feature = "sqlite")]
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod tests;
 
 use std::fmt::Debug;
@@ -39,6 +41,8 @@ pub use schedule::{
     Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
     ScheduleStore, ScheduleView, RERUN_PREFIX,
 };
+#[cfg(feature = "postgres")]
+pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 
@@ -210,6 +214,47 @@ pub enum KvWrite {
         /// [`KvLimits::max_bytes`].
         max: u64,
     },
+}
+
+/// The check of [`PluginData::kv_set_within`], the same on every backend: `None` when
+/// writing `key` = `value` keeps the data within `limits`, else the refusal. `usage` is
+/// what the data holds now (the plugin's or the scope's, as `limits` says) and
+/// `old_bytes` the bytes of the entry the write replaces, if any.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "test-util", test)),
+    allow(dead_code)
+)]
+pub(crate) fn kv_limit_check(
+    limits: KvLimits,
+    usage: KvUsage,
+    old_bytes: Option<u64>,
+    key: &str,
+    value: &str,
+) -> Option<KvWrite> {
+    let new_entry = old_bytes.is_none();
+    if let (true, Some(max)) = (new_entry, limits.max_entries) {
+        if usage.entries >= max {
+            return Some(KvWrite::TooManyEntries {
+                held: usage.entries,
+                max,
+            });
+        }
+    }
+    let max = limits.max_bytes?;
+    let counted =
+        |entries: u64, bytes: u64| bytes.saturating_add(entries.saturating_mul(limits.entry_overhead));
+    let used = counted(usage.entries, usage.bytes);
+    let new_bytes = (key.len() + value.len()) as u64;
+    let after = counted(
+        usage.entries + u64::from(new_entry),
+        usage
+            .bytes
+            .saturating_sub(old_bytes.unwrap_or(0))
+            .saturating_add(new_bytes),
+    );
+    // A write that does not grow the data passes even above the limit (after the limit
+    // was lowered), so an agent can always shrink its data.
+    (after > max && after > used).then_some(KvWrite::TooManyBytes { used, after, max })
 }
 
 /// A boxed error of a store backend (the SQLite driver's, another database client's).

@@ -213,3 +213,18 @@ macro_rules! forward_schedules {
 }
 
 forward_schedules!(Arc<S>, Box<S>);
+
+/// A value as JSON text, or `NULL` (`None`).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(super) fn json_or_null<T: serde::Serialize>(value: &Option<T>) -> Option<String> {
+    value.as_ref().and_then(|v| serde_json::to_string(v).ok())
+}
+
+/// A word of a serialised enum (`"run-once"` → `run-once`).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(super) fn word<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}

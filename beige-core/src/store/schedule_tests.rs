@@ -63,8 +63,8 @@ fn finish(status: RunStatus, deliveries: Vec<(String, serde_json::Value)>) -> Ru
 }
 
 async fn schedules_round_trip_and_list_by_agent<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     store
         .put_schedule(record("b", "bob", Some(10)))
         .await
@@ -138,8 +138,8 @@ async fn schedules_round_trip_and_list_by_agent<B: Backend>() {
 }
 
 async fn a_claim_is_once_per_instant_and_moves_the_next_fire<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     store
         .put_schedule(record("c", "a", Some(1_000)))
         .await
@@ -244,8 +244,8 @@ async fn a_claim_is_once_per_instant_and_moves_the_next_fire<B: Backend>() {
 }
 
 async fn start_and_finish_move_forward_only_and_enqueue_once<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     store
         .put_schedule(record("s", "a", Some(1_000)))
         .await
@@ -299,8 +299,8 @@ async fn start_and_finish_move_forward_only_and_enqueue_once<B: Backend>() {
 }
 
 async fn open_runs_survive_a_restart<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     store
         .put_schedule(record("r", "a", Some(1_000)))
         .await
@@ -319,7 +319,7 @@ async fn open_runs_survive_a_restart<B: Backend>() {
         .unwrap();
     drop(store);
 
-    let store = db.open();
+    let store = db.open().await;
     let open = store.open_runs().await.unwrap();
     let open: Vec<(&str, RunStatus)> = open.iter().map(|r| (r.id.as_str(), r.status)).collect();
     assert_eq!(
@@ -333,8 +333,8 @@ async fn open_runs_survive_a_restart<B: Backend>() {
 }
 
 async fn a_running_run_is_rerun_once<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     store
         .put_schedule(record("r", "a", Some(1_000)))
         .await
@@ -349,7 +349,7 @@ async fn a_running_run_is_rerun_once<B: Backend>() {
     assert!(store.start_run("run_1", 1_100).await.unwrap());
     drop(store);
 
-    let store = db.open();
+    let store = db.open().await;
     assert!(store.rerun_run("run_1", "boot-2", 1_500).await.unwrap());
     let run = store.get_run("run_1").await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Running);

@@ -1598,35 +1598,10 @@ impl PluginData for SqliteStore {
             } else {
                 read_usage(&tx, &plugin, Some(&scope))?
             };
-            let new_entry = old.is_none();
-            if let (true, Some(max)) = (new_entry, limits.max_entries) {
-                if usage.entries >= max {
-                    return Ok(KvWrite::TooManyEntries {
-                        held: usage.entries,
-                        max,
-                    });
-                }
-            }
-            if let Some(max) = limits.max_bytes {
-                let counted = |entries: u64, bytes: u64| {
-                    bytes.saturating_add(entries.saturating_mul(limits.entry_overhead))
-                };
-                let used = counted(usage.entries, usage.bytes);
-                let old_bytes = old.map(to_u64).unwrap_or(0);
-                let new_bytes = (key.len() + value.len()) as u64;
-                let after_entries = usage.entries + u64::from(new_entry);
-                let after = counted(
-                    after_entries,
-                    usage
-                        .bytes
-                        .saturating_sub(old_bytes)
-                        .saturating_add(new_bytes),
-                );
-                // A write that does not grow the data passes even above the limit (after
-                // the limit was lowered), so an agent can always shrink its data.
-                if after > max && after > used {
-                    return Ok(KvWrite::TooManyBytes { used, after, max });
-                }
+            if let Some(refusal) =
+                super::kv_limit_check(limits, usage, old.map(to_u64), &key, &value)
+            {
+                return Ok(refusal);
             }
             tx.prepare_cached(
                 "INSERT INTO plugin_kv (plugin, scope, key, value, updated)

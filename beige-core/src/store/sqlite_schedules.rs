@@ -9,7 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{corrupt, now_ms, Fail, SqliteStore};
 use crate::store::schedule::{
-    Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
+    json_or_null, word, Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
     ScheduleStore, RERUN_PREFIX,
 };
 use crate::store::StoreError;
@@ -21,18 +21,6 @@ const SCHEDULE_SELECT: &str =
 const RUN_SELECT: &str = "SELECT id, schedule_id, fire_at, missed_count, status, claimed_by,
             started_at, finished_at, session_id, exec_id, cost_micros, summary, error
      FROM schedule_runs";
-
-fn json_or_null<T: serde::Serialize>(value: &Option<T>) -> Option<String> {
-    value.as_ref().and_then(|v| serde_json::to_string(v).ok())
-}
-
-/// A word of a serialised enum (`"run-once"` → `run-once`).
-fn word<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
 
 fn schedule_from_row(
     row: &rusqlite::Row<'_>,

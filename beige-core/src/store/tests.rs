@@ -1,9 +1,13 @@
 //! Tests of the store. The contract suite — every generic `async fn name<B: Backend>()`
 //! below — runs against [`SqliteStore`] on a real database file in a temp dir
-//! (`store::tests::sqlite_store::name`) and against [`MemoryStore`]
-//! (`store::tests::memory_store::name`); the file, migrations, locks, corruption and crash
-//! safety are tested on SQLite only.
+//! (`store::tests::sqlite_store::name`), against [`PostgresStore`] on a fresh database of
+//! a real PostgreSQL server (`store::tests::postgres_store::name`; the server of
+//! `scripts/setup-postgres`, named by `BEIGE_TEST_POSTGRES_URL`) and against
+//! [`MemoryStore`] (`store::tests::memory_store::name`); the file, migrations, locks,
+//! corruption and crash safety are tested on SQLite only, and the two schemas are
+//! compared column by column.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,10 +25,11 @@ trait Backend: Sized {
     type Store: Store + Clone + 'static;
 
     /// A new, empty store (and the temp dir it may live in).
-    fn temp_db() -> (tempfile::TempDir, Self);
+    async fn temp_db() -> (tempfile::TempDir, Self);
 
-    /// Open the store; opened again, it holds what was stored before.
-    fn open(&self) -> Self::Store;
+    /// Open the store; opened again, it holds what was stored before. Each call is
+    /// another handle (another connection or pool), as another gateway would have.
+    async fn open(&self) -> Self::Store;
 
     /// Another connection to the database file, for checks of its tables; `None` when
     /// the store has no file.
@@ -37,12 +42,12 @@ struct Sqlite(PathBuf);
 impl Backend for Sqlite {
     type Store = SqliteStore;
 
-    fn temp_db() -> (tempfile::TempDir, Self) {
+    async fn temp_db() -> (tempfile::TempDir, Self) {
         let (dir, path) = temp_db();
         (dir, Self(path))
     }
 
-    fn open(&self) -> SqliteStore {
+    async fn open(&self) -> SqliteStore {
         open(&self.0)
     }
 
@@ -57,12 +62,12 @@ struct Memory(MemoryStore);
 impl Backend for Memory {
     type Store = MemoryStore;
 
-    fn temp_db() -> (tempfile::TempDir, Self) {
+    async fn temp_db() -> (tempfile::TempDir, Self) {
         let dir = tempfile::tempdir().expect("temp dir");
         (dir, Self(MemoryStore::new()))
     }
 
-    fn open(&self) -> MemoryStore {
+    async fn open(&self) -> MemoryStore {
         self.0.clone()
     }
 
@@ -80,6 +85,19 @@ macro_rules! contract {
                 #[tokio::test]
                 async fn $test() {
                     super::$test::<super::Sqlite>().await;
+                }
+            )*
+        }
+
+        /// The contract suite on [`PostgresStore`](super::PostgresStore), each test on a
+        /// database of its own.
+        mod postgres_store {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    if super::postgres::available() {
+                        super::$test::<super::postgres::Postgres>().await;
+                    }
                 }
             )*
         }
@@ -112,6 +130,7 @@ contract!(
     concurrent_sets_cannot_overshoot_a_limit,
     the_ledger_sums_filters_and_groups_and_survives_a_restart,
     child_sessions_keep_their_lineage_and_parents_count_their_spending,
+    two_handles_appending_to_one_session_keep_every_turn_whole,
 );
 
 // ---- helpers ----
@@ -331,8 +350,8 @@ fn error_messages() {
 // ---- sessions ----
 
 async fn sessions_create_current_list_and_resume<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let key = "telegram:42";
     assert_eq!(store.current_session(key).await.unwrap(), None);
 
@@ -450,8 +469,8 @@ fn titles_are_collapsed_and_shortened() {
 // ---- messages ----
 
 async fn append_turn_orders_titles_and_counts<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -557,8 +576,8 @@ async fn a_failure_mid_turn_stores_nothing_of_the_turn() {
 }
 
 async fn every_block_kind_round_trips<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -618,7 +637,7 @@ async fn every_block_kind_round_trips<B: Backend>() {
         .await
         .unwrap();
     drop(store);
-    let store = db.open();
+    let store = db.open().await;
     let stored = store.messages(&s.id, true).await.unwrap();
     assert_eq!(
         stored.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
@@ -627,8 +646,8 @@ async fn every_block_kind_round_trips<B: Backend>() {
 }
 
 async fn the_message_revision_counts_appends_and_compactions<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -660,7 +679,7 @@ async fn the_message_revision_counts_appends_and_compactions<B: Backend>() {
         .is_err());
     assert_eq!(revision(&store).await, Some(3));
     // Another handle (after a restart) reads the same revision.
-    assert_eq!(revision(&db.open()).await, Some(3));
+    assert_eq!(revision(&db.open().await).await, Some(3));
     assert!(matches!(
         store.message_revision("no-such-session").await,
         Err(StoreError::NotFound { .. })
@@ -668,8 +687,8 @@ async fn the_message_revision_counts_appends_and_compactions<B: Backend>() {
 }
 
 async fn compaction_marks_and_places_the_summary_first<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let s = store
         .create_session(new_session("a", "api:a:default"))
         .await
@@ -771,8 +790,8 @@ async fn compaction_marks_and_places_the_summary_first<B: Backend>() {
 // ---- settings and metadata ----
 
 async fn settings_update_partially<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let key = "telegram:42:7";
     assert_eq!(
         store.get_settings(key).await.unwrap(),
@@ -828,7 +847,7 @@ async fn settings_update_partially<B: Backend>() {
         .unwrap();
     store.create_session(new_session("a", key)).await.unwrap();
     drop(store);
-    let store = db.open();
+    let store = db.open().await;
     assert_eq!(
         store.get_settings(key).await.unwrap(),
         SessionSettings {
@@ -843,8 +862,8 @@ async fn settings_update_partially<B: Backend>() {
 }
 
 async fn metadata_fields_are_set_and_removed<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let key = "telegram:42";
     assert_eq!(store.get_metadata(key).await.unwrap(), json!({}));
     store
@@ -884,8 +903,8 @@ async fn metadata_fields_are_set_and_removed<B: Backend>() {
 // ---- health ----
 
 async fn health_survives_a_restart<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let limited = HealthRecord {
         model_key: "openrouter/meta/llama-3".into(),
         cooldown_until: Some(now_ms() + 300_000),
@@ -907,7 +926,7 @@ async fn health_survives_a_restart<B: Backend>() {
     store.save_health(updated.clone()).await.unwrap();
     drop(store);
 
-    let store = db.open();
+    let store = db.open().await;
     assert_eq!(
         store.load_health().await.unwrap(),
         [failing.clone(), updated]
@@ -920,8 +939,8 @@ async fn health_survives_a_restart<B: Backend>() {
 // ---- channels ----
 
 async fn offsets_dedup_and_outbox_retry<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
 
     assert_eq!(store.get_offset("telegram").await.unwrap(), None);
     store.set_offset("telegram", 1001).await.unwrap();
@@ -992,7 +1011,7 @@ async fn offsets_dedup_and_outbox_retry<B: Backend>() {
         .await
         .unwrap();
     drop(store);
-    let store = db.open();
+    let store = db.open().await;
     let due = store.due_outbox("telegram", now, 10).await.unwrap();
     assert_eq!(due.iter().map(|i| i.id).collect::<Vec<_>>(), [second]);
     store.outbox_done(second).await.unwrap();
@@ -1026,8 +1045,8 @@ async fn offsets_dedup_and_outbox_retry<B: Backend>() {
 // ---- plugin data ----
 
 async fn kv_operations_and_scope_isolation<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     assert_eq!(store.kv_get("kv", "alice", "k").await.unwrap(), None);
     store.kv_set("kv", "alice", "notes/a", "1").await.unwrap();
     store.kv_set("kv", "alice", "notes/b", "2").await.unwrap();
@@ -1085,8 +1104,8 @@ async fn kv_operations_and_scope_isolation<B: Backend>() {
 }
 
 async fn kv_usage_follows_every_write_path<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let usage = |entries, bytes| KvUsage { entries, bytes };
     assert_eq!(store.kv_usage("kv", Some("a")).await.unwrap(), usage(0, 0));
     store.kv_set("kv", "a", "k1", "value").await.unwrap(); // 2 + 5
@@ -1115,8 +1134,8 @@ async fn kv_usage_follows_every_write_path<B: Backend>() {
 }
 
 async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
     let limits = KvLimits {
         max_entries: Some(2),
         max_bytes: Some(20),
@@ -1184,8 +1203,10 @@ async fn kv_set_within_refuses_beyond_the_limits_and_keeps_the_data<B: Backend>(
 }
 
 async fn concurrent_sets_cannot_overshoot_a_limit<B: Backend>() {
-    let (_dir, db) = B::temp_db();
-    let store = db.open();
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
+    // Two handles, as two gateways on one database would have.
+    let other = db.open().await;
     let limits = KvLimits {
         max_entries: None,
         max_bytes: Some(1000),
@@ -1194,7 +1215,8 @@ async fn concurrent_sets_cannot_overshoot_a_limit<B: Backend>() {
     let value = "v".repeat(98); // 100 bytes with a two-character key
     let tasks: Vec<_> = (0..40)
         .map(|i| {
-            let (store, value) = (store.clone(), value.clone());
+            let store = if i % 2 == 0 { store.clone() } else { other.clone() };
+            let value = value.clone();
             tokio::spawn(async move {
                 store
                     .kv_set_within("kv", "a", &format!("{:02}", i), &value, limits)
@@ -1473,8 +1495,8 @@ fn ledger_row(
 }
 
 async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>() {
-    let (_dir, backend) = B::temp_db();
-    let store = backend.open();
+    let (_dir, backend) = B::temp_db().await;
+    let store = backend.open().await;
     let day = 86_400_000;
     let u = |i, o, r, w| Usage {
         input_tokens: i,
@@ -1520,7 +1542,7 @@ async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>()
         ))
         .await
         .unwrap();
-    let store = backend.open();
+    let store = backend.open().await;
 
     let s1 = store
         .usage_totals(LedgerFilter {
@@ -1604,8 +1626,8 @@ async fn the_ledger_sums_filters_and_groups_and_survives_a_restart<B: Backend>()
 }
 
 async fn child_sessions_keep_their_lineage_and_parents_count_their_spending<B: Backend>() {
-    let (_dir, backend) = B::temp_db();
-    let store = backend.open();
+    let (_dir, backend) = B::temp_db().await;
+    let store = backend.open().await;
     let root = store
         .create_session(NewSession {
             agent: "a".into(),
@@ -1643,7 +1665,7 @@ async fn child_sessions_keep_their_lineage_and_parents_count_their_spending<B: B
         )
         .await
         .unwrap();
-    let store = backend.open();
+    let store = backend.open().await;
     assert_eq!(
         store.session_lineage(&grandchild.id).await.unwrap(),
         Some(lineage(&child.id, 2))
@@ -1698,7 +1720,51 @@ async fn child_sessions_keep_their_lineage_and_parents_count_their_spending<B: B
     assert_eq!(cost(&child.id, true).await, 23);
     assert_eq!(cost(&grandchild.id, true).await, 3);
 }
+/// Two handles on one database (two gateways) appending to one session at once: every
+/// turn is stored whole and contiguous, `seq` runs 1..n without a gap or a repeat, and
+/// the session's count agrees.
+async fn two_handles_appending_to_one_session_keep_every_turn_whole<B: Backend>() {
+    let (_dir, db) = B::temp_db().await;
+    let a = db.open().await;
+    let b = db.open().await;
+    let session = a.create_session(new_session("a", "k")).await.unwrap();
+    let tasks: Vec<_> = (0..20)
+        .map(|n| {
+            let store = if n % 2 == 0 { a.clone() } else { b.clone() };
+            let id = session.id.clone();
+            tokio::spawn(async move { store.append_turn(&id, turn(n)).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().len(), turn(0).len());
+    }
+    let messages = b.messages(&session.id, false).await.unwrap();
+    let per_turn = turn(0).len();
+    assert_eq!(messages.len(), 20 * per_turn);
+    let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, (1..=messages.len() as i64).collect::<Vec<_>>());
+    let mut seen = BTreeSet::new();
+    for chunk in messages.chunks(per_turn) {
+        let n: usize = chunk[0]
+            .message
+            .text()
+            .strip_prefix("prompt ")
+            .and_then(|n| n.parse().ok())
+            .expect("a turn starts with its prompt");
+        let call = serde_json::to_string(&chunk[1].message).unwrap();
+        assert!(call.contains(&format!("call_{n}")), "turn {n} is interleaved: {call}");
+        assert!(seen.insert(n), "turn {n} twice");
+    }
+    let record = a.get_session(&session.id).await.unwrap().unwrap();
+    assert_eq!(record.message_count, messages.len() as u64);
+}
+
 // ---- schedules ----
 
 #[path = "schedule_tests.rs"]
 mod schedules;
+
+// ---- PostgreSQL ----
+
+#[path = "postgres_tests.rs"]
+mod postgres;

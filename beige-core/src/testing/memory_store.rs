@@ -769,33 +769,8 @@ impl PluginData for MemoryStore {
         } else {
             state.usage(plugin, Some(scope))
         };
-        let new_entry = old.is_none();
-        if let (true, Some(max)) = (new_entry, limits.max_entries) {
-            if usage.entries >= max {
-                return Ok(KvWrite::TooManyEntries {
-                    held: usage.entries,
-                    max,
-                });
-            }
-        }
-        if let Some(max) = limits.max_bytes {
-            let counted = |entries: u64, bytes: u64| {
-                bytes.saturating_add(entries.saturating_mul(limits.entry_overhead))
-            };
-            let used = counted(usage.entries, usage.bytes);
-            let new_bytes = (key.len() + value.len()) as u64;
-            let after = counted(
-                usage.entries + u64::from(new_entry),
-                usage
-                    .bytes
-                    .saturating_sub(old.unwrap_or(0))
-                    .saturating_add(new_bytes),
-            );
-            // A write that does not grow the data passes even above the limit (after the
-            // limit was lowered), so an agent can always shrink its data.
-            if after > max && after > used {
-                return Ok(KvWrite::TooManyBytes { used, after, max });
-            }
+        if let Some(refusal) = crate::store::kv_limit_check(limits, usage, old, key, value) {
+            return Ok(refusal);
         }
         state.kv.insert(full_key, value.to_string());
         Ok(KvWrite::Stored)

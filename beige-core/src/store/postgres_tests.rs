@@ -1,0 +1,273 @@
+//! The PostgreSQL side of the store tests: [`Postgres`], the contract suite's backend — a
+//! database of its own per test, cloned from a template migrated once per schema, on the
+//! server `BEIGE_TEST_POSTGRES_URL` names (`scripts/setup-postgres` starts one on a Unix
+//! socket of its own) — and the tests that only PostgreSQL needs: its schema against
+//! SQLite's, and its errors for a server that cannot be used.
+
+use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
+
+use super::*;
+
+/// Is the test server there? Without it the PostgreSQL tests skip with a printed reason,
+/// unless `BEIGE_REQUIRE_POSTGRES=1` (CI), which makes them fail.
+pub(super) fn available() -> bool {
+    if std::env::var_os("BEIGE_TEST_POSTGRES_URL").is_some_and(|v| !v.is_empty()) {
+        return true;
+    }
+    assert!(
+        std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+        "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set: run \
+         scripts/setup-postgres and export the URL it prints"
+    );
+    eprintln!(
+        "skipped: no PostgreSQL server (set BEIGE_TEST_POSTGRES_URL; scripts/setup-postgres starts one)"
+    );
+    false
+}
+
+fn admin_url() -> String {
+    std::env::var("BEIGE_TEST_POSTGRES_URL").expect("BEIGE_TEST_POSTGRES_URL")
+}
+
+/// `url` with its database replaced by `db` (the query string, with `host=`, is kept).
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let start = base.find("://").map_or(0, |i| i + 3);
+    let end = base[start..].find('/').map_or(base.len(), |i| start + i);
+    let mut out = format!("{}/{db}", &base[..end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+async fn admin() -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(&admin_url())
+        .await
+        .expect("connect to the test PostgreSQL server (BEIGE_TEST_POSTGRES_URL)")
+}
+
+/// A database of its own on the test server, dropped with the value.
+pub(super) struct Postgres {
+    name: String,
+    url: String,
+}
+
+impl Postgres {
+    /// The migrated template, made once per schema by whichever test process comes first
+    /// (under an advisory lock: nextest runs each test in a process of its own).
+    async fn template() -> String {
+        let name = format!(
+            "beige_tpl_{}_{:016x}",
+            PG_SCHEMA_VERSION,
+            super::super::postgres::migrations_fingerprint()
+        );
+        let mut conn = admin().await;
+        conn.execute("SELECT pg_advisory_lock(424242)").await.unwrap();
+        let exists = sqlx::query("SELECT 1 FROM pg_database WHERE datname = $1")
+            .bind(&name)
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap()
+            .is_some();
+        if !exists {
+            let new = format!("{name}_new");
+            conn.execute(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {new}")))
+                .await
+                .unwrap();
+            conn.execute(AssertSqlSafe(format!("CREATE DATABASE {new}")))
+                .await
+                .unwrap();
+            let store = PostgresStore::connect(&PostgresOptions::new(with_database(
+                &admin_url(),
+                &new,
+            )))
+            .await
+            .expect("migrate the template database");
+            store.pool().close().await;
+            conn.execute(AssertSqlSafe(format!("ALTER DATABASE {new} RENAME TO {name}")))
+                .await
+                .unwrap();
+        }
+        conn.execute("SELECT pg_advisory_unlock(424242)").await.unwrap();
+        name
+    }
+}
+
+impl Backend for Postgres {
+    type Store = PostgresStore;
+
+    async fn temp_db() -> (tempfile::TempDir, Self) {
+        let template = Self::template().await;
+        let name = format!("beige_t_{:016x}", rand::random::<u64>());
+        admin()
+            .await
+            .execute(AssertSqlSafe(format!(
+                "CREATE DATABASE {name} TEMPLATE {template}"
+            )))
+            .await
+            .unwrap();
+        let url = with_database(&admin_url(), &name);
+        (tempfile::tempdir().expect("temp dir"), Self { name, url })
+    }
+
+    async fn open(&self) -> PostgresStore {
+        PostgresStore::connect(&PostgresOptions::new(&self.url))
+            .await
+            .expect("open store")
+    }
+
+    fn raw(&self) -> Option<rusqlite::Connection> {
+        None
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // Drop cannot wait, and the test's runtime may be this thread: a thread of its own.
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                admin()
+                    .await
+                    .execute(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
+}
+
+#[tokio::test]
+async fn the_postgres_schema_has_the_tables_and_columns_of_sqlite() {
+    if !available() {
+        return;
+    }
+    assert_eq!(PG_SCHEMA_VERSION, SCHEMA_VERSION, "one migration per version on both");
+    let (_dir, db) = Postgres::temp_db().await;
+    let store = db.open().await;
+    // `rowid` is SQLite's implicit column, explicit in PostgreSQL where rows are ordered
+    // by it; `beige_schema` is PostgreSQL's `PRAGMA user_version`.
+    let pg: BTreeSet<(String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text FROM information_schema.columns
+         WHERE table_schema = 'public' AND table_name <> 'beige_schema'
+           AND column_name <> 'rowid'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let (_dir, path) = temp_db();
+    drop(open(&path));
+    let conn = raw(&path);
+    let mut stmt = conn
+        .prepare(
+            "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p
+             WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'",
+        )
+        .unwrap();
+    let sqlite: BTreeSet<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(sqlite.len() > 100, "{sqlite:?}");
+    assert_eq!(pg, sqlite);
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_a_newer_beige_is_refused_and_left_alone() {
+    if !available() {
+        return;
+    }
+    let (_dir, db) = Postgres::temp_db().await;
+    let store = db.open().await;
+    sqlx::query("UPDATE beige_schema SET version = $1, min_compatible = $1")
+        .bind(PG_SCHEMA_VERSION + 5)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::TooNew { found, .. } if found == PG_SCHEMA_VERSION + 5),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("upgrade beige"), "{err}");
+    // A newer version that says this one may still use it is accepted.
+    sqlx::query("UPDATE beige_schema SET min_compatible = 1")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .expect("compatible");
+}
+
+#[tokio::test]
+async fn a_server_off_this_machine_must_be_verified_and_a_password_never_printed() {
+    // Refused before any packet is sent: no server is needed.
+    let err = PostgresStore::connect_lazy(&PostgresOptions::new(
+        "postgres://beige:hunter2@db.example.internal/beige",
+    ))
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("sslmode=verify-full"), "{text}");
+    assert!(text.contains("allowInsecure"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("beige:***@db.example.internal"), "{text}");
+    let ok = PostgresOptions {
+        allow_insecure: true,
+        ..PostgresOptions::new("postgres://beige@db.example.internal/beige")
+    };
+    assert!(PostgresStore::connect_lazy(&ok).is_ok());
+    let verified =
+        PostgresOptions::new("postgres://beige@db.example.internal/beige?sslmode=verify-full");
+    assert!(PostgresStore::connect_lazy(&verified).is_ok());
+    for local in [
+        "postgres://beige@localhost/beige",
+        "postgres://beige@127.0.0.1:5999/beige",
+        "postgres://beige@[::1]:5999/beige",
+        "postgres://beige@localhost/beige?host=/tmp/somewhere",
+    ] {
+        assert!(
+            PostgresStore::connect_lazy(&PostgresOptions::new(local)).is_ok(),
+            "{local}"
+        );
+    }
+    assert_eq!(
+        redact_url("postgres://u:p%40ss@h:5432/db?password=x&sslmode=require"),
+        "postgres://u:***@h:5432/db?password=***&sslmode=require"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error_naming_the_database() {
+    // A Unix socket directory with no server in it: nothing leaves the machine.
+    let dir = tempfile::tempdir().unwrap();
+    let options = PostgresOptions {
+        acquire_timeout: std::time::Duration::from_secs(2),
+        ..PostgresOptions::new(format!(
+            "postgres://beige@localhost/beige?host={}",
+            dir.path().display()
+        ))
+    };
+    let err = PostgresStore::connect(&options).await.unwrap_err();
+    assert!(matches!(err, StoreError::CannotOpen { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("postgres://beige@localhost/beige"), "{text}");
+    assert!(text.contains("check store.url"), "{text}");
+}
