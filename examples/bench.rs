@@ -34,6 +34,8 @@ mod bench_mcp;
 mod bench_output;
 #[path = "bench_session.rs"]
 mod bench_session;
+#[path = "bench_store.rs"]
+mod bench_store;
 
 struct Figure {
     name: &'static str,
@@ -648,6 +650,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("mcp_call_loop") {
         figures.extend(bench_mcp::figures(&home, &image, &shim).await?);
+    }
+    if want("store") {
+        figures.extend(bench_store::figures(&home).await?);
     }
     if want("sandbox_cold_start") {
         figures.extend(bench_cold::figures(&home, &image, &shim).await?);

@@ -14,6 +14,7 @@ mod load;
 pub mod mcp;
 mod resolve;
 mod size;
+pub mod store;
 pub mod types;
 pub mod users;
 mod validate;

@@ -62,6 +62,9 @@ pub(crate) fn resolve_paths(config: &mut Config, resolver: &Resolver) {
     if let Some(log_file) = &mut config.gateway.log_file {
         *log_file = resolver.resolve(log_file);
     }
+    if let Some(file) = config.store.as_mut().and_then(|s| s.password_file.as_mut()) {
+        *file = resolver.resolve(file);
+    }
 }
 
 #[cfg(test)]

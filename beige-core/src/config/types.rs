@@ -64,6 +64,10 @@ pub struct Config {
     /// owner and channel users are members of their chats' agents.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub users: super::users::UsersConfig,
+    /// New in beige: where the gateway keeps its state. Without it, SQLite in
+    /// `BEIGE_HOME`; with `url`, a PostgreSQL database (`spec/scale.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<super::store::StoreConfig>,
 }
 
 /// `telemetry`: what the gateway reports to monitoring.

@@ -568,6 +568,13 @@ pub(crate) fn validate(
     }
     validate_mcp(config, file)?;
     validate_users(config, file)?;
+    if let Some((key, message)) = config.store.as_ref().and_then(|s| s.problem()) {
+        let mut path = KeyPath::root().key("store");
+        for part in key.split('.') {
+            path = path.key(part);
+        }
+        return Err(invalid(file, path, message));
+    }
     validate_budgets(config, file)?;
     validate_schedules(config, file)?;
     if let Some(listen) = config.metrics_listen() {

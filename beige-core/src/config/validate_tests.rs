@@ -683,3 +683,46 @@ fn the_metrics_listener_must_be_loopback() {
         assert!(e.contains("127.0.0.1:9464"), "says what to use: {e}");
     }
 }
+
+#[test]
+fn store_url_must_be_postgresql_and_its_pool_readable() {
+    let with_store = |store: &str| {
+        with_agent("a", "").replacen(
+            "plugins: { kv: {} },",
+            &format!("plugins: {{ kv: {{}} }}, store: {store},"),
+            1,
+        )
+    };
+    let text = err(&with_store(r#"{ url: "mysql://db/beige" }"#));
+    assert!(text.contains("store.url"), "{text}");
+    assert!(text.contains("postgres://"), "{text}");
+    let text = err(&with_store(
+        r#"{ url: "postgres://db/beige", pool: { max: 0 } }"#,
+    ));
+    assert!(text.contains("store.pool.max"), "{text}");
+    let text = err(&with_store(
+        r#"{ url: "postgres://db/beige", pool: { statementTimeout: "soon" } }"#,
+    ));
+    assert!(text.contains("statementTimeout"), "{text}");
+    let text = err(&with_store(
+        r#"{ url: "postgres://db/beige", pasword: "x" }"#,
+    ));
+    assert!(text.contains("pasword"), "{text}");
+    let loaded = load(&with_store(
+        r#"{ url: "postgres://beige@db/beige?sslmode=verify-full", passwordFile: "pg.secret",
+             pool: { max: 4, acquireTimeout: "2s", statementTimeout: 30 } }"#,
+    ))
+    .unwrap();
+    let store = loaded.config.store.unwrap();
+    assert_eq!(store.max_connections(), 4);
+    assert_eq!(store.acquire_timeout(), std::time::Duration::from_secs(2));
+    assert_eq!(
+        store.statement_timeout(),
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        store.password_file.as_deref(),
+        Some(Path::new("/etc/beige/pg.secret")),
+        "resolved against the config file's folder"
+    );
+}

@@ -348,7 +348,7 @@ impl GatewayBuilder {
         ordered.extend(extra);
         let stores: Stores = match self.store {
             Some(s) => s,
-            None => open_default_store(&home)?,
+            None => open_default_store(&home, &config).await?,
         };
         let registry = PluginRegistry::build(
             ordered,
@@ -665,9 +665,54 @@ async fn connect_default(
     Ok(Arc::new(docker))
 }
 
-/// The store when none was given: `<BEIGE_HOME>/beige.db`.
+/// The store when none was given: the PostgreSQL database of `store.url`, else
+/// `<BEIGE_HOME>/beige.db`.
+pub(crate) async fn open_default_store(
+    home: &BeigeHome,
+    config: &Config,
+) -> Result<Stores, GatewayError> {
+    match &config.store {
+        Some(store) => open_postgres(store).await,
+        None => open_sqlite(home),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(store: &crate::config::store::StoreConfig) -> Result<Stores, GatewayError> {
+    use crate::store::{PostgresOptions, PostgresStore, StoreError};
+    let password = match &store.password_file {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).map_err(|e| StoreError::CannotOpen {
+                path: file.clone(),
+                detail: format!("store.passwordFile cannot be read: {e}"),
+            })?;
+            Some(text.trim_end_matches(['\n', '\r']).to_string())
+        }
+        None => None,
+    };
+    let options = PostgresOptions {
+        password,
+        max_connections: store.max_connections(),
+        acquire_timeout: store.acquire_timeout(),
+        statement_timeout: Some(store.statement_timeout()),
+        allow_insecure: store.allow_insecure,
+        ..PostgresOptions::new(store.url.trim())
+    };
+    let pg = PostgresStore::connect(&options).await?;
+    tracing::info!(database = %pg.name().display(), "store: PostgreSQL");
+    Ok(Stores::from(Arc::new(pg)))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_: &crate::config::store::StoreConfig) -> Result<Stores, GatewayError> {
+    Err(GatewayError::NotCompiledIn {
+        what: "store.url: the PostgreSQL store".into(),
+        feature: "postgres",
+    })
+}
+
 #[cfg(feature = "sqlite")]
-pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Stores, GatewayError> {
+fn open_sqlite(home: &BeigeHome) -> Result<Stores, GatewayError> {
     std::fs::create_dir_all(home.root()).map_err(|e| SandboxError::host(home.root(), e))?;
     Ok(Stores::from(Arc::new(crate::store::SqliteStore::open(
         home.db_path(),
@@ -675,7 +720,7 @@ pub(crate) fn open_default_store(home: &BeigeHome) -> Result<Stores, GatewayErro
 }
 
 #[cfg(not(feature = "sqlite"))]
-pub(crate) fn open_default_store(_: &BeigeHome) -> Result<Stores, GatewayError> {
+fn open_sqlite(_: &BeigeHome) -> Result<Stores, GatewayError> {
     Err(GatewayError::NoStore)
 }
 

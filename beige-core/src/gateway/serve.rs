@@ -416,7 +416,7 @@ impl GatewayBuilder {
         });
         // One store for the life of the gateway: a reload keeps the same handle.
         if self.store.is_none() {
-            self.store = Some(super::open_default_store(&self.home)?);
+            self.store = Some(super::open_default_store(&self.home, &self.config).await?);
         }
         let engine = self.clone().build_engine().await?;
         let (outcomes, _) = watch::channel(None);

@@ -16,9 +16,9 @@
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
 mod credentials;
-mod schedule;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -37,12 +37,12 @@ use crate::llm::{Message, Usage};
 pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, UsageTotals};
 
 pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
+#[cfg(feature = "postgres")]
+pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
 pub use schedule::{
     Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
     ScheduleStore, ScheduleView, RERUN_PREFIX,
 };
-#[cfg(feature = "postgres")]
-pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 
@@ -241,8 +241,9 @@ pub(crate) fn kv_limit_check(
         }
     }
     let max = limits.max_bytes?;
-    let counted =
-        |entries: u64, bytes: u64| bytes.saturating_add(entries.saturating_mul(limits.entry_overhead));
+    let counted = |entries: u64, bytes: u64| {
+        bytes.saturating_add(entries.saturating_mul(limits.entry_overhead))
+    };
     let used = counted(usage.entries, usage.bytes);
     let new_bytes = (key.len() + value.len()) as u64;
     let after = counted(

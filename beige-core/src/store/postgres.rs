@@ -39,7 +39,7 @@ mod schema;
 pub const PG_SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
 
 /// The key of the advisory lock migrations take (any fixed number; "beige" in ASCII).
-const MIGRATION_LOCK: i64 = 0x6265_6967_65;
+const MIGRATION_LOCK: i64 = 0x0062_6569_6765;
 
 /// How to reach the database: what the config's `store` section says.
 #[derive(Debug, Clone)]
@@ -279,7 +279,9 @@ async fn migrate(conn: &mut sqlx::PgConnection, name: &Path) -> Result<(), Store
             detail: e.to_string(),
         };
         tx.execute(*step).await.map_err(failed)?;
-        tx.execute("DELETE FROM beige_schema").await.map_err(failed)?;
+        tx.execute("DELETE FROM beige_schema")
+            .await
+            .map_err(failed)?;
         // Every migration so far only adds: any older binary that knows version 1 can
         // still read and write what this one writes.
         sqlx::query("INSERT INTO beige_schema (version, min_compatible) VALUES ($1, 1)")
@@ -480,7 +482,11 @@ async fn set_current(
     Ok(())
 }
 
-async fn ensure_key_row(tx: &mut sqlx::PgConnection, key: &str, now: i64) -> Result<(), sqlx::Error> {
+async fn ensure_key_row(
+    tx: &mut sqlx::PgConnection,
+    key: &str,
+    now: i64,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO session_keys (key, updated) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
     )
@@ -602,7 +608,8 @@ impl SessionStore for PostgresStore {
     }
 
     async fn list_sessions(&self, agent: &str) -> Result<Vec<SessionRecord>, StoreError> {
-        let sql = format!("{SESSION_SELECT} WHERE s.agent = $1 ORDER BY s.created DESC, s.rowid DESC");
+        let sql =
+            format!("{SESSION_SELECT} WHERE s.agent = $1 ORDER BY s.created DESC, s.rowid DESC");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(agent)
             .fetch_all(&self.pool)
@@ -615,12 +622,16 @@ impl SessionStore for PostgresStore {
     }
 
     async fn set_session_title(&self, id: &str, title: &str) -> Result<(), StoreError> {
-        let r = self.update_session(id, "title = $2, updated = $3", title).await;
+        let r = self
+            .update_session(id, "title = $2, updated = $3", title)
+            .await;
         self.finish(r)
     }
 
     async fn set_session_model(&self, id: &str, model: &str) -> Result<(), StoreError> {
-        let r = self.update_session(id, "model = $2, updated = $3", model).await;
+        let r = self
+            .update_session(id, "model = $2, updated = $3", model)
+            .await;
         self.finish(r)
     }
 
@@ -785,33 +796,36 @@ impl SessionStore for PostgresStore {
         .await;
         let rows = self.finish(r)?;
         rows.into_iter()
-            .map(|(id, seq, content, model, i, o, cr, cw, summary, compacted, created)| {
-                let message: Message = serde_json::from_str(&content).map_err(|e| {
-                    corrupt(
+            .map(
+                |(id, seq, content, model, i, o, cr, cw, summary, compacted, created)| {
+                    let message: Message =
+                        serde_json::from_str(&content).map_err(|e| {
+                            corrupt(
                         &self.name,
                         format!("message {id} of session {session_id} is not a valid message: {e}"),
                     )
-                })?;
-                let usage = match [i, o, cr, cw] {
-                    [None, None, None, None] => None,
-                    [i, o, cr, cw] => Some(Usage {
-                        input_tokens: to_u64(i.unwrap_or(0)),
-                        output_tokens: to_u64(o.unwrap_or(0)),
-                        cache_read_tokens: to_u64(cr.unwrap_or(0)),
-                        cache_write_tokens: to_u64(cw.unwrap_or(0)),
-                    }),
-                };
-                Ok(StoredMessage {
-                    id,
-                    seq,
-                    message,
-                    model,
-                    usage,
-                    compacted,
-                    summary,
-                    created,
-                })
-            })
+                        })?;
+                    let usage = match [i, o, cr, cw] {
+                        [None, None, None, None] => None,
+                        [i, o, cr, cw] => Some(Usage {
+                            input_tokens: to_u64(i.unwrap_or(0)),
+                            output_tokens: to_u64(o.unwrap_or(0)),
+                            cache_read_tokens: to_u64(cr.unwrap_or(0)),
+                            cache_write_tokens: to_u64(cw.unwrap_or(0)),
+                        }),
+                    };
+                    Ok(StoredMessage {
+                        id,
+                        seq,
+                        message,
+                        model,
+                        usage,
+                        compacted,
+                        summary,
+                        created,
+                    })
+                },
+            )
             .collect()
     }
 
@@ -884,11 +898,12 @@ impl SessionStore for PostgresStore {
     }
 
     async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
-        let revision: Option<i64> = sqlx::query_scalar("SELECT revision FROM sessions WHERE id = $1")
-            .bind(session_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let revision: Option<i64> =
+            sqlx::query_scalar("SELECT revision FROM sessions WHERE id = $1")
+                .bind(session_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
         match revision {
             Some(r) => Ok(Some(to_u64(r))),
             None => Err(not_found(session_id)),
@@ -896,7 +911,9 @@ impl SessionStore for PostgresStore {
     }
 
     async fn get_settings(&self, key: &str) -> Result<SessionSettings, StoreError> {
-        read_settings(&self.pool, key).await.map_err(|e| self.fail(e))
+        read_settings(&self.pool, key)
+            .await
+            .map_err(|e| self.fail(e))
     }
 
     async fn update_settings(
@@ -980,12 +997,14 @@ impl SessionStore for PostgresStore {
                 metadata.insert(field.to_string(), value);
             }
             let text = serde_json::Value::Object(metadata).to_string();
-            sqlx::query("UPDATE session_keys SET metadata = $2::jsonb, updated = $3 WHERE key = $1")
-                .bind(key)
-                .bind(text)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE session_keys SET metadata = $2::jsonb, updated = $3 WHERE key = $1",
+            )
+            .bind(key)
+            .bind(text)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             Ok(())
         }
@@ -1083,7 +1102,9 @@ impl UsageLedger for PostgresStore {
             UsageGroupBy::Agent => "agent",
             UsageGroupBy::Session => "coalesce(session_id, '')",
             UsageGroupBy::Model => "model",
-            UsageGroupBy::Day => "to_char(to_timestamp(ts / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+            UsageGroupBy::Day => {
+                "to_char(to_timestamp(ts / 1000) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+            }
         };
         let sql = format!(
             "SELECT {key} COLLATE \"C\" AS k, {LEDGER_SUMS} FROM usage
@@ -1122,12 +1143,14 @@ impl HealthStore for PostgresStore {
         .map_err(|e| self.fail(e))?;
         Ok(rows
             .into_iter()
-            .map(|(model_key, cooldown_until, failures, last_error)| HealthRecord {
-                model_key,
-                cooldown_until,
-                consecutive_failures: u32::try_from(failures).unwrap_or(u32::MAX),
-                last_error,
-            })
+            .map(
+                |(model_key, cooldown_until, failures, last_error)| HealthRecord {
+                    model_key,
+                    cooldown_until,
+                    consecutive_failures: u32::try_from(failures).unwrap_or(u32::MAX),
+                    last_error,
+                },
+            )
             .collect())
     }
 
@@ -1250,20 +1273,25 @@ impl ChannelState for PostgresStore {
         .await
         .map_err(|e| self.fail(e))?;
         rows.into_iter()
-            .map(|(id, payload, attempts, next_attempt_at, last_error, created)| {
-                let payload = serde_json::from_str(&payload).map_err(|e| {
-                    corrupt(&self.name, format!("outbox item {id} is not valid JSON: {e}"))
-                })?;
-                Ok(OutboxItem {
-                    id,
-                    channel: channel.to_string(),
-                    payload,
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    next_attempt_at,
-                    last_error,
-                    created,
-                })
-            })
+            .map(
+                |(id, payload, attempts, next_attempt_at, last_error, created)| {
+                    let payload = serde_json::from_str(&payload).map_err(|e| {
+                        corrupt(
+                            &self.name,
+                            format!("outbox item {id} is not valid JSON: {e}"),
+                        )
+                    })?;
+                    Ok(OutboxItem {
+                        id,
+                        channel: channel.to_string(),
+                        payload,
+                        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                        next_attempt_at,
+                        last_error,
+                        created,
+                    })
+                },
+            )
             .collect()
     }
 
@@ -1320,7 +1348,11 @@ where
 }
 
 /// Entries and bytes `plugin` holds in `scope`, or in all its scopes.
-async fn read_usage<'c, E>(conn: E, plugin: &str, scope: Option<&str>) -> Result<KvUsage, sqlx::Error>
+async fn read_usage<'c, E>(
+    conn: E,
+    plugin: &str,
+    scope: Option<&str>,
+) -> Result<KvUsage, sqlx::Error>
 where
     E: sqlx::PgExecutor<'c>,
 {
@@ -1351,13 +1383,15 @@ impl PluginData for PostgresStore {
         scope: &str,
         key: &str,
     ) -> Result<Option<String>, StoreError> {
-        sqlx::query_scalar("SELECT value FROM plugin_kv WHERE plugin = $1 AND scope = $2 AND key = $3")
-            .bind(plugin)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.fail(e))
+        sqlx::query_scalar(
+            "SELECT value FROM plugin_kv WHERE plugin = $1 AND scope = $2 AND key = $3",
+        )
+        .bind(plugin)
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.fail(e))
     }
 
     async fn kv_set(
@@ -1404,8 +1438,10 @@ impl PluginData for PostgresStore {
             .bind(key)
             .fetch_optional(&mut *tx)
             .await?;
-            let usage = read_usage(&mut *tx, plugin, (!limits.whole_plugin).then_some(scope)).await?;
-            if let Some(refusal) = super::kv_limit_check(limits, usage, old.map(to_u64), key, value) {
+            let usage =
+                read_usage(&mut *tx, plugin, (!limits.whole_plugin).then_some(scope)).await?;
+            if let Some(refusal) = super::kv_limit_check(limits, usage, old.map(to_u64), key, value)
+            {
                 return Ok(refusal);
             }
             sqlx::query(KV_UPSERT)

@@ -40,7 +40,9 @@ impl PostgresStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.fail(e))?;
-        row.map(|r| record(&r)).transpose().map_err(|e| self.fail(e))
+        row.map(|r| record(&r))
+            .transpose()
+            .map_err(|e| self.fail(e))
     }
 }
 

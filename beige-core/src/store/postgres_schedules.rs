@@ -79,7 +79,11 @@ impl PostgresStore {
         })
     }
 
-    async fn load_runs(&self, sql: String, bind: Option<(&str, i64)>) -> Result<Vec<ScheduleRun>, StoreError> {
+    async fn load_runs(
+        &self,
+        sql: String,
+        bind: Option<(&str, i64)>,
+    ) -> Result<Vec<ScheduleRun>, StoreError> {
         let r = async {
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
             if let Some((id, limit)) = bind {
@@ -356,13 +360,15 @@ impl ScheduleStore for PostgresStore {
         limit: usize,
     ) -> Result<Vec<ScheduleRun>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sql =
-            format!("{RUN_SELECT} WHERE schedule_id = $1 ORDER BY fire_at DESC, rowid DESC LIMIT $2");
+        let sql = format!(
+            "{RUN_SELECT} WHERE schedule_id = $1 ORDER BY fire_at DESC, rowid DESC LIMIT $2"
+        );
         self.load_runs(sql, Some((schedule_id, limit))).await
     }
 
     async fn open_runs(&self) -> Result<Vec<ScheduleRun>, StoreError> {
-        let sql = format!("{RUN_SELECT} WHERE status IN ('claimed', 'running') ORDER BY fire_at, rowid");
+        let sql =
+            format!("{RUN_SELECT} WHERE status IN ('claimed', 'running') ORDER BY fire_at, rowid");
         self.load_runs(sql, None).await
     }
 }

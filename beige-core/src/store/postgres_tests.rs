@@ -67,7 +67,9 @@ impl Postgres {
             super::super::postgres::migrations_fingerprint()
         );
         let mut conn = admin().await;
-        conn.execute("SELECT pg_advisory_lock(424242)").await.unwrap();
+        conn.execute("SELECT pg_advisory_lock(424242)")
+            .await
+            .unwrap();
         let exists = sqlx::query("SELECT 1 FROM pg_database WHERE datname = $1")
             .bind(&name)
             .fetch_optional(&mut conn)
@@ -82,18 +84,20 @@ impl Postgres {
             conn.execute(AssertSqlSafe(format!("CREATE DATABASE {new}")))
                 .await
                 .unwrap();
-            let store = PostgresStore::connect(&PostgresOptions::new(with_database(
-                &admin_url(),
-                &new,
+            let store =
+                PostgresStore::connect(&PostgresOptions::new(with_database(&admin_url(), &new)))
+                    .await
+                    .expect("migrate the template database");
+            store.pool().close().await;
+            conn.execute(AssertSqlSafe(format!(
+                "ALTER DATABASE {new} RENAME TO {name}"
             )))
             .await
-            .expect("migrate the template database");
-            store.pool().close().await;
-            conn.execute(AssertSqlSafe(format!("ALTER DATABASE {new} RENAME TO {name}")))
-                .await
-                .unwrap();
+            .unwrap();
         }
-        conn.execute("SELECT pg_advisory_unlock(424242)").await.unwrap();
+        conn.execute("SELECT pg_advisory_unlock(424242)")
+            .await
+            .unwrap();
         name
     }
 }
@@ -154,7 +158,10 @@ async fn the_postgres_schema_has_the_tables_and_columns_of_sqlite() {
     if !available() {
         return;
     }
-    assert_eq!(PG_SCHEMA_VERSION, SCHEMA_VERSION, "one migration per version on both");
+    assert_eq!(
+        PG_SCHEMA_VERSION, SCHEMA_VERSION,
+        "one migration per version on both"
+    );
     let (_dir, db) = Postgres::temp_db().await;
     let store = db.open().await;
     // `rowid` is SQLite's implicit column, explicit in PostgreSQL where rows are ordered

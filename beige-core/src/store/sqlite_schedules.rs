@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{corrupt, now_ms, Fail, SqliteStore};
 use crate::store::schedule::{
-    json_or_null, word, Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec, ScheduleState,
-    ScheduleStore, RERUN_PREFIX,
+    json_or_null, word, Claim, RunFinish, RunStatus, ScheduleRecord, ScheduleRun, ScheduleSpec,
+    ScheduleState, ScheduleStore, RERUN_PREFIX,
 };
 use crate::store::StoreError;
 

@@ -1215,7 +1215,11 @@ async fn concurrent_sets_cannot_overshoot_a_limit<B: Backend>() {
     let value = "v".repeat(98); // 100 bytes with a two-character key
     let tasks: Vec<_> = (0..40)
         .map(|i| {
-            let store = if i % 2 == 0 { store.clone() } else { other.clone() };
+            let store = if i % 2 == 0 {
+                store.clone()
+            } else {
+                other.clone()
+            };
             let value = value.clone();
             tokio::spawn(async move {
                 store
@@ -1752,7 +1756,10 @@ async fn two_handles_appending_to_one_session_keep_every_turn_whole<B: Backend>(
             .and_then(|n| n.parse().ok())
             .expect("a turn starts with its prompt");
         let call = serde_json::to_string(&chunk[1].message).unwrap();
-        assert!(call.contains(&format!("call_{n}")), "turn {n} is interleaved: {call}");
+        assert!(
+            call.contains(&format!("call_{n}")),
+            "turn {n} is interleaved: {call}"
+        );
         assert!(seen.insert(n), "turn {n} twice");
     }
     let record = a.get_session(&session.id).await.unwrap().unwrap();

@@ -500,6 +500,44 @@ async fn a_served_channel_keeps_its_records_in_the_gateways_own_store() {
     assert!(serving.await.unwrap().is_ok());
 }
 
+/// `store.url` in the config: the gateway migrates the PostgreSQL database, keeps its
+/// state there (a channel's record, read back through another handle) and opens no
+/// SQLite file in `BEIGE_HOME`.
+#[tokio::test]
+async fn a_gateway_with_store_url_keeps_its_state_in_postgresql() {
+    use beige_core::store::{PluginData as _, PostgresOptions, PostgresStore};
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let mut cfg = config(&["a"], &[]);
+    cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+    let recorder = Arc::new(Recorder {
+        done: Notify::new(),
+    });
+    let gw = build(base(&home, cfg).channel(recorder.clone())).await;
+    let token = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), recorder.done.notified())
+        .await
+        .expect("the channel wrote its record");
+    let other = PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .unwrap();
+    assert_eq!(
+        other.kv_get("recorder", "global", "offset").await.unwrap(),
+        Some("42".to_string())
+    );
+    assert!(!home.db_path().exists(), "SQLite was opened too");
+    token.cancel();
+    assert!(serving.await.unwrap().is_ok());
+}
+
 /// A channel that can send on its own and records what it was given.
 #[derive(Debug, Default)]
 struct Outbox {

@@ -210,3 +210,63 @@ macro_rules! docker_or_skip {
         }
     };
 }
+
+/// A database of its own on the test PostgreSQL server (`BEIGE_TEST_POSTGRES_URL`, started
+/// by `scripts/setup-postgres`), dropped with the value. `None` (after printing why) when
+/// there is no server, unless `BEIGE_REQUIRE_POSTGRES=1`, which fails the test.
+pub struct TempDatabase {
+    pub url: String,
+    name: String,
+    admin: String,
+}
+
+impl TempDatabase {
+    pub async fn new() -> Option<Self> {
+        use sqlx::{Connection as _, Executor as _};
+        let Some(admin) = std::env::var("BEIGE_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            assert!(
+                std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set: run scripts/setup-postgres"
+            );
+            eprintln!("skipped: no PostgreSQL server (set BEIGE_TEST_POSTGRES_URL; scripts/setup-postgres starts one)");
+            return None;
+        };
+        let name = format!("beige_it_{:016x}", rand::random::<u64>());
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to the test PostgreSQL server");
+        conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create a test database");
+        let (base, query) = admin.split_once('?').unwrap_or((admin.as_str(), ""));
+        let start = base.find("://").map_or(0, |i| i + 3);
+        let end = base[start..].find('/').map_or(base.len(), |i| start + i);
+        let url = format!("{}/{name}?{query}", &base[..end]);
+        Some(Self { url, name, admin })
+    }
+}
+
+impl Drop for TempDatabase {
+    fn drop(&mut self) {
+        let (name, admin) = (self.name.clone(), self.admin.clone());
+        let _ = std::thread::spawn(move || {
+            use sqlx::{Connection as _, Executor as _};
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
+                conn.execute(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
