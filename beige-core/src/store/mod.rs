@@ -15,6 +15,7 @@
 //! and how settings resolve against channel defaults belong to the agent loop and the
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
+mod coordination;
 mod credentials;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -36,6 +37,8 @@ use serde::{Deserialize, Serialize};
 use crate::llm::{Message, Usage};
 pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, UsageTotals};
 
+pub(crate) use coordination::ttl_ms;
+pub use coordination::{Coordination, Fence, LeaseInfo};
 pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
 #[cfg(feature = "postgres")]
 pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
@@ -643,6 +646,7 @@ pub trait Store:
     + UsageLedger
     + ScheduleStore
     + CredentialStore
+    + Coordination
 {
 }
 
@@ -654,6 +658,7 @@ impl<
             + UsageLedger
             + ScheduleStore
             + CredentialStore
+            + Coordination
             + ?Sized,
     > Store for T
 {
@@ -687,6 +692,8 @@ pub struct Stores {
     pub schedules: Arc<dyn ScheduleStore>,
     /// The users' personal API tokens.
     pub credentials: Arc<dyn CredentialStore>,
+    /// Leases of gateways that share the database.
+    pub coordination: Arc<dyn Coordination>,
 }
 
 /// One value that is the whole store (`Arc<SqliteStore>`, `Arc<dyn Store>`, …).
@@ -699,7 +706,8 @@ impl<T: Store + ?Sized + 'static> From<Arc<T>> for Stores {
             data: Arc::new(store.clone()),
             usage: Arc::new(store.clone()),
             schedules: Arc::new(store.clone()),
-            credentials: Arc::new(store),
+            credentials: Arc::new(store.clone()),
+            coordination: Arc::new(store),
         }
     }
 }

@@ -28,6 +28,8 @@ use super::{
 };
 use crate::llm::{Message, Role, Usage};
 
+#[path = "postgres_coordination.rs"]
+mod coordination;
 #[path = "postgres_credentials.rs"]
 mod credentials;
 #[path = "postgres_schedules.rs"]

@@ -253,4 +253,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX api_tokens_by_user ON api_tokens("user", created);
     "#,
+    // 8: leases of gateways that share the database: one row per lease, kept after
+    // release; epochs only grow; `expires_at` in ms of the server's clock.
+    r#"
+    CREATE TABLE leases (
+        name       TEXT PRIMARY KEY NOT NULL,
+        holder     TEXT,
+        epoch      BIGINT NOT NULL DEFAULT 0,
+        expires_at BIGINT NOT NULL
+    );
+    "#,
 ];

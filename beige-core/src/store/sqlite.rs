@@ -32,6 +32,10 @@ mod schedules;
 #[path = "sqlite_credentials.rs"]
 mod credentials;
 
+// The `Coordination` half (leases).
+#[path = "sqlite_coordination.rs"]
+mod coordination;
+
 /// How long a call waits for a lock held by another connection before failing with
 /// [`StoreError::Locked`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -306,6 +310,16 @@ pub(super) const MIGRATIONS: &[&str] = &[
         secret_sha256 TEXT NOT NULL
     ) STRICT;
     CREATE INDEX api_tokens_by_user ON api_tokens(user, created);
+    "#,
+    // 8: leases of gateways that share a database (`Coordination`, spec/scale.md §3):
+    // one row per lease, kept after release; epochs only grow.
+    r#"
+    CREATE TABLE leases (
+        name       TEXT PRIMARY KEY NOT NULL,
+        holder     TEXT,
+        epoch      INTEGER NOT NULL DEFAULT 0,
+        expires_at INTEGER NOT NULL
+    ) STRICT;
     "#,
 ];
 

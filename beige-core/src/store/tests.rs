@@ -131,6 +131,8 @@ contract!(
     the_ledger_sums_filters_and_groups_and_survives_a_restart,
     child_sessions_keep_their_lineage_and_parents_count_their_spending,
     two_handles_appending_to_one_session_keep_every_turn_whole,
+    a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch,
+    of_many_racing_for_a_free_lease_through_two_handles_exactly_one_gets_it,
 );
 
 // ---- helpers ----
@@ -1764,6 +1766,109 @@ async fn two_handles_appending_to_one_session_keep_every_turn_whole<B: Backend>(
     }
     let record = a.get_session(&session.id).await.unwrap().unwrap();
     assert_eq!(record.message_count, messages.len() as u64);
+}
+
+// ---- leases ----
+
+/// A lease is one holder's until it expires or is released; each new holder gets a
+/// higher epoch, and an earlier holder's fence stops checking — its renewal and its
+/// release find nothing.
+async fn a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch<B: Backend>() {
+    use std::time::Duration;
+    let (_dir, db) = B::temp_db().await;
+    let a = db.open().await;
+    let b = db.open().await;
+    let ttl = Duration::from_millis(1000);
+    assert_eq!(a.lease("agent:x").await.unwrap(), None);
+    let first = a
+        .acquire_lease("agent:x", "r1", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.holder.as_str(), first.epoch), ("r1", 1));
+    assert_eq!(b.acquire_lease("agent:x", "r2", ttl).await.unwrap(), None);
+    assert_eq!(
+        a.acquire_lease("agent:x", "r1", ttl).await.unwrap(),
+        None,
+        "held: renew it"
+    );
+    assert!(b.check_fence(&first).await.unwrap());
+    let other = b
+        .acquire_lease("agent:y", "r2", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.epoch, 1, "epochs are per lease");
+    // Renewing keeps r1's lease past the first ttl.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        a.renew_leases("r1", ttl).await.unwrap(),
+        vec![first.clone()]
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(a.check_fence(&first).await.unwrap(), "renewed");
+    assert_eq!(b.acquire_lease("agent:x", "r2", ttl).await.unwrap(), None);
+    // Not renewed: it expires and another takes it over with a higher epoch.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(!a.check_fence(&first).await.unwrap(), "expired");
+    let second = b
+        .acquire_lease("agent:x", "r2", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.holder.as_str(), second.epoch), ("r2", 2));
+    // The stale holder is fenced everywhere.
+    assert!(!a.check_fence(&first).await.unwrap());
+    assert_eq!(
+        a.renew_leases("r1", ttl).await.unwrap(),
+        Vec::<Fence>::new()
+    );
+    assert!(!a.release_lease(&first).await.unwrap());
+    let info = a.lease("agent:x").await.unwrap().unwrap();
+    assert_eq!((info.holder.as_deref(), info.epoch), (Some("r2"), 2));
+    // Released, it is free at once, and the next holder's epoch is higher still.
+    assert!(b.release_lease(&second).await.unwrap());
+    assert!(!b.check_fence(&second).await.unwrap());
+    let third = a
+        .acquire_lease("agent:x", "r1", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.epoch, 3);
+    // Opened again (a restart), the lease is as it was.
+    let again = db.open().await;
+    assert!(again.check_fence(&third).await.unwrap());
+}
+
+/// Twenty holders on two handles race for one free lease: exactly one gets it.
+async fn of_many_racing_for_a_free_lease_through_two_handles_exactly_one_gets_it<B: Backend>() {
+    let (_dir, db) = B::temp_db().await;
+    let a = db.open().await;
+    let b = db.open().await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                store
+                    .acquire_lease(
+                        "channel:telegram",
+                        &format!("r{i}"),
+                        std::time::Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for t in tasks {
+        if let Some(fence) = t.await.unwrap() {
+            won.push(fence);
+        }
+    }
+    assert_eq!(won.len(), 1, "{won:?}");
+    assert_eq!(won[0].epoch, 1);
+    assert!(a.check_fence(&won[0]).await.unwrap());
 }
 
 // ---- schedules ----

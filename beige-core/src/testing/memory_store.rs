@@ -21,6 +21,8 @@ use crate::store::{
 #[path = "memory_schedules.rs"]
 mod schedules;
 // The `CredentialStore` half.
+#[path = "memory_coordination.rs"]
+mod coordination;
 #[path = "memory_credentials.rs"]
 mod credentials;
 
@@ -122,6 +124,8 @@ impl MemoryStore {
 
 #[derive(Default)]
 struct State {
+    /// Leases by name: (holder, epoch, expires ms).
+    leases: HashMap<String, (Option<String>, i64, i64)>,
     /// By id.
     sessions: HashMap<String, Session>,
     /// Incremented per created session: the tie-break of `list_sessions` (SQLite's rowid).
