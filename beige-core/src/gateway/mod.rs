@@ -13,6 +13,7 @@
 pub(crate) mod egress;
 mod error;
 mod history;
+mod leases;
 #[cfg(feature = "mcp")]
 mod mcp;
 #[cfg(feature = "http-api")]

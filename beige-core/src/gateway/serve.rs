@@ -141,6 +141,10 @@ pub enum ServeError {
         #[source]
         source: ChannelError,
     },
+    /// The store is shared and another gateway took an agent's lease (or it could not be
+    /// renewed in time): this one stopped rather than drive that agent too.
+    #[error("lost an agent's lease to another gateway on the shared store (store.url), or could not renew it in time; stopped so that only one gateway drives each agent")]
+    LeaseLost,
     /// `serve` was called a second time.
     #[error("the gateway is already serving (its channels run once)")]
     AlreadyServing,
@@ -302,6 +306,9 @@ struct Shared {
     reloads: AtomicU64,
     /// The schedule engine (its tick task runs while `serve` does).
     scheduler: Option<Arc<crate::schedule::engine::Scheduler>>,
+    /// The agents' leases, when the store is shared (`store.url`); renewed while
+    /// `serve` runs, given back when the gateway stops.
+    leases: Option<Arc<super::leases::AgentLeases>>,
 }
 
 /// Where a built-in tool made while the gateway is built (the `schedule` tool) finds
@@ -418,7 +425,31 @@ impl GatewayBuilder {
         if self.store.is_none() {
             self.store = Some(super::open_default_store(&self.home, &self.config).await?);
         }
-        let engine = self.clone().build_engine().await?;
+        // A store shared with other gateways: this one's agents are leased to it before
+        // any of their sandboxes is touched.
+        let leases = match (&self.config.store, &self.store) {
+            (Some(_), Some(stores)) => {
+                let (installation, _) = self.home.ensure_installation_id()?;
+                let leases = super::leases::AgentLeases::acquire(
+                    stores.coordination.clone(),
+                    super::leases::holder_name(installation.as_str()),
+                    self.config.agents.keys().map(String::as_str),
+                    super::leases::LEASE_TTL,
+                )
+                .await?;
+                Some(Arc::new(leases))
+            }
+            _ => None,
+        };
+        let engine = match self.clone().build_engine().await {
+            Ok(engine) => engine,
+            Err(e) => {
+                if let Some(leases) = &leases {
+                    leases.release().await;
+                }
+                return Err(e);
+            }
+        };
         let (outcomes, _) = watch::channel(None);
         let clock = self
             .schedule_clock
@@ -446,6 +477,7 @@ impl GatewayBuilder {
                 reloads: AtomicU64::new(0),
                 scheduler,
                 metrics_addr: std::sync::Mutex::new(None),
+                leases,
             }),
         };
         slot.set(&gateway.shared);
@@ -558,14 +590,35 @@ impl LocalGateway {
     pub async fn shutdown(&self) -> Result<(), GatewayError> {
         let engine = self.engine().await;
         self.end_egress().await;
-        engine.shutdown().await
+        let stopped = engine.shutdown().await;
+        self.release_leases().await;
+        stopped
     }
 
     /// Stop, removing the sandboxes unless `keep_sandboxes`.
     pub async fn stop(&self, keep_sandboxes: bool) -> Result<(), GatewayError> {
         let engine = self.engine().await;
         self.end_egress().await;
-        engine.stop(keep_sandboxes).await
+        let stopped = engine.stop(keep_sandboxes).await;
+        self.release_leases().await;
+        stopped
+    }
+
+    /// Give the agents' leases back (a shared store), so another gateway may take them.
+    async fn release_leases(&self) {
+        if let Some(leases) = &self.shared.leases {
+            leases.release().await;
+        }
+    }
+
+    /// The leases this gateway holds for its agents (a shared store, `store.url`);
+    /// empty otherwise.
+    pub fn agent_leases(&self) -> Vec<crate::store::Fence> {
+        self.shared
+            .leases
+            .as_ref()
+            .map(|l| l.fences())
+            .unwrap_or_default()
     }
 
     /// Ends every open egress stream, of this engine and of those a reload replaced.
@@ -811,9 +864,21 @@ impl LocalGateway {
             .clone()
             .map(|s| tokio::spawn(s.run(self.clone(), schedules_stop.clone())));
 
+        // The agents' leases (a shared store) are renewed while serving; losing one
+        // stops serving, since another gateway may now drive those agents.
+        let leases_stop = CancellationToken::new();
+        let lease_lost = CancellationToken::new();
+        let leases_task = self.shared.leases.clone().map(|l| {
+            tokio::spawn(l.keep(leases_stop.clone(), lease_lost.clone()))
+        });
+
         let mut failed = None;
         loop {
             tokio::select! {
+                _ = lease_lost.cancelled() => {
+                    failed = Some(ServeError::LeaseLost);
+                    break;
+                }
                 request = shutdown.next() => match request {
                     Request::Stop => break,
                     Request::Reload => {
@@ -843,6 +908,10 @@ impl LocalGateway {
 
         schedules_stop.cancel();
         if let Some(task) = schedules_task {
+            let _ = tokio::time::timeout(CHANNEL_STOP, task).await;
+        }
+        leases_stop.cancel();
+        if let Some(task) = leases_task {
             let _ = tokio::time::timeout(CHANNEL_STOP, task).await;
         }
         // Drain while the channels still serve the running streams.

@@ -44,9 +44,11 @@ pub struct LeaseInfo {
 /// Leases with epochs and expiry.
 #[async_trait]
 pub trait Coordination: Send + Sync + Debug {
-    /// Take `name` for `holder` for `ttl` when it is free or expired: the new fence, its
-    /// epoch one above the last holder's. `None` while another holder's lease (or this
-    /// holder's own, which [`renew_leases`](Self::renew_leases) extends) is valid.
+    /// Take `name` for `holder` for `ttl` when it is free, expired or already this
+    /// holder's: the new fence, its epoch one above the last. Taking back one's own lease
+    /// (a restarted gateway with the same holder name) fences the earlier incarnation;
+    /// to keep a lease, [`renew_leases`](Self::renew_leases). `None` while another
+    /// holder's lease is valid.
     async fn acquire_lease(
         &self,
         name: &str,

@@ -331,6 +331,18 @@ pub enum StoreError {
         id: String,
     },
 
+    /// A lease this gateway needs is held by another gateway (`store.url` shared by
+    /// several): it must not act for what the lease covers.
+    #[error("{lease} is held by gateway '{holder}' until {until} unless it renews it; beige does not yet share agents between gateways on one database: stop that gateway, give each gateway its own agents, or wait for its lease to run out")]
+    Leased {
+        /// The lease (`agent:<name>`).
+        lease: String,
+        /// Who holds it.
+        holder: String,
+        /// When it runs out unless renewed (RFC 3339, the database's clock).
+        until: String,
+    },
+
     /// The request itself is invalid.
     #[error("invalid store request: {message}")]
     Invalid {

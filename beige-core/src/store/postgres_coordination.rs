@@ -31,7 +31,7 @@ impl Coordination for PostgresStore {
         .map_err(|e| self.fail(e))?;
         let epoch: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "UPDATE leases SET holder = $2, epoch = epoch + 1, expires_at = {DB_NOW} + $3
-             WHERE name = $1 AND (holder IS NULL OR expires_at <= {DB_NOW})
+             WHERE name = $1 AND (holder IS NULL OR holder = $2 OR expires_at <= {DB_NOW})
              RETURNING epoch"
         )))
         .bind(name)

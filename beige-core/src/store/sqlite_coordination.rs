@@ -29,7 +29,7 @@ impl Coordination for SqliteStore {
             let epoch: Option<i64> = conn
                 .prepare_cached(
                     "UPDATE leases SET holder = ?2, epoch = epoch + 1, expires_at = ?3 + ?4
-                     WHERE name = ?1 AND (holder IS NULL OR expires_at <= ?3)
+                     WHERE name = ?1 AND (holder IS NULL OR holder = ?2 OR expires_at <= ?3)
                      RETURNING epoch",
                 )?
                 .query_row(params![name, holder, now, ttl], |r| r.get(0))

@@ -1787,12 +1787,17 @@ async fn a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch<B: Ba
         .unwrap();
     assert_eq!((first.holder.as_str(), first.epoch), ("r1", 1));
     assert_eq!(b.acquire_lease("agent:x", "r2", ttl).await.unwrap(), None);
-    assert_eq!(
-        a.acquire_lease("agent:x", "r1", ttl).await.unwrap(),
-        None,
-        "held: renew it"
-    );
     assert!(b.check_fence(&first).await.unwrap());
+    // The same holder taking it again (a restart) fences its earlier self.
+    let restarted = a
+        .acquire_lease("agent:x", "r1", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(restarted.epoch, 2);
+    assert!(!a.check_fence(&first).await.unwrap());
+    assert!(!a.release_lease(&first).await.unwrap());
+    let first = restarted;
     let other = b
         .acquire_lease("agent:y", "r2", ttl)
         .await
@@ -1816,7 +1821,7 @@ async fn a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch<B: Ba
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((second.holder.as_str(), second.epoch), ("r2", 2));
+    assert_eq!((second.holder.as_str(), second.epoch), ("r2", 3));
     // The stale holder is fenced everywhere.
     assert!(!a.check_fence(&first).await.unwrap());
     assert_eq!(
@@ -1825,7 +1830,7 @@ async fn a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch<B: Ba
     );
     assert!(!a.release_lease(&first).await.unwrap());
     let info = a.lease("agent:x").await.unwrap().unwrap();
-    assert_eq!((info.holder.as_deref(), info.epoch), (Some("r2"), 2));
+    assert_eq!((info.holder.as_deref(), info.epoch), (Some("r2"), 3));
     // Released, it is free at once, and the next holder's epoch is higher still.
     assert!(b.release_lease(&second).await.unwrap());
     assert!(!b.check_fence(&second).await.unwrap());
@@ -1834,7 +1839,7 @@ async fn a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch<B: Ba
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(third.epoch, 3);
+    assert_eq!(third.epoch, 4);
     // Opened again (a restart), the lease is as it was.
     let again = db.open().await;
     assert!(again.check_fence(&third).await.unwrap());

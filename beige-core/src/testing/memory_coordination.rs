@@ -19,7 +19,7 @@ impl Coordination for MemoryStore {
         let now = now_ms();
         let mut state = self.lock();
         let lease = state.leases.entry(name.to_string()).or_insert((None, 0, 0));
-        if lease.0.is_some() && lease.2 > now {
+        if lease.0.as_deref().is_some_and(|h| h != holder) && lease.2 > now {
             return Ok(None);
         }
         *lease = (
