@@ -130,7 +130,9 @@ impl AgentLeases {
                     tracing::warn!(error = %e, "renewing the agents' leases failed");
                     // The database may already consider them expired: stop acting
                     // before another gateway can take over (spec/scale.md §3).
-                    if sent.duration_since(last_ok) + every >= self.ttl.saturating_sub(Duration::from_secs(2)) {
+                    if sent.duration_since(last_ok) + every
+                        >= self.ttl.saturating_sub(Duration::from_secs(2))
+                    {
                         tracing::error!("could not renew the agents' leases in time; stopping");
                         lost.cancel();
                         return;

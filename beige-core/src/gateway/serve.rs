@@ -868,9 +868,11 @@ impl LocalGateway {
         // stops serving, since another gateway may now drive those agents.
         let leases_stop = CancellationToken::new();
         let lease_lost = CancellationToken::new();
-        let leases_task = self.shared.leases.clone().map(|l| {
-            tokio::spawn(l.keep(leases_stop.clone(), lease_lost.clone()))
-        });
+        let leases_task = self
+            .shared
+            .leases
+            .clone()
+            .map(|l| tokio::spawn(l.keep(leases_stop.clone(), lease_lost.clone())));
 
         let mut failed = None;
         loop {

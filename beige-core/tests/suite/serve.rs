@@ -538,6 +538,96 @@ async fn a_gateway_with_store_url_keeps_its_state_in_postgresql() {
     assert!(serving.await.unwrap().is_ok());
 }
 
+/// Two gateways on one PostgreSQL database with the same agent: the first leases the
+/// agent; the second refuses to start and names the holder; once the first stops (and
+/// gives its lease back) the second starts. The first's own home restarted takes its
+/// lease back at once, with a higher epoch.
+#[tokio::test]
+async fn a_shared_store_leases_each_agent_to_one_gateway() {
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let with_store = || {
+        let mut cfg = config(&["a"], &[]);
+        cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+        cfg
+    };
+    let home1 = BeigeHome::new(dir.path().join("one"));
+    let home2 = BeigeHome::new(dir.path().join("two"));
+    let first = build(base(&home1, with_store())).await;
+    let leases = first.agent_leases();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases[0].lease, "agent:a");
+    let holder = leases[0].holder.clone();
+
+    let err = base(&home2, with_store())
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("agent:a is held by gateway"), "{err}");
+    assert!(err.contains(&holder), "{err}");
+
+    // The same home, started again while the first still holds the lease: it is the
+    // same holder, so it takes the lease back, and the earlier one's fence is stale.
+    let again = build(base(&home1, with_store())).await;
+    let retaken = again.agent_leases();
+    assert_eq!(retaken[0].holder, holder);
+    assert!(
+        retaken[0].epoch > leases[0].epoch,
+        "{retaken:?} after {leases:?}"
+    );
+    drop(first);
+
+    again.shutdown().await.unwrap();
+    assert!(again.agent_leases().is_empty(), "given back on stop");
+    let second = build(base(&home2, with_store())).await;
+    let taken = second.agent_leases();
+    assert_ne!(taken[0].holder, holder);
+    assert!(taken[0].epoch > retaken[0].epoch);
+    second.shutdown().await.unwrap();
+}
+
+/// A serving gateway whose agent lease another gateway took over (here: expired by
+/// hand, then taken) notices at its next renewal and stops serving with `LeaseLost`.
+#[tokio::test]
+async fn a_gateway_that_loses_an_agents_lease_stops_serving() {
+    use beige_core::store::{Coordination as _, PostgresOptions, PostgresStore};
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let mut cfg = config(&["a"], &[]);
+    cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+    let gw = build(base(&home, cfg)).await;
+    let serving = tokio::spawn({
+        let gw = gw.clone();
+        let shutdown = Shutdown::on(CancellationToken::new()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    let other = PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE leases SET expires_at = 0 WHERE name = 'agent:a'")
+        .execute(other.pool())
+        .await
+        .unwrap();
+    let taken = other
+        .acquire_lease("agent:a", "intruder", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("an expired lease can be taken");
+    let ended = tokio::time::timeout(Duration::from_secs(20), serving)
+        .await
+        .expect("serving stops within a renewal period")
+        .unwrap();
+    assert!(matches!(ended, Err(ServeError::LeaseLost)), "{ended:?}");
+    // It did not give back what is no longer its own.
+    assert!(other.check_fence(&taken).await.unwrap());
+}
+
 /// A channel that can send on its own and records what it was given.
 #[derive(Debug, Default)]
 struct Outbox {
