@@ -91,6 +91,12 @@ impl AgentLeases {
         self.fences.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The fence of `agent`'s lease, when this gateway holds it.
+    pub(crate) fn fence_of(&self, agent: &str) -> Option<Fence> {
+        let name = format!("agent:{agent}");
+        self.lock().iter().find(|f| f.lease == name).cloned()
+    }
+
     /// The fences held now.
     pub(crate) fn fences(&self) -> Vec<Fence> {
         self.lock().clone()

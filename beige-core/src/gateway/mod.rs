@@ -118,6 +118,9 @@ pub struct GatewayBuilder {
     schedule_clock: Option<Arc<dyn crate::schedule::Clock>>,
     /// Where the built-in `schedule` tool finds the finished gateway.
     gateway_slot: GatewaySlot,
+    /// The agents' leases when the store is shared (`store.url`), taken by
+    /// [`GatewayBuilder::build`] and kept by every reload: turns are written under them.
+    agent_leases: Option<Arc<leases::AgentLeases>>,
     /// The gateway's metrics, kept by every reload.
     metrics: Arc<crate::metrics::Metrics>,
     /// The tracer, made by the first build from `telemetry.otlp` and kept by every
@@ -163,6 +166,7 @@ impl GatewayBuilder {
             approvals: Arc::default(),
             schedule_clock: None,
             gateway_slot: GatewaySlot::default(),
+            agent_leases: None,
             metrics: Arc::new(crate::metrics::Metrics::new()),
             traces: Arc::default(),
         }
@@ -590,6 +594,7 @@ impl GatewayBuilder {
             Arc::new(clients)
         };
         let inner = Arc::new(Inner {
+            leases: self.agent_leases.clone(),
             disk,
             approvals,
             attended: std::sync::Mutex::new(HashMap::new()),
@@ -752,6 +757,8 @@ pub(crate) struct Engine {
 
 #[derive(Debug)]
 struct Inner {
+    /// The agents' leases (a shared store): each turn is written under its agent's.
+    leases: Option<Arc<leases::AgentLeases>>,
     /// Pauses agents while a filesystem they need is nearly full.
     disk: Arc<crate::disk::DiskGuard>,
     config: Config,

@@ -1191,7 +1191,22 @@ impl Run<'_> {
         }
         let next = history.appended(exchange.iter().map(|m| &m.message));
         let empty = exchange.is_empty();
-        self.inner.store.append_turn(&session.id, exchange).await?;
+        // With a shared store the turn commits only under this gateway's lease of the
+        // agent: a gateway that lost it cannot write, even before it notices.
+        match self
+            .inner
+            .leases
+            .as_ref()
+            .and_then(|l| l.fence_of(&session.agent))
+        {
+            Some(fence) => {
+                self.inner
+                    .store
+                    .append_turn_fenced(&session.id, exchange, &fence)
+                    .await?
+            }
+            None => self.inner.store.append_turn(&session.id, exchange).await?,
+        };
         if !empty {
             self.inner.history.keep(&session.id, next);
         }

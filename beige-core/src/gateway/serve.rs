@@ -441,6 +441,7 @@ impl GatewayBuilder {
             }
             _ => None,
         };
+        self.agent_leases = leases.clone();
         let engine = match self.clone().build_engine().await {
             Ok(engine) => engine,
             Err(e) => {

@@ -343,6 +343,16 @@ pub enum StoreError {
         until: String,
     },
 
+    /// A write made under a lease this gateway no longer holds (another gateway took
+    /// it over, or it expired): refused, nothing written.
+    #[error("refused: this gateway no longer holds {lease} (epoch {epoch}); another gateway drives it now")]
+    Fenced {
+        /// The lease.
+        lease: String,
+        /// The epoch the write was made under.
+        epoch: i64,
+    },
+
     /// The request itself is invalid.
     #[error("invalid store request: {message}")]
     Invalid {
@@ -425,6 +435,21 @@ pub trait SessionStore: Send + Sync + Debug {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<i64>, StoreError>;
+
+    /// [`append_turn`](Self::append_turn), committed only while `fence` still holds its
+    /// lease ([`Coordination`]): a gateway that lost an agent's lease cannot write that
+    /// agent's turns, even before it notices ([`StoreError::Fenced`], nothing written).
+    /// Stores shared by several gateways check the fence in the append's transaction;
+    /// the default, for stores only one gateway uses, appends without looking.
+    async fn append_turn_fenced(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: &Fence,
+    ) -> Result<Vec<i64>, StoreError> {
+        let _ = fence;
+        self.append_turn(session_id, messages).await
+    }
 
     /// The messages of a session in order. Without `include_compacted`: the latest summary
     /// (if any) followed by the messages after it — the model's context.
@@ -774,6 +799,14 @@ macro_rules! forward_store {
                 messages: Vec<NewMessage>,
             ) -> Result<Vec<i64>, StoreError> {
                 (**self).append_turn(session_id, messages).await
+            }
+            async fn append_turn_fenced(
+                &self,
+                session_id: &str,
+                messages: Vec<NewMessage>,
+                fence: &Fence,
+            ) -> Result<Vec<i64>, StoreError> {
+                (**self).append_turn_fenced(session_id, messages, fence).await
             }
             async fn messages(
                 &self,

@@ -21,7 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow, PgSslMode};
 use sqlx::{Executor as _, Row as _};
 
 use super::{
-    now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
+    now_ms, title_from, ChannelState, Fence, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
     LedgerEntry, LedgerFilter, Lineage, NewMessage, NewSession, OutboxItem, PluginData,
     SessionRecord, SessionSettings, SessionStore, SettingsPatch, StoreError, StoredMessage,
     UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals, SEEN_WINDOW,
@@ -39,6 +39,9 @@ mod schema;
 
 /// The schema version this binary writes (the same number as SQLite's).
 pub const PG_SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
+
+/// The server's time in Unix ms (leases and fences are judged by it alone).
+pub(super) const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// The key of the advisory lock migrations take (any fixed number; "beige" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0062_6569_6765;
@@ -448,6 +451,124 @@ impl PostgresStore {
         })
     }
 
+    /// One turn appended, under `fence` when given (checked in the same transaction).
+    async fn append(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: Option<&Fence>,
+    ) -> Result<Vec<i64>, StoreError> {
+        // Encode everything before the transaction starts: a message that cannot be
+        // encoded fails the turn before anything is written.
+        let mut contents = Vec::with_capacity(messages.len());
+        let mut models = Vec::with_capacity(messages.len());
+        let mut tokens: [Vec<Option<i64>>; 4] = Default::default();
+        let mut first_title = None;
+        let mut added = Usage::default();
+        for (i, m) in messages.into_iter().enumerate() {
+            let content = serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
+                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
+            })?;
+            if first_title.is_none() && m.message.role == Role::User {
+                first_title = title_from(&m.message.text());
+            }
+            if let Some(u) = &m.usage {
+                added.add(u);
+            }
+            contents.push(content);
+            models.push(m.model);
+            tokens[0].push(m.usage.map(|u| to_i64(u.input_tokens)));
+            tokens[1].push(m.usage.map(|u| to_i64(u.output_tokens)));
+            tokens[2].push(m.usage.map(|u| to_i64(u.cache_read_tokens)));
+            tokens[3].push(m.usage.map(|u| to_i64(u.cache_write_tokens)));
+        }
+        let r = async {
+            let mut tx = self.pool.begin().await?;
+            if let Some(fence) = fence {
+                // FOR SHARE: a takeover's UPDATE of the lease waits for this commit.
+                let held = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND epoch = $3
+                       AND expires_at > {DB_NOW} FOR SHARE"
+                )))
+                .bind(&fence.lease)
+                .bind(&fence.holder)
+                .bind(fence.epoch)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if held.is_none() {
+                    return Err(StoreError::Fenced {
+                        lease: fence.lease.clone(),
+                        epoch: fence.epoch,
+                    }
+                    .into());
+                }
+            }
+            // The row lock serialises appends to one session, whichever gateway makes them.
+            let locked = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if locked.is_none() {
+                return Err(not_found(session_id).into());
+            }
+            if contents.is_empty() {
+                return Ok(Vec::new());
+            }
+            let now = now_ms();
+            let count = to_i64(contents.len() as u64);
+            let [input, output, cache_read, cache_write] = tokens;
+            let mut rows: Vec<(i64, i64)> = sqlx::query_as(
+                "WITH base AS (
+                     SELECT coalesce(max(seq), 0) AS seq FROM messages WHERE session_id = $1
+                 )
+                 INSERT INTO messages (session_id, seq, sub, content, model, input_tokens,
+                                       output_tokens, cache_read_tokens, cache_write_tokens,
+                                       summary, compacted, created)
+                 SELECT $1, base.seq + m.ord, 0, m.content, m.model, m.i, m.o, m.cr, m.cw,
+                        false, false, $8
+                 FROM base, UNNEST($2::text[], $3::text[], $4::bigint[], $5::bigint[],
+                                   $6::bigint[], $7::bigint[])
+                      WITH ORDINALITY AS m(content, model, i, o, cr, cw, ord)
+                 RETURNING id, seq",
+            )
+            .bind(session_id)
+            .bind(&contents)
+            .bind(&models)
+            .bind(&input)
+            .bind(&output)
+            .bind(&cache_read)
+            .bind(&cache_write)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+            rows.sort_by_key(|(_, seq)| *seq);
+            sqlx::query(
+                "UPDATE sessions SET updated = $2, title = coalesce(title, $3),
+                                     revision = revision + 1,
+                                     message_count = message_count + $4,
+                                     input_tokens = input_tokens + $5,
+                                     output_tokens = output_tokens + $6,
+                                     cache_read_tokens = cache_read_tokens + $7,
+                                     cache_write_tokens = cache_write_tokens + $8
+                 WHERE id = $1",
+            )
+            .bind(session_id)
+            .bind(now)
+            .bind(&first_title)
+            .bind(count)
+            .bind(to_i64(added.input_tokens))
+            .bind(to_i64(added.output_tokens))
+            .bind(to_i64(added.cache_read_tokens))
+            .bind(to_i64(added.cache_write_tokens))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(rows.into_iter().map(|(id, _)| id).collect())
+        }
+        .await;
+        self.finish(r)
+    }
+
     /// `UPDATE sessions SET <set> WHERE id = $1` with `$2` bound; not found when no row.
     async fn update_session(&self, id: &str, set: &'static str, value: &str) -> Result<(), Fail> {
         let sql = format!("UPDATE sessions SET {set} WHERE id = $1");
@@ -659,96 +780,16 @@ impl SessionStore for PostgresStore {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<i64>, StoreError> {
-        // Encode everything before the transaction starts: a message that cannot be
-        // encoded fails the turn before anything is written.
-        let mut contents = Vec::with_capacity(messages.len());
-        let mut models = Vec::with_capacity(messages.len());
-        let mut tokens: [Vec<Option<i64>>; 4] = Default::default();
-        let mut first_title = None;
-        let mut added = Usage::default();
-        for (i, m) in messages.into_iter().enumerate() {
-            let content = serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
-                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
-            })?;
-            if first_title.is_none() && m.message.role == Role::User {
-                first_title = title_from(&m.message.text());
-            }
-            if let Some(u) = &m.usage {
-                added.add(u);
-            }
-            contents.push(content);
-            models.push(m.model);
-            tokens[0].push(m.usage.map(|u| to_i64(u.input_tokens)));
-            tokens[1].push(m.usage.map(|u| to_i64(u.output_tokens)));
-            tokens[2].push(m.usage.map(|u| to_i64(u.cache_read_tokens)));
-            tokens[3].push(m.usage.map(|u| to_i64(u.cache_write_tokens)));
-        }
-        let r = async {
-            let mut tx = self.pool.begin().await?;
-            // The row lock serialises appends to one session, whichever gateway makes them.
-            let locked = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if locked.is_none() {
-                return Err(not_found(session_id).into());
-            }
-            if contents.is_empty() {
-                return Ok(Vec::new());
-            }
-            let now = now_ms();
-            let count = to_i64(contents.len() as u64);
-            let [input, output, cache_read, cache_write] = tokens;
-            let mut rows: Vec<(i64, i64)> = sqlx::query_as(
-                "WITH base AS (
-                     SELECT coalesce(max(seq), 0) AS seq FROM messages WHERE session_id = $1
-                 )
-                 INSERT INTO messages (session_id, seq, sub, content, model, input_tokens,
-                                       output_tokens, cache_read_tokens, cache_write_tokens,
-                                       summary, compacted, created)
-                 SELECT $1, base.seq + m.ord, 0, m.content, m.model, m.i, m.o, m.cr, m.cw,
-                        false, false, $8
-                 FROM base, UNNEST($2::text[], $3::text[], $4::bigint[], $5::bigint[],
-                                   $6::bigint[], $7::bigint[])
-                      WITH ORDINALITY AS m(content, model, i, o, cr, cw, ord)
-                 RETURNING id, seq",
-            )
-            .bind(session_id)
-            .bind(&contents)
-            .bind(&models)
-            .bind(&input)
-            .bind(&output)
-            .bind(&cache_read)
-            .bind(&cache_write)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await?;
-            rows.sort_by_key(|(_, seq)| *seq);
-            sqlx::query(
-                "UPDATE sessions SET updated = $2, title = coalesce(title, $3),
-                                     revision = revision + 1,
-                                     message_count = message_count + $4,
-                                     input_tokens = input_tokens + $5,
-                                     output_tokens = output_tokens + $6,
-                                     cache_read_tokens = cache_read_tokens + $7,
-                                     cache_write_tokens = cache_write_tokens + $8
-                 WHERE id = $1",
-            )
-            .bind(session_id)
-            .bind(now)
-            .bind(&first_title)
-            .bind(count)
-            .bind(to_i64(added.input_tokens))
-            .bind(to_i64(added.output_tokens))
-            .bind(to_i64(added.cache_read_tokens))
-            .bind(to_i64(added.cache_write_tokens))
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            Ok(rows.into_iter().map(|(id, _)| id).collect())
-        }
-        .await;
-        self.finish(r)
+        self.append(session_id, messages, None).await
+    }
+
+    async fn append_turn_fenced(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: &Fence,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.append(session_id, messages, Some(fence)).await
     }
 
     async fn messages(

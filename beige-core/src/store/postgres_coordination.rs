@@ -7,11 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::PostgresStore;
+use super::{PostgresStore, DB_NOW};
 use crate::store::{ttl_ms, Coordination, Fence, LeaseInfo, StoreError};
-
-/// The server's time in Unix ms.
-const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 #[async_trait]
 impl Coordination for PostgresStore {

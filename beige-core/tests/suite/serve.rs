@@ -628,6 +628,70 @@ async fn a_gateway_that_loses_an_agents_lease_stops_serving() {
     assert!(other.check_fence(&taken).await.unwrap());
 }
 
+/// A gateway whose agent lease was taken over, before it noticed: its next turn is not
+/// written (the store refuses it as fenced, in the append's transaction) and the prompt
+/// ends with an error that says so, while its first turn, made under the lease, stays.
+#[tokio::test]
+async fn a_stale_gateway_cannot_write_a_turn_for_an_agent_it_no_longer_holds() {
+    use beige_core::llm::scripted::ScriptedProvider;
+    use beige_core::store::{Coordination as _, PostgresOptions, PostgresStore, SessionStore as _};
+    use beige_core::{AgentEvent, PromptRequest};
+    use futures_util::StreamExt as _;
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let mut cfg = config(&["a"], &[]);
+    cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+    let model = ScriptedProvider::new("anthropic")
+        .then_text("first answer")
+        .then_text("second answer");
+    let gw = build(base(&home, cfg).provider(Arc::new(model))).await;
+    let events = |gw: LocalGateway, text: &'static str| async move {
+        gw.prompt(PromptRequest::new("a", "api:a:fence", text))
+            .await
+            .unwrap()
+            .collect::<Vec<_>>()
+            .await
+    };
+    let first = events(gw.clone(), "one").await;
+    assert!(
+        first.iter().any(|e| matches!(e, AgentEvent::Done { .. })),
+        "{first:?}"
+    );
+    // Another gateway takes the agent over (the lease expired while this one paused).
+    let other = PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE leases SET expires_at = 0 WHERE name = 'agent:a'")
+        .execute(other.pool())
+        .await
+        .unwrap();
+    other
+        .acquire_lease("agent:a", "r2", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let second = events(gw.clone(), "two").await;
+    let error = second
+        .iter()
+        .find_map(|e| match e {
+            AgentEvent::Error { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no error in {second:?}"));
+    assert!(error.contains("no longer holds agent:a"), "{error}");
+    let session = other.current_session("api:a:fence").await.unwrap().unwrap();
+    let stored = other.messages(&session.id, false).await.unwrap();
+    let texts: Vec<String> = stored.iter().map(|m| m.message.text()).collect();
+    assert_eq!(
+        texts,
+        ["one", "first answer"],
+        "only the turn made under the lease"
+    );
+}
+
 /// A channel that can send on its own and records what it was given.
 #[derive(Debug, Default)]
 struct Outbox {
