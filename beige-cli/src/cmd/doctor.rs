@@ -159,9 +159,10 @@ pub async fn run(
         }
     };
 
-    // Each agent's egress posture.
+    // Each agent's egress posture, and the shared store.
     if let Some(config) = &config {
         egress(&mut r, config);
+        store_check(&mut r, config).await;
     }
 
     // Descriptors and disk space.
@@ -326,6 +327,50 @@ pub async fn run(
         )
         .into())
     }
+}
+
+/// `store.url`: the PostgreSQL database is reachable with the config's settings, its
+/// schema is one this beige can use, and which gateway holds each agent's lease. Reads
+/// only: doctor migrates nothing.
+async fn store_check(r: &mut Report, config: &Config) {
+    use beige_core::store::{Coordination as _, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
+    let Some(store) = &config.store else {
+        return;
+    };
+    let fix = "check store.url and store.passwordFile, that the server runs and accepts this \
+               user (docs/scaling.md)";
+    let pg = match PostgresOptions::from_config(store).and_then(|o| PostgresStore::connect_lazy(&o))
+    {
+        Ok(pg) => pg,
+        Err(e) => return r.fail(format!("store: {e}"), fix),
+    };
+    let name = pg.name().display().to_string();
+    match pg.schema_version().await {
+        Err(e) => r.fail(format!("store {name} cannot be used: {e}"), fix),
+        Ok(None) => r.ok(format!(
+            "store {name} is reachable and holds no beige tables yet (the gateway creates them when it starts)"
+        )),
+        Ok(Some(v)) if v > PG_SCHEMA_VERSION => r.fail(
+            format!("store {name} has schema version {v}; this beige knows up to {PG_SCHEMA_VERSION}"),
+            "upgrade beige to the version that migrated the database",
+        ),
+        Ok(Some(v)) => {
+            r.ok(format!("store {name} is reachable, schema version {v}"));
+            let now = chrono::Utc::now().timestamp_millis();
+            for agent in config.agents.keys() {
+                if let Ok(Some(lease)) = pg.lease(&format!("agent:{agent}")).await {
+                    if let (Some(holder), true) = (&lease.holder, lease.expires_ms > now) {
+                        r.note(format!(
+                            "agent '{agent}' is held by gateway {holder} (lease epoch {}, {} s left unless renewed)",
+                            lease.epoch,
+                            (lease.expires_ms - now) / 1000
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    pg.pool().close().await;
 }
 
 /// Each agent's egress posture (sealed, through the gateway, or open over Docker's

@@ -446,3 +446,53 @@ fn doctor_reports_each_agents_egress_posture() {
     assert!(!stdout.contains("✗ agent"), "{stdout}");
     assert!(!stdout.contains("✗ egress"), "{stdout}");
 }
+
+/// `store.url`: doctor names the database (without its password) and whether it can be
+/// used — a reachable server with no beige tables yet is fine, an empty socket directory
+/// is a failure with the fix; it changes nothing in the database.
+#[test]
+fn doctor_checks_the_postgresql_store_and_names_it_without_the_password() {
+    let with_store = |env: &TestEnv, url: &str| {
+        let path = env.home().join("config.json5");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replacen('{', &format!("{{ store: {{ url: {url:?} }},"), 1);
+        std::fs::write(&path, text).unwrap();
+    };
+    // Nothing listens in an empty directory: refused on this machine, no network.
+    let env = TestEnv::new();
+    assert_eq!(env.run(&["setup"]).code, Some(0));
+    let empty = env.dir().join("no-server");
+    std::fs::create_dir_all(&empty).unwrap();
+    with_store(
+        &env,
+        &format!(
+            "postgres://beige:s3cret@localhost/beige?host={}",
+            empty.display()
+        ),
+    );
+    let (code, stdout, _) = doctor(&env, &[]);
+    assert_eq!(code, Some(1), "{stdout}");
+    let (line, fix) = failure(&stdout, "store");
+    assert!(line.contains("beige:***@localhost"), "{line}");
+    assert!(!stdout.contains("s3cret"), "{stdout}");
+    assert!(fix.contains("store.url"), "{fix}");
+
+    let Ok(url) = std::env::var("BEIGE_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set"
+        );
+        eprintln!("skipped the reachable half: no PostgreSQL server (scripts/setup-postgres)");
+        return;
+    };
+    let env = TestEnv::new();
+    assert_eq!(env.run(&["setup"]).code, Some(0));
+    with_store(&env, &url);
+    let (_, stdout, _) = doctor(&env, &[]);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with('✓') && l.contains("is reachable")),
+        "{stdout}"
+    );
+}

@@ -685,25 +685,8 @@ pub(crate) async fn open_default_store(
 
 #[cfg(feature = "postgres")]
 async fn open_postgres(store: &crate::config::store::StoreConfig) -> Result<Stores, GatewayError> {
-    use crate::store::{PostgresOptions, PostgresStore, StoreError};
-    let password = match &store.password_file {
-        Some(file) => {
-            let text = std::fs::read_to_string(file).map_err(|e| StoreError::CannotOpen {
-                path: file.clone(),
-                detail: format!("store.passwordFile cannot be read: {e}"),
-            })?;
-            Some(text.trim_end_matches(['\n', '\r']).to_string())
-        }
-        None => None,
-    };
-    let options = PostgresOptions {
-        password,
-        max_connections: store.max_connections(),
-        acquire_timeout: store.acquire_timeout(),
-        statement_timeout: Some(store.statement_timeout()),
-        allow_insecure: store.allow_insecure,
-        ..PostgresOptions::new(store.url.trim())
-    };
+    use crate::store::{PostgresOptions, PostgresStore};
+    let options = PostgresOptions::from_config(store)?;
     let pg = PostgresStore::connect(&options).await?;
     tracing::info!(database = %pg.name().display(), "store: PostgreSQL");
     Ok(Stores::from(Arc::new(pg)))

@@ -79,6 +79,31 @@ impl PostgresOptions {
     }
 }
 
+impl PostgresOptions {
+    /// The options the config's `store` section gives, with the password read from
+    /// `passwordFile`.
+    pub fn from_config(store: &crate::config::store::StoreConfig) -> Result<Self, StoreError> {
+        let password = match &store.password_file {
+            Some(file) => {
+                let text = std::fs::read_to_string(file).map_err(|e| StoreError::CannotOpen {
+                    path: file.clone(),
+                    detail: format!("store.passwordFile cannot be read: {e}"),
+                })?;
+                Some(text.trim_end_matches(['\n', '\r']).to_string())
+            }
+            None => None,
+        };
+        Ok(Self {
+            password,
+            max_connections: store.max_connections(),
+            acquire_timeout: store.acquire_timeout(),
+            statement_timeout: Some(store.statement_timeout()),
+            allow_insecure: store.allow_insecure,
+            ..Self::new(store.url.trim())
+        })
+    }
+}
+
 /// The [`Store`](super::Store) on a PostgreSQL database.
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -185,6 +210,22 @@ impl PostgresStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
         Ok(Self { pool, name })
+    }
+
+    /// The schema version of the database without changing it (`beige doctor`): `None`
+    /// for a database no beige has migrated yet.
+    pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
+        let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass('beige_schema')::text")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        if exists.is_none() {
+            return Ok(None);
+        }
+        sqlx::query_scalar("SELECT version FROM beige_schema LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.fail(e))
     }
 
     /// The URL of the database, without its password.
