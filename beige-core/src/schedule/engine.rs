@@ -338,6 +338,7 @@ impl Scheduler {
             r.owner == "config"
                 && !config.schedules.contains_key(&r.id)
                 && r.state != ScheduleState::Cancelled
+                && is_mine(config, &r.spec.agent)
         }) {
             self.store
                 .set_schedule_state(&r.id, ScheduleState::Cancelled, None)
@@ -357,10 +358,14 @@ impl Scheduler {
             }
         };
         let now = self.now();
+        let config = gateway.config();
         for run in open.into_iter().filter(|r| r.claimed_by != self.boot_id) {
             let Ok(Some(record)) = self.store.get_schedule(&run.schedule_id).await else {
                 continue;
             };
+            if !is_mine(&config, &record.spec.agent) {
+                continue;
+            }
             match run.status {
                 RunStatus::Running => {
                     let rerun_before = run.claimed_by.starts_with(RERUN_PREFIX);
@@ -437,8 +442,9 @@ impl Scheduler {
     async fn tick(self: &Arc<Self>, gateway: &LocalGateway) -> Result<Option<i64>, StoreError> {
         let now = self.now();
         let mut earliest: Option<i64> = None;
+        let config = gateway.config();
         for record in self.store.list_schedules(None).await? {
-            if record.state != ScheduleState::Active {
+            if record.state != ScheduleState::Active || !is_mine(&config, &record.spec.agent) {
                 continue;
             }
             let Some(due) = record.next_fire_at else {
@@ -1120,6 +1126,14 @@ pub(crate) fn first_fire(spec: &ScheduleSpec, now: i64) -> Option<i64> {
 }
 
 /// `sch_` and 10 base32 characters (RFC 4648 alphabet, lower case).
+/// Whether this gateway runs `agent`'s schedules. With a store of its own, all of them
+/// (a schedule of an agent no longer configured fails when it fires, and says so). With
+/// a shared store (`store.url`), only its own agents': the others' belong to the gateway
+/// that holds them, and must not be fired, cancelled or recovered from here.
+fn is_mine(config: &Config, agent: &str) -> bool {
+    config.store.is_none() || config.agents.contains_key(agent)
+}
+
 pub(crate) fn new_schedule_id() -> String {
     const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
     let bits = rand::random::<u64>();

@@ -692,6 +692,59 @@ async fn a_stale_gateway_cannot_write_a_turn_for_an_agent_it_no_longer_holds() {
     );
 }
 
+/// Two gateways on one database with agents of their own and a configured schedule each:
+/// neither cancels, fires nor recovers the other's schedule (a gateway's config only
+/// speaks for its own agents when the store is shared).
+#[tokio::test]
+async fn gateways_sharing_a_store_keep_to_their_own_agents_schedules() {
+    use beige_core::api::schedules::ScheduleState;
+    use beige_core::store::{PostgresOptions, PostgresStore, ScheduleStore as _};
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let with = |agent: &str| {
+        let mut cfg = config(&[agent], &[]);
+        cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+        cfg.schedules = serde_json::from_value(json!({
+            format!("hourly-{agent}"): {"agent": agent, "cron": "0 * * * *", "tz": "UTC", "prompt": "report"},
+        }))
+        .unwrap();
+        cfg
+    };
+    let store = PostgresStore::connect(&PostgresOptions::new(&db.url))
+        .await
+        .unwrap();
+    let mut serving = Vec::new();
+    for (agent, home) in [("a", "one"), ("b", "two")] {
+        let gw = build(base(&BeigeHome::new(dir.path().join(home)), with(agent))).await;
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let gw = gw.clone();
+            let shutdown = Shutdown::on(token.clone()).drain(Duration::from_secs(1));
+            async move { gw.serve(shutdown).await }
+        });
+        // Wait until this gateway stored its schedule.
+        let id = format!("hourly-{agent}");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while store.get_schedule(&id).await.unwrap().is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the schedule is stored");
+        serving.push((token, task));
+    }
+    for id in ["hourly-a", "hourly-b"] {
+        let record = store.get_schedule(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ScheduleState::Active, "{id}");
+    }
+    for (token, task) in serving {
+        token.cancel();
+        assert!(task.await.unwrap().is_ok());
+    }
+}
+
 /// A channel that can send on its own and records what it was given.
 #[derive(Debug, Default)]
 struct Outbox {
