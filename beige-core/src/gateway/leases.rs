@@ -1,9 +1,12 @@
-//! The agents' leases of a gateway whose store is shared (`store.url`, spec/scale.md §3):
-//! before it creates any sandbox, the gateway takes lease `agent:<name>` for each of its
-//! agents, renews them every third of their time to live while it serves, stops serving
-//! when one is lost, and gives them back when it stops. A second gateway on the same
-//! database therefore cannot drive an agent the first one drives: it refuses to start,
-//! naming the holder and when its lease runs out.
+//! The leases of a gateway whose store is shared (`store.url`, spec/scale.md §3): before
+//! it creates any sandbox, the gateway takes lease `agent:<name>` for each of its agents,
+//! and `channel:<name>` for each channel that only one gateway may run
+//! ([`EXCLUSIVE_CHANNELS`]: Telegram, whose offsets, dedup window and outbox are kept in
+//! the store under the channel's name); it renews them every third of their time to live
+//! while it serves, stops serving when one is lost, and gives them back when it stops. A
+//! second gateway on the same database therefore cannot drive an agent, or poll a
+//! channel, the first one does: it refuses to start, naming the holder and when its
+//! lease runs out.
 //!
 //! The holder is `<host name>/<installation id>`: the same home restarted on the same
 //! machine takes its leases back at once (with a higher epoch), while any other gateway
@@ -17,6 +20,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Coordination, Fence, StoreError};
+
+/// Channels of which one gateway per database may run: their state in the store is
+/// kept under the channel's name alone.
+pub(crate) const EXCLUSIVE_CHANNELS: &[&str] = &["telegram"];
 
 /// How long a lease lasts without renewal (spec/scale.md: 15 s by default).
 pub(crate) const LEASE_TTL: Duration = Duration::from_secs(15);
@@ -41,12 +48,13 @@ pub(crate) fn holder_name(installation: &str) -> String {
 }
 
 impl AgentLeases {
-    /// Take `agent:<name>` for every agent, or none: when one is held by another gateway,
-    /// give back those taken and fail with [`StoreError::Leased`].
-    pub(crate) async fn acquire<'a>(
+    /// Take every lease named (`agent:<name>`, `channel:telegram`), or none: when one is
+    /// held by another gateway, give back those taken and fail with
+    /// [`StoreError::Leased`].
+    pub(crate) async fn acquire(
         coordination: Arc<dyn Coordination>,
         holder: String,
-        agents: impl IntoIterator<Item = &'a str>,
+        names: impl IntoIterator<Item = String>,
         ttl: Duration,
     ) -> Result<Self, StoreError> {
         let leases = Self {
@@ -55,8 +63,7 @@ impl AgentLeases {
             ttl,
             fences: std::sync::Mutex::new(Vec::new()),
         };
-        for agent in agents {
-            let name = format!("agent:{agent}");
+        for name in names {
             match leases
                 .coordination
                 .acquire_lease(&name, &leases.holder, ttl)

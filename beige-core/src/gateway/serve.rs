@@ -430,10 +430,23 @@ impl GatewayBuilder {
         let leases = match (&self.config.store, &self.store) {
             (Some(_), Some(stores)) => {
                 let (installation, _) = self.home.ensure_installation_id()?;
+                let names = self
+                    .config
+                    .agents
+                    .keys()
+                    .map(|a| format!("agent:{a}"))
+                    .chain(
+                        channels
+                            .iter()
+                            .map(|r| r.channel.name())
+                            .filter(|n| super::leases::EXCLUSIVE_CHANNELS.contains(n))
+                            .map(|n| format!("channel:{n}")),
+                    )
+                    .collect::<Vec<_>>();
                 let leases = super::leases::AgentLeases::acquire(
                     stores.coordination.clone(),
                     super::leases::holder_name(installation.as_str()),
-                    self.config.agents.keys().map(String::as_str),
+                    names,
                     super::leases::LEASE_TTL,
                 )
                 .await?;

@@ -745,6 +745,39 @@ async fn gateways_sharing_a_store_keep_to_their_own_agents_schedules() {
     }
 }
 
+/// Telegram keeps its offsets, dedup window and outbox in the store under its own name:
+/// with a shared store only one gateway may run it. A second gateway with other agents
+/// but a Telegram channel too is refused, naming `channel:telegram`; without one it
+/// starts.
+#[tokio::test]
+async fn only_one_gateway_on_a_shared_store_runs_telegram() {
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let with = |agent: &str| {
+        let mut cfg = config(&[agent], &[]);
+        cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+        cfg
+    };
+    let one = build(
+        base(&BeigeHome::new(dir.path().join("one")), with("a")).channel(Probe::new("telegram")),
+    )
+    .await;
+    let leases: Vec<String> = one.agent_leases().into_iter().map(|f| f.lease).collect();
+    assert_eq!(leases, ["agent:a", "channel:telegram"]);
+    let err = base(&BeigeHome::new(dir.path().join("two")), with("b"))
+        .channel(Probe::new("telegram"))
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("channel:telegram is held by gateway"), "{err}");
+    let two = build(base(&BeigeHome::new(dir.path().join("two")), with("b"))).await;
+    one.shutdown().await.unwrap();
+    two.shutdown().await.unwrap();
+}
+
 /// A channel that can send on its own and records what it was given.
 #[derive(Debug, Default)]
 struct Outbox {
