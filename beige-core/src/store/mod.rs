@@ -16,6 +16,8 @@
 //! channels. Only the gateway opens the database; clients ask the gateway.
 
 mod coordination;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+mod copy;
 mod credentials;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -40,6 +42,8 @@ pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, U
 pub(crate) use coordination::ttl_ms;
 pub use coordination::{Coordination, Fence, LeaseInfo};
 pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use copy::{copy_sqlite_to_postgres, CopiedTable};
 #[cfg(feature = "postgres")]
 pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
 pub use schedule::{

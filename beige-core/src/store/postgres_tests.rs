@@ -278,3 +278,189 @@ async fn an_unreachable_server_is_a_clear_error_naming_the_database() {
     assert!(text.contains("postgres://beige@localhost/beige"), "{text}");
     assert!(text.contains("check store.url"), "{text}");
 }
+
+/// `beige store copy`: a home's SQLite database with something in every table, copied
+/// into an empty PostgreSQL database, reads back the same through every trait; the
+/// copied ids stay and new ones come after them; a second copy into the now full
+/// database is refused and changes nothing.
+#[tokio::test]
+async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
+    if !available() {
+        return;
+    }
+    use super::schedules::{claim, record};
+    let (_dir, path) = temp_db();
+    let sqlite = open(&path);
+    let parent = sqlite.create_session(new_session("a", "api:a:one")).await.unwrap();
+    sqlite.append_turn(&parent.id, turn(1)).await.unwrap();
+    sqlite.append_turn(&parent.id, turn(2)).await.unwrap();
+    sqlite
+        .compact(&parent.id, 4, Message::user_text("summary of turn 1"))
+        .await
+        .unwrap();
+    let child = sqlite
+        .create_child_session(
+            new_session("a", "spawn:a:1"),
+            Lineage {
+                parent_session_id: parent.id.clone(),
+                depth: 1,
+                invoked_by_exec: Some("exec-1".into()),
+                rights: serde_json::json!({"tools": ["kv"]}),
+            },
+        )
+        .await
+        .unwrap();
+    sqlite.append_turn(&child.id, turn(3)).await.unwrap();
+    sqlite
+        .update_settings(
+            "api:a:one",
+            SettingsPatch {
+                verbose: Some(Some(true)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    sqlite
+        .set_metadata("api:a:one", "chat", serde_json::json!({"id": 42}))
+        .await
+        .unwrap();
+    sqlite
+        .save_health(HealthRecord {
+            model_key: "anthropic/claude".into(),
+            cooldown_until: Some(99),
+            consecutive_failures: 2,
+            last_error: Some("429".into()),
+        })
+        .await
+        .unwrap();
+    sqlite.set_offset("telegram", 1234).await.unwrap();
+    assert!(sqlite.mark_seen("telegram", 1233).await.unwrap());
+    sqlite
+        .enqueue_outbox("telegram", serde_json::json!({"chat": 7, "text": "hi"}))
+        .await
+        .unwrap();
+    sqlite.kv_set("kv", "a", "k1", "v1").await.unwrap();
+    sqlite.kv_set("kv", "a", "k2", "värde").await.unwrap();
+    sqlite
+        .record_usage(ledger_row("a", &parent.id, "anthropic/claude", 1_000, usage(10, 20), 500))
+        .await
+        .unwrap();
+    sqlite.put_schedule(record("nightly", "a", Some(5_000))).await.unwrap();
+    sqlite
+        .claim_run(claim("nightly", "run-1", 5_000, Some(10_000)))
+        .await
+        .unwrap()
+        .unwrap();
+    sqlite
+        .insert_token(TokenRecord {
+            info: TokenInfo {
+                id: "tok1".into(),
+                user: "mem".into(),
+                name: "laptop".into(),
+                scope: TokenScope::default(),
+                created_ms: 7,
+                expires_ms: None,
+                last_used_ms: None,
+                revoked: false,
+            },
+            secret_sha256: "ab".repeat(32),
+        })
+        .await
+        .unwrap();
+    drop(sqlite);
+
+    let (_pg_dir, db) = Postgres::temp_db().await;
+    let pg = db.open().await;
+    let mut seen = Vec::new();
+    let copied = copy_sqlite_to_postgres(&path, &pg, |t| seen.push(t.table))
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), copied.len());
+    let rows = |table: &str| copied.iter().find(|c| c.table == table).unwrap().rows;
+    assert_eq!(rows("sessions"), 2);
+    assert_eq!(rows("messages"), 13, "three turns of four and a summary");
+
+    let sqlite = open(&path);
+    let same_sessions = |a: Vec<SessionRecord>, b: Vec<SessionRecord>| assert_eq!(a, b);
+    same_sessions(
+        sqlite.list_sessions("a").await.unwrap(),
+        pg.list_sessions("a").await.unwrap(),
+    );
+    for id in [&parent.id, &child.id] {
+        assert_eq!(
+            sqlite.messages(id, true).await.unwrap(),
+            pg.messages(id, true).await.unwrap()
+        );
+        assert_eq!(
+            sqlite.message_revision(id).await.unwrap(),
+            pg.message_revision(id).await.unwrap()
+        );
+    }
+    assert_eq!(
+        sqlite.session_lineage(&child.id).await.unwrap(),
+        pg.session_lineage(&child.id).await.unwrap()
+    );
+    assert_eq!(
+        sqlite.current_session("spawn:a:1").await.unwrap(),
+        pg.current_session("spawn:a:1").await.unwrap()
+    );
+    assert_eq!(
+        pg.get_settings("api:a:one").await.unwrap().verbose,
+        Some(true)
+    );
+    assert_eq!(
+        pg.get_metadata("api:a:one").await.unwrap(),
+        serde_json::json!({"chat": {"id": 42}})
+    );
+    assert_eq!(
+        sqlite.load_health().await.unwrap(),
+        pg.load_health().await.unwrap()
+    );
+    assert_eq!(pg.get_offset("telegram").await.unwrap(), Some(1234));
+    assert!(!pg.mark_seen("telegram", 1233).await.unwrap(), "seen before");
+    assert_eq!(
+        sqlite.due_outbox("telegram", i64::MAX, 10).await.unwrap(),
+        pg.due_outbox("telegram", i64::MAX, 10).await.unwrap()
+    );
+    assert_eq!(pg.kv_list("kv", "a", "").await.unwrap(), ["k1", "k2"]);
+    assert_eq!(
+        sqlite.kv_usage("kv", None).await.unwrap(),
+        pg.kv_usage("kv", None).await.unwrap(),
+        "the usage counters are rebuilt by the trigger"
+    );
+    let everything = LedgerFilter::default();
+    assert_eq!(
+        sqlite.usage_totals(everything.clone()).await.unwrap(),
+        pg.usage_totals(everything).await.unwrap()
+    );
+    assert_eq!(
+        sqlite.list_schedules(None).await.unwrap(),
+        pg.list_schedules(None).await.unwrap()
+    );
+    assert_eq!(
+        sqlite.schedule_runs("nightly", 10).await.unwrap(),
+        pg.schedule_runs("nightly", 10).await.unwrap()
+    );
+    assert_eq!(
+        sqlite.list_tokens(None).await.unwrap(),
+        pg.list_tokens(None).await.unwrap()
+    );
+    // New ids come after the copied ones.
+    let before = pg.messages(&parent.id, true).await.unwrap();
+    let max_id = before.iter().map(|m| m.id).max().unwrap();
+    let new_ids = pg.append_turn(&parent.id, turn(4)).await.unwrap();
+    assert!(new_ids.iter().all(|id| *id > max_id), "{new_ids:?} after {max_id}");
+    let outbox = pg
+        .enqueue_outbox("telegram", serde_json::json!({"n": 2}))
+        .await
+        .unwrap();
+    assert!(outbox > sqlite.due_outbox("telegram", i64::MAX, 10).await.unwrap()[0].id);
+
+    // A second copy finds data and refuses, leaving it as it was.
+    let err = copy_sqlite_to_postgres(&path, &pg, |_| {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already holds beige data"), "{err}");
+    assert_eq!(pg.list_sessions("a").await.unwrap().len(), 2);
+}

@@ -13,7 +13,7 @@ contract!(
     a_running_run_is_rerun_once,
 );
 
-fn record(id: &str, agent: &str, next: Option<i64>) -> ScheduleRecord {
+pub(super) fn record(id: &str, agent: &str, next: Option<i64>) -> ScheduleRecord {
     ScheduleRecord {
         id: id.into(),
         owner: "config".into(),
@@ -35,7 +35,7 @@ fn record(id: &str, agent: &str, next: Option<i64>) -> ScheduleRecord {
     }
 }
 
-fn claim(schedule: &str, run: &str, fire_at: i64, next: Option<i64>) -> Claim {
+pub(super) fn claim(schedule: &str, run: &str, fire_at: i64, next: Option<i64>) -> Claim {
     Claim {
         run_id: run.into(),
         schedule_id: schedule.into(),
