@@ -110,6 +110,11 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<crate::cmd::users::UsersCommand>,
     },
+    /// The gateway's state: copy this home's database into PostgreSQL
+    Store {
+        #[command(subcommand)]
+        command: Option<crate::cmd::store::StoreCommand>,
+    },
     /// MCP: list an agent's MCP servers and tools; serve its tools to an MCP client (Claude Code, Codex, editors)
     Mcp {
         #[command(subcommand)]

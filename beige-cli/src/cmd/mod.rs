@@ -14,6 +14,7 @@ mod policy;
 mod run;
 mod schedule;
 mod setup;
+pub mod store;
 pub mod usage;
 pub mod users;
 
@@ -183,6 +184,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Some(Command::Users {
             command: Some(users::UsersCommand::Token { command }),
         }) => block_on(users::token(&target(), &command)),
+        Some(Command::Store { command: None }) => print_help(&["store"]),
+        Some(Command::Store {
+            command: Some(store::StoreCommand::Copy(args)),
+        }) => block_on(store::copy(&home, &args)),
         Some(Command::Mcp { command: None }) => print_help(&["mcp"]),
         Some(Command::Mcp {
             command: Some(mcp::McpCommand::List(args)),

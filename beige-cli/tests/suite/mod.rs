@@ -14,6 +14,7 @@ mod plugins;
 mod policy;
 mod schedules;
 mod setup;
+mod store;
 mod tui_pty;
 mod users;
 

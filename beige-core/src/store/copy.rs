@@ -117,7 +117,11 @@ pub async fn copy_sqlite_to_postgres(
         let insert = format!(
             "INSERT INTO {table} ({}) {} VALUES ({})",
             quoted.join(", "),
-            if identity { "OVERRIDING SYSTEM VALUE" } else { "" },
+            if identity {
+                "OVERRIDING SYSTEM VALUE"
+            } else {
+                ""
+            },
             placeholders.join(", ")
         );
         for row in &rows {

@@ -41,9 +41,9 @@ pub use beige_client::usage::{UsageGroupBy, UsageQuery, UsageReport, UsageRow, U
 
 pub(crate) use coordination::ttl_ms;
 pub use coordination::{Coordination, Fence, LeaseInfo};
-pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub use copy::{copy_sqlite_to_postgres, CopiedTable};
+pub use credentials::{CredentialStore, TokenInfo, TokenRecord, TokenScope};
 #[cfg(feature = "postgres")]
 pub use postgres::{redact_url, PostgresOptions, PostgresStore, PG_SCHEMA_VERSION};
 pub use schedule::{

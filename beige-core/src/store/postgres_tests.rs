@@ -291,7 +291,10 @@ async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
     use super::schedules::{claim, record};
     let (_dir, path) = temp_db();
     let sqlite = open(&path);
-    let parent = sqlite.create_session(new_session("a", "api:a:one")).await.unwrap();
+    let parent = sqlite
+        .create_session(new_session("a", "api:a:one"))
+        .await
+        .unwrap();
     sqlite.append_turn(&parent.id, turn(1)).await.unwrap();
     sqlite.append_turn(&parent.id, turn(2)).await.unwrap();
     sqlite
@@ -343,10 +346,20 @@ async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
     sqlite.kv_set("kv", "a", "k1", "v1").await.unwrap();
     sqlite.kv_set("kv", "a", "k2", "värde").await.unwrap();
     sqlite
-        .record_usage(ledger_row("a", &parent.id, "anthropic/claude", 1_000, usage(10, 20), 500))
+        .record_usage(ledger_row(
+            "a",
+            &parent.id,
+            "anthropic/claude",
+            1_000,
+            usage(10, 20),
+            500,
+        ))
         .await
         .unwrap();
-    sqlite.put_schedule(record("nightly", "a", Some(5_000))).await.unwrap();
+    sqlite
+        .put_schedule(record("nightly", "a", Some(5_000)))
+        .await
+        .unwrap();
     sqlite
         .claim_run(claim("nightly", "run-1", 5_000, Some(10_000)))
         .await
@@ -418,7 +431,10 @@ async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
         pg.load_health().await.unwrap()
     );
     assert_eq!(pg.get_offset("telegram").await.unwrap(), Some(1234));
-    assert!(!pg.mark_seen("telegram", 1233).await.unwrap(), "seen before");
+    assert!(
+        !pg.mark_seen("telegram", 1233).await.unwrap(),
+        "seen before"
+    );
     assert_eq!(
         sqlite.due_outbox("telegram", i64::MAX, 10).await.unwrap(),
         pg.due_outbox("telegram", i64::MAX, 10).await.unwrap()
@@ -450,7 +466,10 @@ async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
     let before = pg.messages(&parent.id, true).await.unwrap();
     let max_id = before.iter().map(|m| m.id).max().unwrap();
     let new_ids = pg.append_turn(&parent.id, turn(4)).await.unwrap();
-    assert!(new_ids.iter().all(|id| *id > max_id), "{new_ids:?} after {max_id}");
+    assert!(
+        new_ids.iter().all(|id| *id > max_id),
+        "{new_ids:?} after {max_id}"
+    );
     let outbox = pg
         .enqueue_outbox("telegram", serde_json::json!({"n": 2}))
         .await
@@ -461,6 +480,9 @@ async fn a_sqlite_home_copied_to_postgresql_reads_back_the_same() {
     let err = copy_sqlite_to_postgres(&path, &pg, |_| {})
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("already holds beige data"), "{err}");
+    assert!(
+        err.to_string().contains("already holds beige data"),
+        "{err}"
+    );
     assert_eq!(pg.list_sessions("a").await.unwrap().len(), 2);
 }
