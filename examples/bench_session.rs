@@ -11,6 +11,11 @@
 //!   about 1 MB of JSON), written through the store beforehand.
 //! - `scripted_model_1000`: the scripted model's own time for that session's request,
 //!   called directly (part of both figures above, not the gateway's).
+//! - `prompt_exec_http`, `prompt_exec_parts`, `prompt_exec_overhead`: a prompt whose first
+//!   model turn asks for `exec true` and whose second answers, against the same fake HTTP
+//!   model; its parts — two direct model calls and one `exec true` through `call_tool`,
+//!   timed in the same loop — and the difference: the gateway's own work for a prompt
+//!   with one tool call (issue #18 asks ≤ parts + 2 ms).
 //! - `prompt_turn_http`, `prompt_turn_model`, `prompt_turn_overhead`: a prompt against
 //!   the fake HTTP model, the same model called directly with `reqwest`, and the
 //!   difference of each pair — the gateway's own work per model turn (store
@@ -226,16 +231,33 @@ const ANSWER: &str = concat!(
     "data: {\"type\":\"message_stop\"}\n\n",
 );
 
+/// The streamed answer that asks for one `exec true`, as Anthropic sends a tool call.
+const EXEC_TRUE: &str = concat!(
+    "event: message_start\n",
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_bench_tool\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-6\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":120,\"output_tokens\":1}}}\n\n",
+    "event: content_block_start\n",
+    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_bench\",\"name\":\"exec\",\"input\":{}}}\n\n",
+    "event: content_block_delta\n",
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"command\\\": \\\"true\\\"}\"}}\n\n",
+    "event: content_block_stop\n",
+    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: message_delta\n",
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":9}}\n\n",
+    "event: message_stop\n",
+    "data: {\"type\":\"message_stop\"}\n\n",
+);
+
 /// A fake Anthropic Messages server on `127.0.0.1:0`: every `POST /v1/messages` gets
-/// [`ANSWER`] after reading the whole request body.
-async fn fake_model() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+/// [`ANSWER`] after reading the whole request body — or, with `with_exec`, [`EXEC_TRUE`]
+/// while the request holds no tool result yet.
+async fn fake_model_with(with_exec: bool) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     let app = axum::Router::new().route(
         "/v1/messages",
-        axum::routing::post(|body: axum::body::Bytes| async move {
-            let _ = body.len();
+        axum::routing::post(move |body: axum::body::Bytes| async move {
+            let asks = with_exec && !body.windows(11).any(|w| w == b"tool_result");
             (
                 [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-                ANSWER,
+                if asks { EXEC_TRUE } else { ANSWER },
             )
         }),
     );
@@ -252,7 +274,7 @@ async fn http_figures(
     image: &str,
     shim: &PathBuf,
 ) -> anyhow::Result<Vec<Figure>> {
-    let (url, server) = fake_model().await?;
+    let (url, server) = fake_model_with(false).await?;
     let providers = serde_json::json!({"fake": {
         "api": "anthropic-messages",
         "apiKey": "sk-ant-bench-0123456789",
@@ -315,6 +337,94 @@ async fn http_figures(
     ])
 }
 
+/// A prompt with one `exec true` against the fake HTTP model, beside its parts timed in
+/// the same loop: two direct model calls and one `exec true` through `call_tool`.
+async fn http_exec_figures(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    use beige_core::Gateway as _;
+    let (url, server) = fake_model_with(true).await?;
+    let providers = serde_json::json!({"fake": {
+        "api": "anthropic-messages",
+        "apiKey": "sk-ant-bench-0123456789",
+        "baseUrl": url,
+    }});
+    let model = serde_json::json!({"provider": "fake", "model": "claude-sonnet-4-6"});
+    let (gw, _store) = session_gateway(home, image, shim, providers, model, None).await?;
+    let client = reqwest::Client::new();
+    let direct = || async {
+        let t = Instant::now();
+        let body = client
+            .post(format!("{url}/v1/messages"))
+            .header("x-api-key", "sk-ant-bench-0123456789")
+            .header("anthropic-version", "2023-06-01")
+            .json(&serde_json::json!({
+                "model": "claude-sonnet-4-6",
+                "max_tokens": 1024,
+                "stream": true,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}],
+            }))
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        anyhow::ensure!(body.ends_with(b"message_stop\"}\n\n"), "a cut answer");
+        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let exec = || async {
+        let call = beige_core::api::tools::CoreToolCall::parse(
+            "exec",
+            serde_json::json!({"command": "true"}),
+        )?;
+        let t = Instant::now();
+        let out = gw
+            .call_tool(
+                "bench",
+                call,
+                beige_core::api::tools::ToolContext::default(),
+            )
+            .await?;
+        anyhow::ensure!(!out.is_error, "exec true failed: {}", out.joined_text());
+        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let key = |i: usize| format!("api:bench:exec{i}");
+    for i in 0..WARM {
+        direct().await?;
+        exec().await?;
+        prompt_once(&gw, key(i)).await?;
+    }
+    let (mut whole, mut parts, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..SAMPLES {
+        let part = direct().await? + exec().await? + direct().await?;
+        let p = prompt_once(&gw, key(WARM + i)).await?;
+        whole.push(p);
+        parts.push(part);
+        overhead.push(p - part);
+    }
+    gw.shutdown().await?;
+    server.abort();
+    Ok(vec![
+        Figure {
+            name: "prompt_exec_http",
+            unit: "ms",
+            samples: whole,
+        },
+        Figure {
+            name: "prompt_exec_parts",
+            unit: "ms",
+            samples: parts,
+        },
+        Figure {
+            name: "prompt_exec_overhead",
+            unit: "ms",
+            samples: overhead,
+        },
+    ])
+}
+
 /// Every session figure, each part in its own home below `home`.
 pub(crate) async fn figures(
     home: &BeigeHome,
@@ -325,5 +435,7 @@ pub(crate) async fn figures(
     let http_home = BeigeHome::new(home.root().join("session-http"));
     let mut figures = scripted_figures(&scripted_home, image, shim).await?;
     figures.extend(http_figures(&http_home, image, shim).await?);
+    let exec_home = BeigeHome::new(home.root().join("session-exec"));
+    figures.extend(http_exec_figures(&exec_home, image, shim).await?);
     Ok(figures)
 }
