@@ -283,26 +283,7 @@ async fn http_figures(
     let model = serde_json::json!({"provider": "fake", "model": "claude-sonnet-4-6"});
     let (gw, _store) = session_gateway(home, image, shim, providers, model, None).await?;
     let client = reqwest::Client::new();
-    let direct = || async {
-        let t = Instant::now();
-        let body = client
-            .post(format!("{url}/v1/messages"))
-            .header("x-api-key", "sk-ant-bench-0123456789")
-            .header("anthropic-version", "2023-06-01")
-            .json(&serde_json::json!({
-                "model": "claude-sonnet-4-6",
-                "max_tokens": 1024,
-                "stream": true,
-                "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}],
-            }))
-            .send()
-            .await?
-            .error_for_status()?
-            .bytes()
-            .await?;
-        anyhow::ensure!(body.ends_with(b"message_stop\"}\n\n"), "a cut answer");
-        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
-    };
+    let direct = || direct_call(&client, &url);
     let key = |i: usize| format!("api:bench:http{i}");
     for i in 0..WARM {
         direct().await?;
@@ -337,6 +318,28 @@ async fn http_figures(
     ])
 }
 
+/// The fake model called directly (no gateway): one streamed answer, in ms.
+async fn direct_call(client: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let body = client
+        .post(format!("{url}/v1/messages"))
+        .header("x-api-key", "sk-ant-bench-0123456789")
+        .header("anthropic-version", "2023-06-01")
+        .json(&serde_json::json!({
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 1024,
+            "stream": true,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}],
+        }))
+        .send()
+        .await?
+        .error_for_status()?
+        .bytes()
+        .await?;
+    anyhow::ensure!(body.ends_with(b"message_stop\"}\n\n"), "a cut answer");
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
+}
+
 /// A prompt with one `exec true` against the fake HTTP model, beside its parts timed in
 /// the same loop: two direct model calls and one `exec true` through `call_tool`.
 async fn http_exec_figures(
@@ -354,26 +357,7 @@ async fn http_exec_figures(
     let model = serde_json::json!({"provider": "fake", "model": "claude-sonnet-4-6"});
     let (gw, _store) = session_gateway(home, image, shim, providers, model, None).await?;
     let client = reqwest::Client::new();
-    let direct = || async {
-        let t = Instant::now();
-        let body = client
-            .post(format!("{url}/v1/messages"))
-            .header("x-api-key", "sk-ant-bench-0123456789")
-            .header("anthropic-version", "2023-06-01")
-            .json(&serde_json::json!({
-                "model": "claude-sonnet-4-6",
-                "max_tokens": 1024,
-                "stream": true,
-                "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}],
-            }))
-            .send()
-            .await?
-            .error_for_status()?
-            .bytes()
-            .await?;
-        anyhow::ensure!(body.ends_with(b"message_stop\"}\n\n"), "a cut answer");
-        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
-    };
+    let direct = || direct_call(&client, &url);
     let exec = || async {
         let call = beige_core::api::tools::CoreToolCall::parse(
             "exec",

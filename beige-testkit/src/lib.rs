@@ -9,4 +9,5 @@ pub mod google;
 pub mod llm;
 pub mod openai_completions;
 pub mod openai_responses;
+pub mod postgres;
 pub mod telegram;

@@ -477,12 +477,7 @@ fn doctor_checks_the_postgresql_store_and_names_it_without_the_password() {
     assert!(!stdout.contains("s3cret"), "{stdout}");
     assert!(fix.contains("store.url"), "{fix}");
 
-    let Ok(url) = std::env::var("BEIGE_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set"
-        );
-        eprintln!("skipped the reachable half: no PostgreSQL server (scripts/setup-postgres)");
+    let Some(url) = beige_testkit::postgres::url() else {
         return;
     };
     let env = TestEnv::new();

@@ -9,15 +9,7 @@ use super::TestEnv;
 
 #[test]
 fn store_copy_moves_the_homes_state_into_postgresql_once() {
-    let Some(admin) = std::env::var("BEIGE_TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        assert!(
-            std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set"
-        );
-        eprintln!("skipped: no PostgreSQL server (scripts/setup-postgres)");
+    let Some(admin) = beige_testkit::postgres::url() else {
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -47,9 +39,7 @@ fn store_copy_moves_the_homes_state_into_postgresql_once() {
         conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
             .unwrap();
-        let (base, query) = admin.split_once('?').unwrap_or((admin.as_str(), ""));
-        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-        format!("{base}/{name}?{query}")
+        beige_testkit::postgres::with_database(&admin, &name)
     });
 
     let run = env.run(&["store", "copy", "--to", &url]);

@@ -8,42 +8,16 @@ use sqlx::{AssertSqlSafe, Connection as _, Executor as _};
 
 use super::*;
 
-/// Is the test server there? Without it the PostgreSQL tests skip with a printed reason,
-/// unless `BEIGE_REQUIRE_POSTGRES=1` (CI), which makes them fail.
+/// Is the test server there? (`beige_testkit::postgres::url`: skip, or fail in CI.)
 pub(super) fn available() -> bool {
-    if std::env::var_os("BEIGE_TEST_POSTGRES_URL").is_some_and(|v| !v.is_empty()) {
-        return true;
-    }
-    assert!(
-        std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-        "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set: run \
-         scripts/setup-postgres and export the URL it prints"
-    );
-    eprintln!(
-        "skipped: no PostgreSQL server (set BEIGE_TEST_POSTGRES_URL; scripts/setup-postgres starts one)"
-    );
-    false
+    beige_testkit::postgres::url().is_some()
 }
 
 fn admin_url() -> String {
     std::env::var("BEIGE_TEST_POSTGRES_URL").expect("BEIGE_TEST_POSTGRES_URL")
 }
 
-/// `url` with its database replaced by `db` (the query string, with `host=`, is kept).
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let start = base.find("://").map_or(0, |i| i + 3);
-    let end = base[start..].find('/').map_or(base.len(), |i| start + i);
-    let mut out = format!("{}/{db}", &base[..end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
+use beige_testkit::postgres::with_database;
 
 async fn admin() -> sqlx::PgConnection {
     sqlx::PgConnection::connect(&admin_url())

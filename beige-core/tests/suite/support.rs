@@ -223,17 +223,7 @@ pub struct TempDatabase {
 impl TempDatabase {
     pub async fn new() -> Option<Self> {
         use sqlx::{Connection as _, Executor as _};
-        let Some(admin) = std::env::var("BEIGE_TEST_POSTGRES_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        else {
-            assert!(
-                std::env::var("BEIGE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "BEIGE_REQUIRE_POSTGRES=1 but BEIGE_TEST_POSTGRES_URL is not set: run scripts/setup-postgres"
-            );
-            eprintln!("skipped: no PostgreSQL server (set BEIGE_TEST_POSTGRES_URL; scripts/setup-postgres starts one)");
-            return None;
-        };
+        let admin = beige_testkit::postgres::url()?;
         let name = format!("beige_it_{:016x}", rand::random::<u64>());
         let mut conn = sqlx::PgConnection::connect(&admin)
             .await
@@ -241,10 +231,7 @@ impl TempDatabase {
         conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
             .expect("create a test database");
-        let (base, query) = admin.split_once('?').unwrap_or((admin.as_str(), ""));
-        let start = base.find("://").map_or(0, |i| i + 3);
-        let end = base[start..].find('/').map_or(base.len(), |i| start + i);
-        let url = format!("{}/{name}?{query}", &base[..end]);
+        let url = beige_testkit::postgres::with_database(&admin, &name);
         Some(Self { url, name, admin })
     }
 }
