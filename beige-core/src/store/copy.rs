@@ -45,6 +45,9 @@ pub struct CopiedTable {
 /// One row of SQLite values.
 type Row = Vec<rusqlite::types::Value>;
 
+/// One table read from SQLite: its columns and rows.
+type Table = (Vec<String>, Vec<Row>);
+
 /// Copy every table of the SQLite database at `sqlite` (migrated first to this beige's
 /// schema) into `target`, which must hold no beige data. `progress` is told each table
 /// as it is done.
@@ -172,7 +175,7 @@ fn bind<'q>(
 }
 
 /// Every table's columns and rows, in one read transaction.
-fn read_all(path: &Path) -> Result<Vec<(Vec<String>, Vec<Row>)>, StoreError> {
+fn read_all(path: &Path) -> Result<Vec<Table>, StoreError> {
     let fail = |e: rusqlite::Error| super::sqlite::classify(e, path);
     let mut conn = rusqlite::Connection::open_with_flags(
         path,
