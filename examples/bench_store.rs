@@ -156,7 +156,34 @@ async fn backend_figures(
         }
     }
 
+    for agent in 0..50 {
+        store
+            .acquire_lease(
+                &format!("agent:bench{agent}"),
+                "bench-holder",
+                std::time::Duration::from_secs(600),
+            )
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("lease agent:bench{agent} is taken"))?;
+    }
+    let mut renew = Vec::with_capacity(SAMPLES);
+    for i in 0..WARM + SAMPLES {
+        let t = Instant::now();
+        let held = store
+            .renew_leases("bench-holder", std::time::Duration::from_secs(600))
+            .await?;
+        anyhow::ensure!(held.len() == 50, "{} leases held", held.len());
+        if i >= WARM {
+            renew.push(ms(t));
+        }
+    }
+
     Ok(vec![
+        Figure {
+            name: name("lease_renew"),
+            unit: "ms",
+            samples: renew,
+        },
         Figure {
             name: name("store_append_turn"),
             unit: "ms",
