@@ -608,6 +608,8 @@ async fn daemon_figures(image: &str, shim: &PathBuf, link: &str) -> anyhow::Resu
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // As the `beige` binary does: large buffers go back to the kernel when freed.
+    beige_core::return_large_allocations();
     let only: Vec<String> = std::env::args().skip(1).collect();
     let want = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
     let image =

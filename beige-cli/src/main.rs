@@ -57,6 +57,7 @@ pub mod code {
 
 fn main() -> ExitCode {
     quiet_broken_pipe();
+    beige_core::return_large_allocations();
     let cli = cli::Cli::parse();
     let (foreground, log_file) = match &cli.command {
         Some(cli::Command::Gateway {

@@ -125,6 +125,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod alloc;
 pub mod approvals;
 pub mod audit;
 pub mod budget;
@@ -170,6 +171,7 @@ pub use gateway::{
 pub use home::BeigeHome;
 
 pub use agent::prompt::{system_prompt, PromptSession, PromptSkill, PromptTool};
+pub use alloc::return_large_allocations;
 pub use channel::{Channel, ChannelContext};
 pub use llm::LlmProvider;
 pub use plugin::{Plugin, Tool};

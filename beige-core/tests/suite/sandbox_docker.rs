@@ -354,6 +354,15 @@ async fn warm_pool_spare_has_the_agents_spec_and_replaces_a_dead_container() {
         )
         .await
         .unwrap();
+    // The link noticed the death before the next call: that call goes to the engine
+    // once and to the spare, never first through a `docker exec` into the dead one.
+    for _ in 0..400 {
+        if !docker.link_hub().is_connected("spry") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(!docker.link_hub().is_connected("spry"));
     let out = exec(&gw, "spry", "echo from the spare").await;
     let text = out.joined_text();
     assert!(text.contains("sandbox was restarted"), "{text}");
@@ -363,6 +372,7 @@ async fn warm_pool_spare_has_the_agents_spec_and_replaces_a_dead_container() {
     let status = docker.link_hub().status_of("spry");
     assert!(status.connected);
     assert_eq!(status.rejected_peers, 0);
+    assert_eq!(status.ops_fallback, 0, "{status:?}");
     // The pool fills again.
     ready(docker.clone()).await;
     gw.shutdown().await.unwrap();

@@ -207,8 +207,9 @@ struct Links {
     /// Attach carrier: one task per agent re-attaching while the container lives.
     attachers: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
     /// Until when a link is expected to come up (after a start or a reattach), so the
-    /// first op waits for it instead of falling back to `docker exec`.
-    expected: std::sync::Mutex<HashMap<String, Instant>>,
+    /// first op waits for it instead of falling back to `docker exec`; with the
+    /// number of connections the agent's link had made then.
+    expected: std::sync::Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 /// How long after a container start (or a gateway start) ops wait for PID 1 to dial in:
@@ -415,21 +416,35 @@ impl DockerSandbox {
     }
 
     fn expect_link(&self, agent: &str) {
+        let connects = self.links.hub.status_of(agent).connects;
         self.links
             .expected
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(agent.to_string(), Instant::now() + LINK_EXPECTED_WITHIN);
+            .insert(
+                agent.to_string(),
+                (Instant::now() + LINK_EXPECTED_WITHIN, connects),
+            );
     }
 
-    fn link_wait(&self, agent: &str) -> Duration {
-        self.links
+    /// How long an op should wait for the agent's link to come up, and whether the
+    /// link that was expected (or, with none expected, any link) came up and has
+    /// dropped since — its container most likely died.
+    fn link_wait(&self, agent: &str) -> (Duration, bool) {
+        let connects = self.links.hub.status_of(agent).connects;
+        match self
+            .links
             .expected
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(agent)
-            .map(|until| until.saturating_duration_since(Instant::now()))
-            .unwrap_or_default()
+        {
+            Some((until, before)) if connects == *before => {
+                (until.saturating_duration_since(Instant::now()), false)
+            }
+            Some(_) => (Duration::ZERO, true),
+            None => (Duration::ZERO, connects > 0),
+        }
     }
 
     /// (Re)starts the task that attaches to the agent's container and serves the link
@@ -921,7 +936,7 @@ impl Sandbox for DockerSandbox {
             ));
         }
         let hub = &self.links.hub;
-        let wait = self.link_wait(agent).max(LINK_EXPECTED_WITHIN);
+        let wait = self.link_wait(agent).0.max(LINK_EXPECTED_WITHIN);
         if !hub.is_connected(agent) && !hub.wait_connected(agent, wait).await {
             return Err(failed(
                 "the sandbox's shim link is not up (see `beige doctor`)".to_string(),
@@ -1179,7 +1194,22 @@ impl DockerSandbox {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(agent);
         } else {
-            let wait = self.link_wait(agent);
+            let (wait, dropped) = self.link_wait(agent);
+            if dropped {
+                // The link was up and dropped, with no start since: the container most
+                // likely died. Ask the engine once and recreate it (from a spare when
+                // the pool has one) instead of first trying a `docker exec` into a
+                // container that is gone.
+                let Some(notice) = self.revive(spec).await? else {
+                    return Ok(None);
+                };
+                let payload = serde_json::to_vec(request)
+                    .map_err(|e| self.protocol(spec, request, &e.to_string()))?;
+                return self
+                    .run_on_new_container(spec, request, &payload, limit, output, notice)
+                    .await
+                    .map(Some);
+            }
             if wait.is_zero() || !hub.wait_connected(agent, wait).await {
                 return Ok(None);
             }
@@ -1223,29 +1253,46 @@ impl DockerSandbox {
                         ))
                     }
                 };
-                // Once more on the new container: over its link when it comes up.
-                let outcome = if hub.wait_connected(agent, LINK_EXPECTED_WITHIN).await {
-                    let reply = self
-                        .link_call(spec, request, &payload, limit, output)
-                        .await
-                        .map_err(|e| self.protocol(spec, request, &e.to_string()))??;
-                    OpOutcome {
-                        reply,
-                        restarted: None,
-                        transport: hub
-                            .carrier(agent)
-                            .map(Into::into)
-                            .unwrap_or(Transport::DOCKER_EXEC),
-                    }
-                } else {
-                    self.run_over_exec(spec, request, limit).await?
-                };
-                Ok(Some(OpOutcome {
-                    restarted: Some(notice),
-                    ..outcome
-                }))
+                self.run_on_new_container(spec, request, &payload, limit, output, notice)
+                    .await
+                    .map(Some)
             }
         }
+    }
+
+    /// Runs the op once more on a container just recreated: over its link when it
+    /// comes up (a spare's is up at once), else with `docker exec`.
+    async fn run_on_new_container(
+        &self,
+        spec: &ContainerSpec,
+        request: &OpRequest,
+        payload: &[u8],
+        limit: u64,
+        output: Option<super::OutputSink>,
+        notice: RestartNotice,
+    ) -> Result<OpOutcome, SandboxError> {
+        let agent = spec.agent.as_str();
+        let hub = &self.links.hub;
+        let outcome = if hub.wait_connected(agent, LINK_EXPECTED_WITHIN).await {
+            let reply = self
+                .link_call(spec, request, payload, limit, output)
+                .await
+                .map_err(|e| self.protocol(spec, request, &e.to_string()))??;
+            OpOutcome {
+                reply,
+                restarted: None,
+                transport: hub
+                    .carrier(agent)
+                    .map(Into::into)
+                    .unwrap_or(Transport::DOCKER_EXEC),
+            }
+        } else {
+            self.run_over_exec(spec, request, limit).await?
+        };
+        Ok(OpOutcome {
+            restarted: Some(notice),
+            ..outcome
+        })
     }
 
     /// One op over the link under a new id, its reply decoded (an unreadable reply is
