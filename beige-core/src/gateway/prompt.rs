@@ -27,7 +27,9 @@ use crate::hooks::{
     SessionEvent,
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
-use crate::store::{LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, UsageTotals};
+use crate::store::{
+    LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, StoreError, UsageTotals,
+};
 use crate::telemetry::names;
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
@@ -405,6 +407,20 @@ impl Inner {
         model: &ModelRef,
         usage: &Usage,
     ) -> Result<UsageTotals, GatewayError> {
+        let (entry, totals) = self.price_model_call(session, turn_id, model, usage);
+        self.ledger.record_usage(entry).await?;
+        Ok(totals)
+    }
+
+    /// One model call priced from the catalogue and config and counted in the metrics:
+    /// its ledger row (not written yet) and its totals.
+    fn price_model_call(
+        &self,
+        session: &SessionRecord,
+        turn_id: Option<&str>,
+        model: &ModelRef,
+        usage: &Usage,
+    ) -> (LedgerEntry, UsageTotals) {
         let info = catalog::lookup(&model.model, self.model_overrides(model));
         let cost_micros = info.cost_micros(usage);
         let entry = LedgerEntry {
@@ -420,10 +436,9 @@ impl Inner {
             // A sub-agent spends its parent's money: the parent's totals include it.
             parent_session_id: session.parent_id.clone(),
         };
-        self.ledger.record_usage(entry).await?;
         self.metrics
             .model_call(&session.agent, &model_key(model), usage, cost_micros);
-        Ok(UsageTotals {
+        let totals = UsageTotals {
             calls: 1,
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
@@ -431,7 +446,8 @@ impl Inner {
             cache_write_tokens: usage.cache_write_tokens,
             cost_micros,
             unpriced_calls: u64::from(!info.priced),
-        })
+        };
+        (entry, totals)
     }
 
     /// What the budgets of `limits` have used: this turn's calls, and the session's and
@@ -878,10 +894,26 @@ impl Run<'_> {
             let info = catalog::lookup(&routed.model.model, inner.model_overrides(&routed.model));
             let usage = routed.response.usage;
             total.add(&usage);
-            let call = inner
-                .record_model_call(&session, Some(&turn_id), &routed.model, &usage)
-                .await?;
+            let (entry, call) =
+                inner.price_model_call(&session, Some(&turn_id), &routed.model, &usage);
             turn_used.add(&call);
+            let asks_for_tools = routed
+                .response
+                .content
+                .iter()
+                .any(|b| matches!(b, Block::ToolUse { .. }));
+            // The call's ledger row. Before tools run, in a session with no budget to
+            // check (its own or a parent's), it is written while they run and waited for once they are done (nothing reads
+            // the ledger in between): its commit is off the turn's path.
+            let mut ledger_write: Option<tokio::task::JoinHandle<Result<(), StoreError>>> = None;
+            if asks_for_tools && !limits.any_model_limit() && child.is_none() {
+                let ledger = inner.ledger.clone();
+                ledger_write = Some(tokio::spawn(
+                    async move { ledger.record_usage(entry).await },
+                ));
+            } else {
+                inner.ledger.record_usage(entry).await?;
+            }
             if limits.any_model_limit() {
                 let used = inner
                     .budget_use(&limits, &session, turn_used, started)
@@ -1021,6 +1053,11 @@ impl Run<'_> {
                 role: Role::User,
                 content: results,
             }));
+            if let Some(write) = ledger_write {
+                write.await.map_err(|e| GatewayError::Store {
+                    source: Box::new(e),
+                })??;
+            }
             if self.cancel.is_cancelled() {
                 self.persist(
                     &session,

@@ -48,6 +48,52 @@ fn tool_call(id: &str, usage: (u64, u64, u64, u64)) -> beige_testkit::llm::Reply
         .reply()
 }
 
+/// With no budget to check, a call that asks for tools has its ledger row written while
+/// the tools run: when the prompt is done, every call of it is in the ledger all the
+/// same, each priced.
+#[tokio::test]
+async fn without_budgets_every_model_call_of_a_tool_turn_is_in_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = BeigeHome::new(dir.path().join("home"));
+    let llm = FakeLlmServer::start().await;
+    llm.push(tool_call("tu_1", (1_000, 100, 0, 0)));
+    llm.push(tool_call("tu_2", (2_000, 200, 0, 0)));
+    llm.push(MessageStream::new().text("done").usage(300, 30).reply());
+    let store = Arc::new(SqliteStore::open(dir.path().join("beige.db")).unwrap());
+    let gw = GatewayBuilder::new(config(&llm, json!({})), home)
+        .sandbox(Arc::new(MemorySandbox::new()))
+        .store(store.clone())
+        .build()
+        .await
+        .unwrap();
+    let events = gw
+        .prompt(PromptRequest::new(
+            "a",
+            "api:a:default",
+            "read my notes twice",
+        ))
+        .await
+        .unwrap()
+        .collect_all()
+        .await;
+    assert!(
+        matches!(events.last(), Some(AgentEvent::Done { .. })),
+        "{events:#?}"
+    );
+    let totals = store
+        .usage_totals(LedgerFilter {
+            agent: Some("a".into()),
+            ..LedgerFilter::default()
+        })
+        .await
+        .unwrap();
+    // The two tool turns and the answer, as the fake server reports each.
+    assert_eq!(totals.calls, 3, "{totals:?}");
+    assert_eq!(totals.input_tokens, 1_000 + 2_000 + 300, "{totals:?}");
+    assert_eq!(totals.output_tokens, 100 + 200 + 30, "{totals:?}");
+    assert!(totals.cost_micros > 0, "{totals:?}");
+}
+
 #[tokio::test]
 async fn a_session_over_its_token_budget_ends_its_turn_and_the_ledger_adds_up() {
     let dir = tempfile::tempdir().unwrap();
