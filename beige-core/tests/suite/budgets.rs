@@ -38,6 +38,15 @@ fn config(llm: &FakeLlmServer, budgets: serde_json::Value) -> Config {
     .unwrap()
 }
 
+/// Prompts agent `a` in its default API session and collects the turn's events.
+async fn prompt_a<G: beige_core::Gateway + ?Sized>(gw: &G, text: &str) -> Vec<AgentEvent> {
+    gw.prompt(PromptRequest::new("a", "api:a:default", text))
+        .await
+        .unwrap()
+        .collect_all()
+        .await
+}
+
 /// A tool call answered with the given usage (input, output, cache read, cache write).
 fn tool_call(id: &str, usage: (u64, u64, u64, u64)) -> beige_testkit::llm::Reply {
     MessageStream::new()
@@ -66,16 +75,7 @@ async fn without_budgets_every_model_call_of_a_tool_turn_is_in_the_ledger() {
         .build()
         .await
         .unwrap();
-    let events = gw
-        .prompt(PromptRequest::new(
-            "a",
-            "api:a:default",
-            "read my notes twice",
-        ))
-        .await
-        .unwrap()
-        .collect_all()
-        .await;
+    let events = prompt_a(&gw, "read my notes twice").await;
     assert!(
         matches!(events.last(), Some(AgentEvent::Done { .. })),
         "{events:#?}"
@@ -116,16 +116,7 @@ async fn a_session_over_its_token_budget_ends_its_turn_and_the_ledger_adds_up() 
             .unwrap(),
     );
 
-    let events = gw
-        .prompt(PromptRequest::new(
-            "a",
-            "api:a:default",
-            "read my notes twice",
-        ))
-        .await
-        .unwrap()
-        .collect_all()
-        .await;
+    let events = prompt_a(&*gw, "read my notes twice").await;
     let message = "Session budget of 20000 tokens reached (20417 used). Raise budgets.session.tokens (or agents.a.budgets.session.tokens) to continue.";
     match events.last() {
         Some(AgentEvent::Error {
