@@ -27,9 +27,7 @@ use crate::hooks::{
     SessionEvent,
 };
 use crate::llm::{catalog, Block, ErrorKind, Message, ModelRequest, Role, ToolResultPart, Usage};
-use crate::store::{
-    LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, StoreError, UsageTotals,
-};
+use crate::store::{LedgerEntry, LedgerFilter, NewMessage, NewSession, SessionRecord, UsageTotals};
 use crate::telemetry::names;
 use crate::tools::{ContentBlock, CoreToolCall, ToolContext, ToolOutput};
 
@@ -902,18 +900,19 @@ impl Run<'_> {
                 .content
                 .iter()
                 .any(|b| matches!(b, Block::ToolUse { .. }));
-            // The call's ledger row. Before tools run, in a session with no budget to
-            // check (its own or a parent's), it is written while they run and waited for once they are done (nothing reads
-            // the ledger in between): its commit is off the turn's path.
-            let mut ledger_write: Option<tokio::task::JoinHandle<Result<(), StoreError>>> = None;
-            if asks_for_tools && !limits.any_model_limit() && child.is_none() {
+            // The call's ledger row. When tools run next, in a session with no budget to
+            // check (its own or a parent's), it is written while they run and waited for
+            // once they are done (nothing reads the ledger in between): its commit is off
+            // the turn's path.
+            let ledger_write = if asks_for_tools && !limits.any_model_limit() && child.is_none() {
                 let ledger = inner.ledger.clone();
-                ledger_write = Some(tokio::spawn(
+                Some(tokio::spawn(
                     async move { ledger.record_usage(entry).await },
-                ));
+                ))
             } else {
                 inner.ledger.record_usage(entry).await?;
-            }
+                None
+            };
             if limits.any_model_limit() {
                 let used = inner
                     .budget_use(&limits, &session, turn_used, started)
