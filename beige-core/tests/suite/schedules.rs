@@ -1165,9 +1165,18 @@ async fn config_schedules_follow_a_reload() {
     }}));
     assert!(gw.reload(v2).await.ok);
     next_fire_is(gw, "moved", T0 + 30 * 60_000).await;
-    let held = gw.schedule("held").await.unwrap();
+    // The engine stores the new entries one by one after the reload: wait for this one.
+    let held = within("the paused schedule to be reworded", async {
+        loop {
+            let v = gw.schedule("held").await.unwrap();
+            if v.spec.prompt.as_deref() == Some("held, reworded") {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     assert_eq!(held.state, ScheduleState::Paused, "{held:?}");
-    assert_eq!(held.spec.prompt.as_deref(), Some("held, reworded"));
     let gone = within("the removed schedule to be cancelled", async {
         loop {
             let v = gw.schedule("gone").await.unwrap();
