@@ -269,12 +269,15 @@ async fn fake_model_with(with_exec: bool) -> anyhow::Result<(String, tokio::task
     Ok((url, task))
 }
 
-async fn http_figures(
+/// The fake Anthropic server ([`fake_model_with`]) and a gateway whose agent `bench`
+/// uses it: the gateway, the server's URL (for direct calls) and its task.
+async fn fake_model_gateway(
     home: &BeigeHome,
     image: &str,
     shim: &PathBuf,
-) -> anyhow::Result<Vec<Figure>> {
-    let (url, server) = fake_model_with(false).await?;
+    with_exec: bool,
+) -> anyhow::Result<(LocalGateway, String, tokio::task::JoinHandle<()>)> {
+    let (url, server) = fake_model_with(with_exec).await?;
     let providers = serde_json::json!({"fake": {
         "api": "anthropic-messages",
         "apiKey": "sk-ant-bench-0123456789",
@@ -282,6 +285,15 @@ async fn http_figures(
     }});
     let model = serde_json::json!({"provider": "fake", "model": "claude-sonnet-4-6"});
     let (gw, _store) = session_gateway(home, image, shim, providers, model, None).await?;
+    Ok((gw, url, server))
+}
+
+async fn http_figures(
+    home: &BeigeHome,
+    image: &str,
+    shim: &PathBuf,
+) -> anyhow::Result<Vec<Figure>> {
+    let (gw, url, server) = fake_model_gateway(home, image, shim, false).await?;
     let client = reqwest::Client::new();
     let direct = || direct_call(&client, &url);
     let key = |i: usize| format!("api:bench:http{i}");
@@ -348,14 +360,7 @@ async fn http_exec_figures(
     shim: &PathBuf,
 ) -> anyhow::Result<Vec<Figure>> {
     use beige_core::Gateway as _;
-    let (url, server) = fake_model_with(true).await?;
-    let providers = serde_json::json!({"fake": {
-        "api": "anthropic-messages",
-        "apiKey": "sk-ant-bench-0123456789",
-        "baseUrl": url,
-    }});
-    let model = serde_json::json!({"provider": "fake", "model": "claude-sonnet-4-6"});
-    let (gw, _store) = session_gateway(home, image, shim, providers, model, None).await?;
+    let (gw, url, server) = fake_model_gateway(home, image, shim, true).await?;
     let client = reqwest::Client::new();
     let direct = || direct_call(&client, &url);
     let exec = || async {
