@@ -168,6 +168,7 @@ pub fn hint_for(kind: ErrorKind) -> Option<&'static str> {
         ErrorKind::Auth => "The provider rejected the API key. Check llm.providers.<name>.apiKey in the gateway's config.",
         ErrorKind::Timeout => "The model stopped answering. Try again; if it keeps happening, switch models.",
         ErrorKind::BudgetExhausted => "A budget in the gateway's config was reached; the message names it and how to raise it.",
+        ErrorKind::IdempotencyConflict => "Send a new Idempotency-Key with a new message; reuse a key only to retry the same message.",
         ErrorKind::InvalidRequest | ErrorKind::Other => return None,
     })
 }

@@ -188,6 +188,9 @@ pub enum ErrorKind {
     /// Not a model failure: a budget (`budgets.*`) was reached and the turn ended before
     /// the next model call.
     BudgetExhausted,
+    /// Not a model failure: the prompt's idempotency key was used for another message in
+    /// the same session within the last day, so neither is answered with the other.
+    IdempotencyConflict,
 }
 
 /// What the gateway needs to know about a model.

@@ -37,6 +37,33 @@ pub struct PromptRequest {
     /// payload; the model's tool calls inherit it). Default `Unverified`.
     #[serde(skip)]
     pub principal: Principal,
+    /// The client's idempotency key (the HTTP API's `Idempotency-Key` header): a prompt
+    /// with the same key, agent, session key and message that completed within a day
+    /// is answered from the store instead of running again; the same key with another
+    /// message is refused. At most [`MAX_IDEMPOTENCY_KEY`] bytes of visible ASCII.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// Why `key` cannot be an idempotency key, or `None` when it can be: 1 to
+/// [`MAX_IDEMPOTENCY_KEY`] bytes of visible ASCII (no spaces or control characters).
+pub fn idempotency_key_problem(key: &str) -> Option<String> {
+    if key.is_empty() {
+        return Some("it is empty".into());
+    }
+    if key.len() > MAX_IDEMPOTENCY_KEY {
+        return Some(format!(
+            "it is {} bytes long; the most is {MAX_IDEMPOTENCY_KEY}",
+            key.len()
+        ));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some("it may only hold visible ASCII characters (no spaces)".into());
+    }
+    None
 }
 
 fn yes() -> bool {
@@ -65,6 +92,7 @@ impl PromptRequest {
             wait: true,
             approvals: ApprovalMode::None,
             principal: Principal::Unverified,
+            idempotency_key: None,
         }
     }
 

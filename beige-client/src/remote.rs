@@ -652,9 +652,13 @@ impl Gateway for RemoteGateway {
         if request.approvals == crate::approvals::ApprovalMode::Stream {
             body["approvals"] = json!("stream");
         }
-        let response = self
+        let mut http = self
             .request(Method::POST, &["api", "agents", &request.agent, "prompt"])
-            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(key) = &request.idempotency_key {
+            http = http.header("idempotency-key", key);
+        }
+        let response = http
             .json(&body)
             .send()
             .await

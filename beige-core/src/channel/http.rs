@@ -1542,6 +1542,7 @@ async fn prompt(
     let mut request = PromptRequest::new(name, key, message);
     // The caller the guard authenticated (never read from the body).
     request.principal = caller.principal();
+    request.idempotency_key = idempotency_key(&headers)?;
     request.channel = opt_key(&map, "channel")?;
     request.chat_id = opt_str(&map, "chatId")?;
     request.thread_id = opt_str(&map, "threadId")?;
@@ -1609,7 +1610,9 @@ async fn prompt(
                 kind,
                 hint,
             } => {
-                let status = if message == "cancelled"
+                let status = if kind == Some(crate::llm::ErrorKind::IdempotencyConflict) {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                } else if message == "cancelled"
                     || message.starts_with("cancelled ")
                     || message.ends_with("is busy with another prompt")
                 {
@@ -1639,6 +1642,27 @@ async fn prompt(
         StatusCode::INTERNAL_SERVER_ERROR,
         "The prompt ended without an answer; the details are in the gateway log (`beige gateway logs`)",
     ))
+}
+
+/// The `Idempotency-Key` header of a prompt, checked: absent is `None`; one that is
+/// not 1 to 255 bytes of visible ASCII is a 400.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        ApiError::bad_request(format!(
+            "Invalid Idempotency-Key header: {why}. Send 1 to {} visible ASCII characters, the same for every retry of one message",
+            beige_client::prompt::MAX_IDEMPOTENCY_KEY
+        ))
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| bad("it may only hold visible ASCII characters (no spaces)".into()))?;
+    match beige_client::prompt::idempotency_key_problem(key) {
+        Some(why) => Err(bad(why)),
+        None => Ok(Some(key.to_string())),
+    }
 }
 
 async fn list_sessions(

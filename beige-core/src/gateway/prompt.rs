@@ -586,6 +586,35 @@ impl Run<'_> {
             }
         };
 
+        // A keyed prompt that completed before is answered from the store, once the
+        // session is ours (a retry racing its first attempt waits for it here).
+        let keyed = match &self.req.idempotency_key {
+            Some(k) => {
+                let sha = request_sha256(&self.req.message);
+                if let Some(a) = inner.store.prompt_answer(&agent_name, &key, k).await? {
+                    if a.request_sha256 != sha {
+                        self.send(AgentEvent::Error {
+                            message: format!(
+                                "Idempotency-Key '{k}' was sent with another message to session '{key}' within the last day"
+                            ),
+                            kind: Some(ErrorKind::IdempotencyConflict),
+                            hint: beige_client::events::hint_for(ErrorKind::IdempotencyConflict)
+                                .map(str::to_string),
+                        });
+                    } else {
+                        self.send(AgentEvent::Done {
+                            response: a.response,
+                            session_id: a.session_id,
+                            usage: a.usage,
+                        });
+                    }
+                    return Ok(());
+                }
+                Some((k.clone(), sha))
+            }
+            None => None,
+        };
+
         // A sender that answers approvals makes the run (and its scripts) attended.
         let attended = self.req.approvals == beige_client::approvals::ApprovalMode::Stream;
         let _attending = attended.then(|| inner.attend(&key));
@@ -1087,7 +1116,18 @@ impl Run<'_> {
             ResponseDecision::Continue(r) => r,
             ResponseDecision::Blocked => String::new(),
         };
-        self.persist(&session, &history, exchange, None).await?;
+        let answer = keyed.map(|(key, request_sha256)| crate::store::PromptAnswer {
+            agent: agent_name.clone(),
+            session_key: self.req.session_key.clone(),
+            key,
+            request_sha256,
+            session_id: session.id.clone(),
+            response: response.clone(),
+            usage: total,
+            created: crate::store::now_ms(),
+        });
+        self.persist_with(&session, &history, exchange, None, answer)
+            .await?;
         if let Some(last) = last_model.as_deref() {
             if session.model.as_deref() != Some(last) {
                 inner.store.set_session_model(&session.id, last).await?;
@@ -1202,8 +1242,22 @@ impl Run<'_> {
         &self,
         session: &SessionRecord,
         history: &Context,
+        exchange: Vec<NewMessage>,
+        note: Option<&str>,
+    ) -> Result<(), GatewayError> {
+        self.persist_with(session, history, exchange, note, None)
+            .await
+    }
+
+    /// [`persist`](Self::persist), storing a keyed prompt's `answer` in the exchange's
+    /// transaction.
+    async fn persist_with(
+        &self,
+        session: &SessionRecord,
+        history: &Context,
         mut exchange: Vec<NewMessage>,
         note: Option<&str>,
+        answer: Option<crate::store::PromptAnswer>,
     ) -> Result<(), GatewayError> {
         if let Some(note) = note {
             // Every tool call needs a result before the next message.
@@ -1229,12 +1283,22 @@ impl Run<'_> {
         let empty = exchange.is_empty();
         // With a shared store the turn commits only under this gateway's lease of the
         // agent: a gateway that lost it cannot write, even before it notices.
-        match self
+        let fence = self
             .inner
             .leases
             .as_ref()
-            .and_then(|l| l.fence_of(&session.agent))
-        {
+            .and_then(|l| l.fence_of(&session.agent));
+        if let Some(answer) = answer {
+            self.inner
+                .store
+                .append_answered_turn(&session.id, exchange, fence.as_ref(), answer)
+                .await?;
+            if !empty {
+                self.inner.history.keep(&session.id, next);
+            }
+            return Ok(());
+        }
+        match fence {
             Some(fence) => {
                 self.inner
                     .store
@@ -1283,6 +1347,12 @@ mod tests {
 /// Turns live output pieces into [`AgentEvent::ToolOutput`] text, holding back the
 /// start of a UTF-8 character split between two pieces.
 /// The prompt-stream event of a broker event about this prompt's session.
+/// SHA-256 (hex) of a keyed prompt's message: what tells a retry from a new request.
+fn request_sha256(message: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(message.as_bytes()))
+}
+
 fn approval_event(ev: beige_client::approvals::ApprovalEvent) -> Option<AgentEvent> {
     use beige_client::approvals::ApprovalEvent as E;
     match ev {

@@ -31,6 +31,7 @@ const TABLES: &[(&str, &str)] = &[
     ("schedule_runs", "rowid"),
     ("api_tokens", "id"),
     ("leases", "name"),
+    ("prompt_answers", "agent, session_key, idem_key"),
 ];
 
 /// What one table's copy did.

@@ -117,6 +117,34 @@ impl NewMessage {
     }
 }
 
+/// The stored answer of a prompt sent with an idempotency key (the HTTP API's
+/// `Idempotency-Key` header): a retry of that prompt gets this answer instead of running
+/// again. Stored in the transaction of the prompt's exchange, so a prompt's turn is
+/// stored with its answer or not at all; kept for [`PROMPT_ANSWER_RETENTION_MS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptAnswer {
+    /// The agent; with the session key and the client's key, the answer's identity.
+    pub agent: String,
+    /// The session key the prompt was sent to.
+    pub session_key: String,
+    /// The client's idempotency key.
+    pub key: String,
+    /// SHA-256 (hex) of what the prompt asked: the same key with another request is
+    /// refused, not answered with this.
+    pub request_sha256: String,
+    /// The session the exchange was stored in.
+    pub session_id: String,
+    /// The final answer.
+    pub response: String,
+    /// Tokens of the whole prompt.
+    pub usage: Usage,
+    /// When it was stored (ms since the epoch).
+    pub created: i64,
+}
+
+/// How long a [`PromptAnswer`] answers retries: a day.
+pub const PROMPT_ANSWER_RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
+
 /// One stored message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredMessage {
@@ -384,7 +412,9 @@ pub trait SessionStore: Send + Sync + Debug {
     // ---- sessions ----
 
     /// Create a session and make it the current session of its key. The previous current
-    /// session of the key is kept (for `/resume`).
+    /// session of the key is kept (for `/resume`). Durable against a crash of the
+    /// gateway when it returns; a store may leave durability against power loss to the
+    /// next synchronous commit (the first turn's), as `SqliteStore` does.
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError>;
 
     /// Create a sub-agent's session as [`SessionStore::create_session`] does, with
@@ -453,6 +483,38 @@ pub trait SessionStore: Send + Sync + Debug {
     ) -> Result<Vec<i64>, StoreError> {
         let _ = fence;
         self.append_turn(session_id, messages).await
+    }
+
+    /// [`append_turn`](Self::append_turn) (or [`append_turn_fenced`](Self::append_turn_fenced)
+    /// with `fence`) that stores `answer` in the same transaction: the turn and the
+    /// answer are both stored or neither is. An answer already stored under the same
+    /// identity is kept. The default, for stores that keep no answers, appends the turn
+    /// and drops the answer: every retry of a keyed prompt then runs again.
+    async fn append_answered_turn(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: Option<&Fence>,
+        answer: PromptAnswer,
+    ) -> Result<Vec<i64>, StoreError> {
+        let _ = answer;
+        match fence {
+            Some(fence) => self.append_turn_fenced(session_id, messages, fence).await,
+            None => self.append_turn(session_id, messages).await,
+        }
+    }
+
+    /// The answer stored by [`append_answered_turn`](Self::append_answered_turn) for this
+    /// agent, session key and idempotency key, unless it is older than
+    /// [`PROMPT_ANSWER_RETENTION_MS`]. The default: `None`.
+    async fn prompt_answer(
+        &self,
+        agent: &str,
+        session_key: &str,
+        key: &str,
+    ) -> Result<Option<PromptAnswer>, StoreError> {
+        let _ = (agent, session_key, key);
+        Ok(None)
     }
 
     /// The messages of a session in order. Without `include_compacted`: the latest summary
@@ -661,7 +723,9 @@ pub struct LedgerFilter {
 /// `beige usage` read; it decides nothing.
 #[async_trait]
 pub trait UsageLedger: Send + Sync + Debug {
-    /// Append one row.
+    /// Append one row. Durable against a crash of the gateway when it returns; a store
+    /// may leave durability against power loss to the next synchronous commit (the
+    /// turn's, which follows the call), as `SqliteStore` does.
     async fn record_usage(&self, entry: LedgerEntry) -> Result<(), StoreError>;
 
     /// The totals of the rows `filter` matches.
@@ -811,6 +875,23 @@ macro_rules! forward_store {
                 fence: &Fence,
             ) -> Result<Vec<i64>, StoreError> {
                 (**self).append_turn_fenced(session_id, messages, fence).await
+            }
+            async fn append_answered_turn(
+                &self,
+                session_id: &str,
+                messages: Vec<NewMessage>,
+                fence: Option<&Fence>,
+                answer: PromptAnswer,
+            ) -> Result<Vec<i64>, StoreError> {
+                (**self).append_answered_turn(session_id, messages, fence, answer).await
+            }
+            async fn prompt_answer(
+                &self,
+                agent: &str,
+                session_key: &str,
+                key: &str,
+            ) -> Result<Option<PromptAnswer>, StoreError> {
+                (**self).prompt_answer(agent, session_key, key).await
             }
             async fn messages(
                 &self,

@@ -23,10 +23,41 @@ use sqlx::{Executor as _, Row as _};
 use super::{
     now_ms, title_from, ChannelState, Fence, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
     LedgerEntry, LedgerFilter, Lineage, NewMessage, NewSession, OutboxItem, PluginData,
-    SessionRecord, SessionSettings, SessionStore, SettingsPatch, StoreError, StoredMessage,
-    UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals, SEEN_WINDOW,
+    PromptAnswer, SessionRecord, SessionSettings, SessionStore, SettingsPatch, StoreError,
+    StoredMessage, UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow, UsageTotals,
+    PROMPT_ANSWER_RETENTION_MS, SEEN_WINDOW,
 };
 use crate::llm::{Message, Role, Usage};
+
+/// Run one method's transaction (`$body`, an async block's contents evaluating to
+/// `Result<T, Fail>`), and run it again when the server aborted it as a serialization
+/// failure (40001) or as a deadlock's victim (40P01): such a transaction committed
+/// nothing, so running it again is safe. After [`TRANSIENT_RETRIES`] retries (with a
+/// short, growing, jittered pause between them, so two victims do not collide again)
+/// the error is reported as [`StoreError::Locked`]; every other result is returned as it
+/// is, through `$store.finish`. A macro rather than a function taking a closure: the
+/// method futures must be `Send`, which a closure returning a borrowing future cannot
+/// promise for every lifetime.
+macro_rules! retrying {
+    ($store:expr, $body:block) => {{
+        let mut retries = 0u32;
+        loop {
+            let attempt: Result<_, $crate::store::postgres::Fail> = async $body.await;
+            match attempt {
+                Err($crate::store::postgres::Fail::Sql(e))
+                    if retries < $crate::store::postgres::TRANSIENT_RETRIES
+                        && $crate::store::postgres::is_transient(&e) =>
+                {
+                    retries += 1;
+                    tracing::debug!(store = %$store.name.display(), retries, error = %e,
+                        "the server aborted a store transaction; running it again");
+                    tokio::time::sleep($crate::store::postgres::transient_pause(retries)).await;
+                }
+                other => break $store.finish(other),
+            }
+        }
+    }};
+}
 
 #[path = "postgres_coordination.rs"]
 mod coordination;
@@ -241,6 +272,22 @@ impl PostgresStore {
     fn fail(&self, e: sqlx::Error) -> StoreError {
         classify(e, &self.name)
     }
+}
+
+/// How many times [`retrying!`] runs an aborted transaction again.
+const TRANSIENT_RETRIES: u32 = 4;
+
+/// Did the server abort the transaction in a way that running it again may cure
+/// (`serialization_failure` or `deadlock_detected`)?
+fn is_transient(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// The pause before retry `n` (1-based): 2, 4, 8, 16 ms, each plus up to as much again
+/// at random.
+fn transient_pause(n: u32) -> std::time::Duration {
+    let base = 1u64 << n.min(6);
+    std::time::Duration::from_millis(base + rand::random::<u64>() % (base + 1))
 }
 
 /// Turn a sqlx error into the [`StoreError`] that tells the user what to do.
@@ -498,6 +545,7 @@ impl PostgresStore {
         session_id: &str,
         messages: Vec<NewMessage>,
         fence: Option<&Fence>,
+        answer: Option<&PromptAnswer>,
     ) -> Result<Vec<i64>, StoreError> {
         // Encode everything before the transaction starts: a message that cannot be
         // encoded fails the turn before anything is written.
@@ -523,7 +571,7 @@ impl PostgresStore {
             tokens[2].push(m.usage.map(|u| to_i64(u.cache_read_tokens)));
             tokens[3].push(m.usage.map(|u| to_i64(u.cache_write_tokens)));
         }
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             if let Some(fence) = fence {
                 // FOR SHARE: a takeover's UPDATE of the lease waits for this commit.
@@ -557,7 +605,7 @@ impl PostgresStore {
             }
             let now = now_ms();
             let count = to_i64(contents.len() as u64);
-            let [input, output, cache_read, cache_write] = tokens;
+            let [input, output, cache_read, cache_write] = &tokens;
             let mut rows: Vec<(i64, i64)> = sqlx::query_as(
                 "WITH base AS (
                      SELECT coalesce(max(seq), 0) AS seq FROM messages WHERE session_id = $1
@@ -575,10 +623,10 @@ impl PostgresStore {
             .bind(session_id)
             .bind(&contents)
             .bind(&models)
-            .bind(&input)
-            .bind(&output)
-            .bind(&cache_read)
-            .bind(&cache_write)
+            .bind(input)
+            .bind(output)
+            .bind(cache_read)
+            .bind(cache_write)
             .bind(now)
             .fetch_all(&mut *tx)
             .await?;
@@ -603,11 +651,35 @@ impl PostgresStore {
             .bind(to_i64(added.cache_write_tokens))
             .execute(&mut *tx)
             .await?;
+            if let Some(a) = answer {
+                sqlx::query("DELETE FROM prompt_answers WHERE created < $1")
+                    .bind(now - PROMPT_ANSWER_RETENTION_MS)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "INSERT INTO prompt_answers (agent, session_key, idem_key, request_sha256,
+                         session_id, response, input_tokens, output_tokens, cache_read_tokens,
+                         cache_write_tokens, created)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                     ON CONFLICT (agent, session_key, idem_key) DO NOTHING",
+                )
+                .bind(&a.agent)
+                .bind(&a.session_key)
+                .bind(&a.key)
+                .bind(&a.request_sha256)
+                .bind(&a.session_id)
+                .bind(&a.response)
+                .bind(to_i64(a.usage.input_tokens))
+                .bind(to_i64(a.usage.output_tokens))
+                .bind(to_i64(a.usage.cache_read_tokens))
+                .bind(to_i64(a.usage.cache_write_tokens))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
             tx.commit().await?;
             Ok(rows.into_iter().map(|(id, _)| id).collect())
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     /// `UPDATE sessions SET <set> WHERE id = $1` with `$2` bound; not found when no row.
@@ -695,8 +767,7 @@ fn parse_metadata(name: &Path, key: &str, text: Option<String>) -> Result<serde_
 #[async_trait]
 impl SessionStore for PostgresStore {
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
-        let r = self.insert_session(new, None).await;
-        self.finish(r)
+        retrying!(self, { self.insert_session(new.clone(), None).await })
     }
 
     async fn create_child_session(
@@ -705,8 +776,10 @@ impl SessionStore for PostgresStore {
         lineage: Lineage,
     ) -> Result<SessionRecord, StoreError> {
         new.parent_id = Some(lineage.parent_session_id.clone());
-        let r = self.insert_session(new, Some(lineage)).await;
-        self.finish(r)
+        retrying!(self, {
+            self.insert_session(new.clone(), Some(lineage.clone()))
+                .await
+        })
     }
 
     async fn session_lineage(&self, id: &str) -> Result<Option<Lineage>, StoreError> {
@@ -754,7 +827,7 @@ impl SessionStore for PostgresStore {
         key: &str,
         session_id: &str,
     ) -> Result<SessionRecord, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let Some(record) = load_session(&mut *tx, session_id).await? else {
                 return Err(not_found(session_id).into());
@@ -762,9 +835,7 @@ impl SessionStore for PostgresStore {
             set_current(&mut tx, key, session_id, now_ms()).await?;
             tx.commit().await?;
             Ok(record)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn get_session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
@@ -821,7 +892,7 @@ impl SessionStore for PostgresStore {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<i64>, StoreError> {
-        self.append(session_id, messages, None).await
+        self.append(session_id, messages, None, None).await
     }
 
     async fn append_turn_fenced(
@@ -830,7 +901,57 @@ impl SessionStore for PostgresStore {
         messages: Vec<NewMessage>,
         fence: &Fence,
     ) -> Result<Vec<i64>, StoreError> {
-        self.append(session_id, messages, Some(fence)).await
+        self.append(session_id, messages, Some(fence), None).await
+    }
+
+    async fn append_answered_turn(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: Option<&Fence>,
+        answer: PromptAnswer,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.append(session_id, messages, fence, Some(&answer))
+            .await
+    }
+
+    async fn prompt_answer(
+        &self,
+        agent: &str,
+        session_key: &str,
+        key: &str,
+    ) -> Result<Option<PromptAnswer>, StoreError> {
+        type Raw = (String, String, String, i64, i64, i64, i64, i64);
+        let row: Option<Raw> = sqlx::query_as(
+            "SELECT request_sha256, session_id, response, input_tokens, output_tokens,
+                    cache_read_tokens, cache_write_tokens, created
+             FROM prompt_answers
+             WHERE agent = $1 AND session_key = $2 AND idem_key = $3 AND created >= $4",
+        )
+        .bind(agent)
+        .bind(session_key)
+        .bind(key)
+        .bind(now_ms() - PROMPT_ANSWER_RETENTION_MS)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.fail(e))?;
+        Ok(row.map(
+            |(request_sha256, session_id, response, i, o, cr, cw, created)| PromptAnswer {
+                agent: agent.to_string(),
+                session_key: session_key.to_string(),
+                key: key.to_string(),
+                request_sha256,
+                session_id,
+                response,
+                usage: Usage {
+                    input_tokens: to_u64(i),
+                    output_tokens: to_u64(o),
+                    cache_read_tokens: to_u64(cr),
+                    cache_write_tokens: to_u64(cw),
+                },
+                created,
+            },
+        ))
     }
 
     async fn messages(
@@ -922,7 +1043,7 @@ impl SessionStore for PostgresStore {
         let content = serde_json::to_string(&summary).map_err(|e| StoreError::Invalid {
             message: format!("the summary cannot be encoded as JSON: {e}"),
         })?;
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let locked = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
                 .bind(session_id)
@@ -976,9 +1097,7 @@ impl SessionStore for PostgresStore {
                 .await?;
             tx.commit().await?;
             Ok(())
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn message_revision(&self, session_id: &str) -> Result<Option<u64>, StoreError> {
@@ -1005,7 +1124,7 @@ impl SessionStore for PostgresStore {
         key: &str,
         patch: SettingsPatch,
     ) -> Result<SessionSettings, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let now = now_ms();
             ensure_key_row(&mut tx, key, now).await?;
@@ -1020,8 +1139,8 @@ impl SessionStore for PostgresStore {
             if let Some(v) = patch.streaming {
                 settings.streaming = v;
             }
-            if let Some(v) = patch.model_override {
-                settings.model_override = v;
+            if let Some(v) = &patch.model_override {
+                settings.model_override = v.clone();
             }
             sqlx::query(
                 "UPDATE session_keys SET \"verbose\" = $2, streaming = $3, model_override = $4,
@@ -1037,9 +1156,7 @@ impl SessionStore for PostgresStore {
             .await?;
             tx.commit().await?;
             Ok(settings)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn get_metadata(&self, key: &str) -> Result<serde_json::Value, StoreError> {
@@ -1061,7 +1178,7 @@ impl SessionStore for PostgresStore {
         field: &str,
         value: serde_json::Value,
     ) -> Result<(), StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let now = now_ms();
             ensure_key_row(&mut tx, key, now).await?;
@@ -1078,7 +1195,7 @@ impl SessionStore for PostgresStore {
             if value.is_null() {
                 metadata.remove(field);
             } else {
-                metadata.insert(field.to_string(), value);
+                metadata.insert(field.to_string(), value.clone());
             }
             let text = serde_json::Value::Object(metadata).to_string();
             sqlx::query(
@@ -1091,9 +1208,7 @@ impl SessionStore for PostgresStore {
             .await?;
             tx.commit().await?;
             Ok(())
-        }
-        .await;
-        self.finish(r)
+        })
     }
 }
 
@@ -1296,7 +1411,7 @@ impl ChannelState for PostgresStore {
     }
 
     async fn mark_seen(&self, channel: &str, update_id: i64) -> Result<bool, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let inserted = sqlx::query(
                 "INSERT INTO channel_seen (channel, update_id, seen_at) VALUES ($1, $2, $3)
@@ -1323,9 +1438,7 @@ impl ChannelState for PostgresStore {
             }
             tx.commit().await?;
             Ok(inserted)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn enqueue_outbox(
@@ -1505,7 +1618,7 @@ impl PluginData for PostgresStore {
         value: &str,
         limits: KvLimits,
     ) -> Result<KvWrite, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             // One lock per plugin for the check and the write: concurrent sets, from this
             // gateway or another, cannot together overshoot a limit.
@@ -1538,9 +1651,7 @@ impl PluginData for PostgresStore {
                 .await?;
             tx.commit().await?;
             Ok(KvWrite::Stored)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn kv_usage(&self, plugin: &str, scope: Option<&str>) -> Result<KvUsage, StoreError> {
@@ -1592,4 +1703,54 @@ pub(super) fn migrations_fingerprint() -> u64 {
         .fold(0xcbf2_9ce4_8422_2325, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use sqlx::Executor as _;
+
+    use super::*;
+
+    /// A transaction that fails with `code` (raised by the real server) in its first
+    /// `failing` attempts and commits after; returns the result and the attempts made.
+    async fn run(
+        store: &PostgresStore,
+        code: &str,
+        failing: u32,
+    ) -> (Result<u32, StoreError>, u32) {
+        let mut attempts = 0;
+        let raise = format!("DO $$ BEGIN RAISE EXCEPTION 'test' USING ERRCODE = '{code}'; END $$");
+        let r = retrying!(store, {
+            attempts += 1;
+            let mut tx = store.pool.begin().await?;
+            if attempts <= failing {
+                tx.execute(sqlx::AssertSqlSafe(raise.clone())).await?;
+            }
+            tx.commit().await?;
+            Ok(attempts)
+        });
+        (r, attempts)
+    }
+
+    #[tokio::test]
+    async fn aborted_transactions_run_again_and_other_failures_do_not() {
+        let Some(url) = beige_testkit::postgres::url() else {
+            return;
+        };
+        let store = PostgresStore::connect_lazy(&PostgresOptions::new(&url)).expect("store");
+        // A deadlock's victim and a serialization failure: run again until they commit.
+        for code in ["40P01", "40001"] {
+            let (r, attempts) = run(&store, code, 2).await;
+            assert_eq!(r.expect("committed after retries"), 3, "{code}");
+            assert_eq!(attempts, 3);
+        }
+        // One that keeps failing is reported as `Locked` after the last retry.
+        let (r, attempts) = run(&store, "40001", u32::MAX).await;
+        assert!(matches!(r, Err(StoreError::Locked { .. })), "{r:?}");
+        assert_eq!(attempts, 1 + TRANSIENT_RETRIES);
+        // Any other failure is returned at once (here a unique violation).
+        let (r, attempts) = run(&store, "23505", 1).await;
+        assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
+        assert_eq!(attempts, 1);
+    }
 }

@@ -203,7 +203,7 @@ impl ScheduleStore for PostgresStore {
     }
 
     async fn claim_run(&self, claim: Claim) -> Result<Option<ScheduleRun>, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let state: Option<String> =
                 sqlx::query_scalar("SELECT state FROM schedules WHERE id = $1 FOR UPDATE")
@@ -268,9 +268,7 @@ impl ScheduleStore for PostgresStore {
             let run = row.map(|r| self.run_from_row(&r)).transpose()?;
             tx.commit().await?;
             Ok(run)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn start_run(&self, run_id: &str, started_at: i64) -> Result<bool, StoreError> {
@@ -309,7 +307,7 @@ impl ScheduleStore for PostgresStore {
     }
 
     async fn finish_run(&self, run_id: &str, finish: RunFinish) -> Result<bool, StoreError> {
-        let r = async {
+        retrying!(self, {
             let mut tx = self.pool.begin().await?;
             let n = sqlx::query(
                 "UPDATE schedule_runs SET status = $2, finished_at = $3, session_id = $4,
@@ -336,9 +334,7 @@ impl ScheduleStore for PostgresStore {
             }
             tx.commit().await?;
             Ok(true)
-        }
-        .await;
-        self.finish(r)
+        })
     }
 
     async fn get_run(&self, run_id: &str) -> Result<Option<ScheduleRun>, StoreError> {

@@ -263,4 +263,23 @@ pub(super) const MIGRATIONS: &[&str] = &[
         expires_at BIGINT NOT NULL
     );
     "#,
+    // 9: the answers of prompts sent with an idempotency key, written in their turn's
+    // transaction; kept a day, pruned by `created` at each write.
+    r#"
+    CREATE TABLE prompt_answers (
+        agent              TEXT NOT NULL,
+        session_key        TEXT NOT NULL,
+        idem_key           TEXT NOT NULL,
+        request_sha256     TEXT NOT NULL,
+        session_id         TEXT NOT NULL,
+        response           TEXT NOT NULL,
+        input_tokens       BIGINT NOT NULL,
+        output_tokens      BIGINT NOT NULL,
+        cache_read_tokens  BIGINT NOT NULL,
+        cache_write_tokens BIGINT NOT NULL,
+        created            BIGINT NOT NULL,
+        PRIMARY KEY (agent, session_key, idem_key)
+    );
+    CREATE INDEX prompt_answers_by_created ON prompt_answers(created);
+    "#,
 ];

@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::{
-    now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
-    Lineage, NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings,
-    SessionStore, SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
+    now_ms, title_from, ChannelState, Fence, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
+    Lineage, NewMessage, NewSession, OutboxItem, PluginData, PromptAnswer, SessionRecord,
+    SessionSettings, SessionStore, SettingsPatch, StoreError, StoredMessage,
+    PROMPT_ANSWER_RETENTION_MS, SEEN_WINDOW,
 };
 use super::{
     LedgerEntry, LedgerFilter, UsageGroupBy, UsageLedger, UsageQuery, UsageReport, UsageRow,
@@ -321,6 +322,25 @@ pub(super) const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 9: the answers of prompts sent with an idempotency key, written with their turn;
+    // kept a day (`PROMPT_ANSWER_RETENTION_MS`), pruned by `created` at each write.
+    r#"
+    CREATE TABLE prompt_answers (
+        agent              TEXT NOT NULL,
+        session_key        TEXT NOT NULL,
+        idem_key           TEXT NOT NULL,
+        request_sha256     TEXT NOT NULL,
+        session_id         TEXT NOT NULL,
+        response           TEXT NOT NULL,
+        input_tokens       INTEGER NOT NULL,
+        output_tokens      INTEGER NOT NULL,
+        cache_read_tokens  INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        created            INTEGER NOT NULL,
+        PRIMARY KEY (agent, session_key, idem_key)
+    ) STRICT;
+    CREATE INDEX prompt_answers_by_created ON prompt_answers(created);
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -463,6 +483,151 @@ impl SqliteStore {
             }),
         }
     }
+
+    /// Append one turn in one transaction, with `answer` when it has one.
+    async fn append(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        answer: Option<PromptAnswer>,
+    ) -> Result<Vec<i64>, StoreError> {
+        // Serialise everything before the transaction starts: a message that cannot be
+        // encoded fails the turn before anything is written.
+        let mut rows = Vec::with_capacity(messages.len());
+        for (i, m) in messages.into_iter().enumerate() {
+            let content = serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
+                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
+            })?;
+            let title = (m.message.role == Role::User)
+                .then(|| title_from(&m.message.text()))
+                .flatten();
+            rows.push((content, m.model, m.usage, title));
+        }
+        let session_id = session_id.to_string();
+        self.run(move |conn, _| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let title: Option<Option<String>> = tx
+                .prepare_cached("SELECT title FROM sessions WHERE id = ?1")?
+                .query_row([&session_id], |r| r.get(0))
+                .optional()?;
+            let Some(title) = title else {
+                return Err(not_found(&session_id));
+            };
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let now = now_ms();
+            let mut seq: i64 = tx
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?1")?
+                .query_row([&session_id], |r| r.get(0))?;
+            let mut new_title = None;
+            let mut ids = Vec::with_capacity(rows.len());
+            let count = to_i64(rows.len() as u64);
+            let mut added = Usage::default();
+            for (_, _, usage, _) in &rows {
+                if let Some(u) = usage {
+                    added.add(u);
+                }
+            }
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO messages (session_id, seq, sub, content, model, input_tokens,
+                                       output_tokens, cache_read_tokens, cache_write_tokens,
+                                       summary, compacted, created)
+                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0, ?9)",
+            )?;
+            for (content, model, usage, row_title) in rows {
+                seq += 1;
+                insert.execute(params![
+                    session_id,
+                    seq,
+                    content,
+                    model,
+                    usage.map(|u| to_i64(u.input_tokens)),
+                    usage.map(|u| to_i64(u.output_tokens)),
+                    usage.map(|u| to_i64(u.cache_read_tokens)),
+                    usage.map(|u| to_i64(u.cache_write_tokens)),
+                    now,
+                ])?;
+                ids.push(tx.last_insert_rowid());
+                // The crash test stops a child process here, inside the open transaction.
+                #[cfg(test)]
+                super::tests::crash_point(ids.len());
+                if title.is_none() && new_title.is_none() {
+                    new_title = row_title;
+                }
+            }
+            drop(insert);
+            tx.prepare_cached(
+                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3),
+                                     revision = revision + 1,
+                                     message_count = message_count + ?4,
+                                     input_tokens = input_tokens + ?5,
+                                     output_tokens = output_tokens + ?6,
+                                     cache_read_tokens = cache_read_tokens + ?7,
+                                     cache_write_tokens = cache_write_tokens + ?8
+                 WHERE id = ?1",
+            )?
+            .execute(params![
+                session_id,
+                now,
+                new_title,
+                count,
+                to_i64(added.input_tokens),
+                to_i64(added.output_tokens),
+                to_i64(added.cache_read_tokens),
+                to_i64(added.cache_write_tokens),
+            ])?;
+            if let Some(a) = &answer {
+                tx.prepare_cached("DELETE FROM prompt_answers WHERE created < ?1")?
+                    .execute([now - PROMPT_ANSWER_RETENTION_MS])?;
+                tx.prepare_cached(
+                    "INSERT INTO prompt_answers (agent, session_key, idem_key, request_sha256,
+                         session_id, response, input_tokens, output_tokens, cache_read_tokens,
+                         cache_write_tokens, created)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                     ON CONFLICT (agent, session_key, idem_key) DO NOTHING",
+                )?
+                .execute(params![
+                    a.agent,
+                    a.session_key,
+                    a.key,
+                    a.request_sha256,
+                    a.session_id,
+                    a.response,
+                    to_i64(a.usage.input_tokens),
+                    to_i64(a.usage.output_tokens),
+                    to_i64(a.usage.cache_read_tokens),
+                    to_i64(a.usage.cache_write_tokens),
+                    now,
+                ])?;
+            }
+            tx.commit()?;
+            Ok(ids)
+        })
+        .await
+    }
+
+    /// [`run`](Self::run) for a write that does not sync the disk itself: its commit
+    /// is safe against a crash of the process when it returns, and against power loss
+    /// once the next synchronous commit (or checkpoint) has synced the WAL it sits in.
+    /// For the writes that a turn's own commit follows within milliseconds — a new
+    /// session, a ledger row — so a prompt pays one fsync, not three. The connection is
+    /// back to `synchronous=FULL` when this returns, panic or not.
+    async fn run_sync_deferred<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, &Path) -> Result<T, Fail> + Send + 'static,
+    {
+        self.run(move |conn, path| {
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn, path)));
+            let restored = conn.pragma_update(None, "synchronous", "FULL");
+            let result = done.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            restored?;
+            result
+        })
+        .await
+    }
 }
 
 /// Create the file with mode 0600 if it does not exist, and tighten an existing file that
@@ -517,6 +682,8 @@ fn configure(conn: Connection, path: &Path) -> Result<Connection, Fail> {
     // committed transactions on power loss. FULL syncs the WAL at every commit, so a
     // committed turn survives both; a commit happens once per turn, update or queued
     // reply — a few fsyncs per conversation step, which is nothing next to a model call.
+    // The two writes that a turn's commit follows (a new session, a ledger row) skip
+    // their own sync and ride that one: `run_sync_deferred`.
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
 }
@@ -754,7 +921,7 @@ fn new_session_id() -> String {
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create_session(&self, new: NewSession) -> Result<SessionRecord, StoreError> {
-        self.run(move |conn, _| insert_session(conn, new, None))
+        self.run_sync_deferred(move |conn, _| insert_session(conn, new, None))
             .await
     }
 
@@ -904,94 +1071,64 @@ impl SessionStore for SqliteStore {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<i64>, StoreError> {
-        // Serialise everything before the transaction starts: a message that cannot be
-        // encoded fails the turn before anything is written.
-        let mut rows = Vec::with_capacity(messages.len());
-        for (i, m) in messages.into_iter().enumerate() {
-            let content = serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
-                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
-            })?;
-            let title = (m.message.role == Role::User)
-                .then(|| title_from(&m.message.text()))
-                .flatten();
-            rows.push((content, m.model, m.usage, title));
-        }
-        let session_id = session_id.to_string();
+        self.append(session_id, messages, None).await
+    }
+
+    async fn append_answered_turn(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: Option<&Fence>,
+        answer: PromptAnswer,
+    ) -> Result<Vec<i64>, StoreError> {
+        // One gateway uses a SQLite file: a fence has nothing to check here, as in
+        // `append_turn_fenced`'s default.
+        let _ = fence;
+        self.append(session_id, messages, Some(answer)).await
+    }
+
+    async fn prompt_answer(
+        &self,
+        agent: &str,
+        session_key: &str,
+        key: &str,
+    ) -> Result<Option<PromptAnswer>, StoreError> {
+        let (agent, session_key, key) =
+            (agent.to_string(), session_key.to_string(), key.to_string());
         self.run(move |conn, _| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let title: Option<Option<String>> = tx
-                .prepare_cached("SELECT title FROM sessions WHERE id = ?1")?
-                .query_row([&session_id], |r| r.get(0))
-                .optional()?;
-            let Some(title) = title else {
-                return Err(not_found(&session_id));
-            };
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            let now = now_ms();
-            let mut seq: i64 = tx
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = ?1")?
-                .query_row([&session_id], |r| r.get(0))?;
-            let mut new_title = None;
-            let mut ids = Vec::with_capacity(rows.len());
-            let count = to_i64(rows.len() as u64);
-            let mut added = Usage::default();
-            for (_, _, usage, _) in &rows {
-                if let Some(u) = usage {
-                    added.add(u);
-                }
-            }
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO messages (session_id, seq, sub, content, model, input_tokens,
-                                       output_tokens, cache_read_tokens, cache_write_tokens,
-                                       summary, compacted, created)
-                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0, ?9)",
-            )?;
-            for (content, model, usage, row_title) in rows {
-                seq += 1;
-                insert.execute(params![
-                    session_id,
-                    seq,
-                    content,
-                    model,
-                    usage.map(|u| to_i64(u.input_tokens)),
-                    usage.map(|u| to_i64(u.output_tokens)),
-                    usage.map(|u| to_i64(u.cache_read_tokens)),
-                    usage.map(|u| to_i64(u.cache_write_tokens)),
-                    now,
-                ])?;
-                ids.push(tx.last_insert_rowid());
-                // The crash test stops a child process here, inside the open transaction.
-                #[cfg(test)]
-                super::tests::crash_point(ids.len());
-                if title.is_none() && new_title.is_none() {
-                    new_title = row_title;
-                }
-            }
-            drop(insert);
-            tx.prepare_cached(
-                "UPDATE sessions SET updated = ?2, title = COALESCE(title, ?3),
-                                     revision = revision + 1,
-                                     message_count = message_count + ?4,
-                                     input_tokens = input_tokens + ?5,
-                                     output_tokens = output_tokens + ?6,
-                                     cache_read_tokens = cache_read_tokens + ?7,
-                                     cache_write_tokens = cache_write_tokens + ?8
-                 WHERE id = ?1",
-            )?
-            .execute(params![
-                session_id,
-                now,
-                new_title,
-                count,
-                to_i64(added.input_tokens),
-                to_i64(added.output_tokens),
-                to_i64(added.cache_read_tokens),
-                to_i64(added.cache_write_tokens),
-            ])?;
-            tx.commit()?;
-            Ok(ids)
+            Ok(conn
+                .prepare_cached(
+                    "SELECT request_sha256, session_id, response, input_tokens, output_tokens,
+                            cache_read_tokens, cache_write_tokens, created
+                     FROM prompt_answers
+                     WHERE agent = ?1 AND session_key = ?2 AND idem_key = ?3 AND created >= ?4",
+                )?
+                .query_row(
+                    params![
+                        agent,
+                        session_key,
+                        key,
+                        now_ms() - PROMPT_ANSWER_RETENTION_MS
+                    ],
+                    |r| {
+                        Ok(PromptAnswer {
+                            agent: agent.clone(),
+                            session_key: session_key.clone(),
+                            key: key.clone(),
+                            request_sha256: r.get(0)?,
+                            session_id: r.get(1)?,
+                            response: r.get(2)?,
+                            usage: Usage {
+                                input_tokens: to_u64(r.get(3)?),
+                                output_tokens: to_u64(r.get(4)?),
+                                cache_read_tokens: to_u64(r.get(5)?),
+                                cache_write_tokens: to_u64(r.get(6)?),
+                            },
+                            created: r.get(7)?,
+                        })
+                    },
+                )
+                .optional()?)
         })
         .await
     }
@@ -1242,7 +1379,7 @@ fn totals_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<UsageTotals>
 #[async_trait]
 impl UsageLedger for SqliteStore {
     async fn record_usage(&self, e: LedgerEntry) -> Result<(), StoreError> {
-        self.run(move |conn, _| {
+        self.run_sync_deferred(move |conn, _| {
             conn.prepare_cached(
                 "INSERT INTO usage (ts, agent, session_id, session_key, turn_id, model,
                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
@@ -1668,5 +1805,81 @@ impl PluginData for SqliteStore {
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod sync_tests {
+    use super::*;
+
+    /// `PRAGMA synchronous` of the store's connection: 1 is NORMAL, 2 is FULL.
+    async fn sync_mode(store: &SqliteStore) -> i64 {
+        store
+            .run(|conn, _| Ok(conn.pragma_query_value(None, "synchronous", |r| r.get(0))?))
+            .await
+            .expect("read synchronous")
+    }
+
+    #[tokio::test]
+    async fn a_deferred_sync_write_leaves_every_other_commit_synced() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("beige.db")).expect("open");
+        assert_eq!(sync_mode(&store).await, 2, "a store opens with FULL");
+        let inside = store
+            .run_sync_deferred(|conn, _| {
+                Ok(conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?)
+            })
+            .await
+            .expect("deferred call");
+        assert_eq!(inside, 1, "the deferred write itself commits with NORMAL");
+
+        // The two writes that defer their sync, then a failing and a panicking one.
+        let session = store
+            .create_session(NewSession {
+                agent: "a".into(),
+                key: "api:a:default".into(),
+                parent_id: None,
+                model: None,
+            })
+            .await
+            .expect("create");
+        store
+            .record_usage(LedgerEntry {
+                ts: 1,
+                agent: "a".into(),
+                session_id: Some(session.id.clone()),
+                session_key: Some(session.key.clone()),
+                turn_id: None,
+                model: "p/m".into(),
+                usage: Usage::default(),
+                cost_micros: 0,
+                unpriced: true,
+                parent_session_id: None,
+            })
+            .await
+            .expect("ledger row");
+        assert_eq!(sync_mode(&store).await, 2, "back to FULL after the writes");
+        let failed = store
+            .run_sync_deferred(|conn, _| -> Result<(), Fail> {
+                conn.execute_batch("INSERT INTO no_such_table VALUES (1)")?;
+                Ok(())
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(sync_mode(&store).await, 2, "back to FULL after a failure");
+        let panicked = store
+            .run_sync_deferred(|_, _| -> Result<(), Fail> { panic!("a bug in a write") })
+            .await;
+        assert!(panicked.is_err(), "a panic is reported as an error");
+        assert_eq!(sync_mode(&store).await, 2, "back to FULL after a panic");
+        // Both rows are there, through a new handle.
+        drop(store);
+        let again = SqliteStore::open(dir.path().join("beige.db")).expect("reopen");
+        assert!(again.get_session(&session.id).await.expect("get").is_some());
+        let totals = again
+            .usage_totals(LedgerFilter::default())
+            .await
+            .expect("totals");
+        assert_eq!(totals.calls, 1);
     }
 }

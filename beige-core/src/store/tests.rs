@@ -133,6 +133,7 @@ contract!(
     two_handles_appending_to_one_session_keep_every_turn_whole,
     a_lease_has_one_holder_and_changes_hands_only_with_a_higher_epoch,
     of_many_racing_for_a_free_lease_through_two_handles_exactly_one_gets_it,
+    a_keyed_answer_is_stored_with_its_turn_or_not_at_all,
 );
 
 // ---- helpers ----
@@ -538,6 +539,89 @@ async fn append_turn_orders_titles_and_counts<B: Backend>() {
     assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     let err = store.messages("s_missing", true).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn a_keyed_answer_is_stored_with_its_turn_or_not_at_all<B: Backend>() {
+    let (_dir, db) = B::temp_db().await;
+    let store = db.open().await;
+    let s = store
+        .create_session(new_session("a", "api:a:default"))
+        .await
+        .unwrap();
+    let answer = |key: &str, response: &str| PromptAnswer {
+        agent: "a".into(),
+        session_key: "api:a:default".into(),
+        key: key.into(),
+        request_sha256: "ab".repeat(32),
+        session_id: s.id.clone(),
+        response: response.into(),
+        usage: usage(100, 10),
+        created: 0,
+    };
+    assert_eq!(
+        store
+            .prompt_answer("a", "api:a:default", "k1")
+            .await
+            .unwrap(),
+        None
+    );
+
+    let ids = store
+        .append_answered_turn(&s.id, turn(1), None, answer("k1", "answer 1"))
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 4, "the turn is stored");
+    let got = store
+        .prompt_answer("a", "api:a:default", "k1")
+        .await
+        .unwrap()
+        .expect("the answer is stored with its turn");
+    assert_eq!(got.response, "answer 1");
+    assert_eq!(got.session_id, s.id);
+    assert_eq!(got.request_sha256, "ab".repeat(32));
+    assert_eq!(got.usage, usage(100, 10));
+    assert!(got.created > 0, "the store stamps the time");
+    // Scoped by agent and session key as well as by key.
+    assert_eq!(
+        store
+            .prompt_answer("b", "api:a:default", "k1")
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.prompt_answer("a", "api:a:other", "k1").await.unwrap(),
+        None
+    );
+
+    // A second answer under the same identity keeps the first.
+    store
+        .append_answered_turn(&s.id, turn(2), None, answer("k1", "answer 2"))
+        .await
+        .unwrap();
+    let kept = store
+        .prompt_answer("a", "api:a:default", "k1")
+        .await
+        .unwrap();
+    assert_eq!(kept.map(|a| a.response).as_deref(), Some("answer 1"));
+
+    // A turn that cannot be stored stores no answer either.
+    let mut missing = answer("k2", "never");
+    missing.session_id = "s_missing".into();
+    let err = store
+        .append_answered_turn("s_missing", turn(3), None, missing)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    assert_eq!(
+        store
+            .prompt_answer("a", "api:a:default", "k2")
+            .await
+            .unwrap(),
+        None
+    );
+    let s2 = store.get_session(&s.id).await.unwrap().unwrap();
+    assert_eq!(s2.message_count, 8, "two turns, each stored once");
 }
 
 #[tokio::test]

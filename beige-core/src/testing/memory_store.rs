@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use crate::llm::{Message, Role, Usage};
 use crate::store::{
     now_ms, title_from, ChannelState, HealthRecord, HealthStore, KvLimits, KvUsage, KvWrite,
-    Lineage, NewMessage, NewSession, OutboxItem, PluginData, SessionRecord, SessionSettings,
-    SessionStore, SettingsPatch, StoreError, StoredMessage, SEEN_WINDOW,
+    Lineage, NewMessage, NewSession, OutboxItem, PluginData, PromptAnswer, SessionRecord,
+    SessionSettings, SessionStore, SettingsPatch, StoreError, StoredMessage,
+    PROMPT_ANSWER_RETENTION_MS, SEEN_WINDOW,
 };
 // The `ScheduleStore` half, in its own file; a child module so it shares the state.
 #[path = "memory_schedules.rs"]
@@ -115,6 +116,71 @@ impl MemoryStore {
         Ok(record)
     }
 
+    /// Append one turn under the lock, with `answer` when it has one.
+    fn append(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        answer: Option<PromptAnswer>,
+    ) -> Result<Vec<i64>, StoreError> {
+        // As SQLite does: a message that cannot be encoded fails the turn before anything
+        // is written.
+        for (i, m) in messages.iter().enumerate() {
+            serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
+                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
+            })?;
+        }
+        let mut state = self.lock();
+        let last_seq = state
+            .session(session_id)?
+            .messages
+            .iter()
+            .map(|m| m.seq)
+            .max()
+            .unwrap_or(0);
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = now_ms();
+        let mut new_title = None;
+        let mut rows = Vec::with_capacity(messages.len());
+        for (seq, m) in (last_seq + 1..).zip(messages) {
+            if new_title.is_none() && m.message.role == Role::User {
+                new_title = title_from(&m.message.text());
+            }
+            rows.push(Row {
+                id: state.next_message_id(),
+                seq,
+                sub: 0,
+                message: m.message,
+                model: m.model,
+                usage: m.usage,
+                summary: false,
+                compacted: false,
+                created: now,
+            });
+        }
+        let ids = rows.iter().map(|r| r.id).collect();
+        let session = state.session_mut(session_id)?;
+        session.messages.extend(rows);
+        if session.title.is_none() {
+            session.title = new_title;
+        }
+        session.updated = now;
+        session.revision += 1;
+        if let Some(mut a) = answer {
+            a.created = now;
+            state
+                .answers
+                .retain(|_, a| a.created >= now - PROMPT_ANSWER_RETENTION_MS);
+            state
+                .answers
+                .entry((a.agent.clone(), a.session_key.clone(), a.key.clone()))
+                .or_insert(a);
+        }
+        Ok(ids)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // No method panics while holding the lock with the state half changed: every
         // check comes before the first write.
@@ -150,6 +216,8 @@ struct State {
     schedules: schedules::Schedules,
     /// Personal API tokens by id.
     tokens: HashMap<String, crate::store::TokenRecord>,
+    /// Answers of keyed prompts by (agent, session key, idempotency key).
+    answers: HashMap<(String, String, String), PromptAnswer>,
 }
 
 struct Session {
@@ -364,52 +432,34 @@ impl SessionStore for MemoryStore {
         session_id: &str,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<i64>, StoreError> {
-        // As SQLite does: a message that cannot be encoded fails the turn before anything
-        // is written.
-        for (i, m) in messages.iter().enumerate() {
-            serde_json::to_string(&m.message).map_err(|e| StoreError::Invalid {
-                message: format!("message {i} of the turn cannot be encoded as JSON: {e}"),
-            })?;
-        }
-        let mut state = self.lock();
-        let last_seq = state
-            .session(session_id)?
-            .messages
-            .iter()
-            .map(|m| m.seq)
-            .max()
-            .unwrap_or(0);
-        if messages.is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = now_ms();
-        let mut new_title = None;
-        let mut rows = Vec::with_capacity(messages.len());
-        for (seq, m) in (last_seq + 1..).zip(messages) {
-            if new_title.is_none() && m.message.role == Role::User {
-                new_title = title_from(&m.message.text());
-            }
-            rows.push(Row {
-                id: state.next_message_id(),
-                seq,
-                sub: 0,
-                message: m.message,
-                model: m.model,
-                usage: m.usage,
-                summary: false,
-                compacted: false,
-                created: now,
-            });
-        }
-        let ids = rows.iter().map(|r| r.id).collect();
-        let session = state.session_mut(session_id)?;
-        session.messages.extend(rows);
-        if session.title.is_none() {
-            session.title = new_title;
-        }
-        session.updated = now;
-        session.revision += 1;
-        Ok(ids)
+        self.append(session_id, messages, None)
+    }
+
+    async fn append_answered_turn(
+        &self,
+        session_id: &str,
+        messages: Vec<NewMessage>,
+        fence: Option<&crate::store::Fence>,
+        answer: PromptAnswer,
+    ) -> Result<Vec<i64>, StoreError> {
+        // As `append_turn_fenced`'s default: one gateway uses this store.
+        let _ = fence;
+        self.append(session_id, messages, Some(answer))
+    }
+
+    async fn prompt_answer(
+        &self,
+        agent: &str,
+        session_key: &str,
+        key: &str,
+    ) -> Result<Option<PromptAnswer>, StoreError> {
+        let oldest = now_ms() - PROMPT_ANSWER_RETENTION_MS;
+        Ok(self
+            .lock()
+            .answers
+            .get(&(agent.to_string(), session_key.to_string(), key.to_string()))
+            .filter(|a| a.created >= oldest)
+            .cloned())
     }
 
     async fn messages(

@@ -902,6 +902,111 @@ async fn a_failed_prompt_is_502_with_a_hint() {
     assert!(body["hint"].as_str().unwrap().contains("apiKey"), "{body}");
 }
 
+/// A prompt with an `Idempotency-Key` header.
+fn keyed_prompt(key: &str, message: &str, sse: bool) -> Request<Body> {
+    let mut r = req("POST", "/api/agents/a/prompt")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("idempotency-key", key);
+    if sse {
+        r = r.header(header::ACCEPT, "text/event-stream");
+    }
+    r.body(Body::from(
+        json!({"message": message, "sessionKey": "api:a:idem"}).to_string(),
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_prompt_retried_with_its_idempotency_key_runs_and_is_stored_once() {
+    let Some(f) = Fixture::new().await else {
+        return;
+    };
+    let app = f.app();
+    f.llm.push(text_response("the first answer"));
+    let (status, first) = send(&app, keyed_prompt("retry-1", "hi", false)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["response"], "the first answer");
+
+    // The retry gets the stored answer: no model call, nothing stored again.
+    let (status, again) = send(&app, keyed_prompt("retry-1", "hi", false)).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again, first);
+    assert_eq!(
+        f.llm.requests().len(),
+        1,
+        "the retry did not call the model"
+    );
+    let session_id = first["sessionId"].as_str().unwrap().to_string();
+    let messages = |app: axum::Router| {
+        let path = format!("/api/agents/a/sessions/{session_id}/messages");
+        async move {
+            let (status, body) = send(&app, req("GET", &path).body(Body::empty()).unwrap()).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body["messages"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!(messages(app.clone()).await, 2, "one question, one answer");
+
+    // Over SSE the retry is one `done` event with the same answer.
+    let response = app
+        .clone()
+        .oneshot(keyed_prompt("retry-1", "hi", true))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let events = sse_events(response.into_body()).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "done");
+    assert_eq!(events[0].1["response"], "the first answer");
+    assert_eq!(events[0].1["sessionId"], first["sessionId"]);
+
+    // The same key with another message is refused, and runs nothing.
+    let (status, body) = send(&app, keyed_prompt("retry-1", "something else", false)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["kind"], "idempotency_conflict");
+    assert!(
+        body["error"].as_str().unwrap().contains("retry-1"),
+        "{body}"
+    );
+    assert!(
+        body["hint"]
+            .as_str()
+            .unwrap()
+            .contains("new Idempotency-Key"),
+        "{body}"
+    );
+    assert_eq!(f.llm.requests().len(), 1);
+
+    // A prompt that failed stored no answer: its retry runs, once.
+    for _ in 0..2 {
+        f.llm.push(beige_testkit::anthropic::error_reply(
+            401,
+            "authentication_error",
+            "invalid x-api-key",
+        ));
+    }
+    let (status, body) = send(&app, keyed_prompt("retry-2", "and now?", false)).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    f.llm.push(text_response("the second answer"));
+    let (status, body) = send(&app, keyed_prompt("retry-2", "and now?", false)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["response"], "the second answer");
+    let (_, body) = send(&app, keyed_prompt("retry-2", "and now?", false)).await;
+    assert_eq!(body["response"], "the second answer");
+    assert_eq!(f.llm.requests().len(), 4, "1 + 2 failed attempts + 1");
+
+    // Keys that cannot be keys are a 400 naming the header.
+    for bad in ["", "has space", &"k".repeat(256)] {
+        let (status, body) = send(&app, keyed_prompt(bad, "hi", false)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("Idempotency-Key"),
+            "{body}"
+        );
+    }
+    assert_eq!(f.llm.requests().len(), 4);
+}
+
 #[tokio::test]
 async fn restart_needs_a_hook() {
     let Some(f) = Fixture::new().await else {
@@ -1135,6 +1240,25 @@ async fn remote_gateway_round_trip() {
     assert_ne!(fresh.id, session_id);
     let resumed = remote.resume_session("a", key, &session_id).await.unwrap();
     assert_eq!(resumed.id, session_id);
+
+    // A keyed prompt sent twice through the client runs once.
+    f.llm.push(text_response("keyed answer"));
+    let calls = f.llm.requests().len();
+    let mut keyed = PromptRequest::new("a", "api:a:remote-keyed", "once");
+    keyed.idempotency_key = Some("remote-retry-1".into());
+    for _ in 0..2 {
+        let events = remote
+            .prompt(keyed.clone())
+            .await
+            .unwrap()
+            .collect_all()
+            .await;
+        assert!(
+            matches!(events.last(), Some(AgentEvent::Done { response, .. }) if response == "keyed answer"),
+            "{events:?}"
+        );
+    }
+    assert_eq!(f.llm.requests().len(), calls + 1, "the retry did not run");
 
     // Settings and cancel.
     let settings = remote
