@@ -100,3 +100,77 @@ impl StoreConfig {
             .unwrap_or(Duration::from_secs(10))
     }
 }
+
+/// `cluster`: how this gateway shares its `store.url` database with other gateways
+/// (`spec/scale.md` §3). Only with `store.url`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// When another gateway holds a lease this one needs (one of its agents, or the
+    /// Telegram channel): wait for it and take over when that gateway stops renewing it
+    /// (a hot standby), instead of refusing to start. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
+    /// The leases this gateway takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<ClusterLease>,
+}
+
+/// `cluster.lease`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterLease {
+    /// How long a lease lasts without renewal (default `"15s"`, at least `"5s"`). It is
+    /// renewed every third of that; a standby takes over at most this long, plus about
+    /// two seconds, after its holder stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<TimeLimit>,
+}
+
+/// The shortest lease time to live: a gateway stops acting on its agents 2 s before its
+/// lease could run out, and renews every third of the time.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// The lease time to live without `cluster.lease.ttl`.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+
+impl ClusterConfig {
+    /// What is wrong with the section, as (key below `cluster`, message).
+    pub fn problem(&self, store: Option<&StoreConfig>) -> Option<(&'static str, String)> {
+        if store.is_none() {
+            return Some((
+                "standby",
+                "cluster needs store.url: only gateways that share a PostgreSQL database \
+                 form a cluster; remove the cluster section or add store.url"
+                    .into(),
+            ));
+        }
+        match self.lease.as_ref().and_then(|l| l.ttl.as_ref()) {
+            Some(ttl) => match ttl.duration() {
+                None => Some((
+                    "lease.ttl",
+                    "cluster.lease.ttl must be whole seconds or a text like \"15s\"".into(),
+                )),
+                Some(d) if d < MIN_LEASE_TTL => Some((
+                    "lease.ttl",
+                    format!(
+                        "cluster.lease.ttl must be at least {}s (a gateway stops acting 2s \
+                         before its lease could run out)",
+                        MIN_LEASE_TTL.as_secs()
+                    ),
+                )),
+                Some(_) => None,
+            },
+            None => None,
+        }
+    }
+
+    /// The lease time to live.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease
+            .as_ref()
+            .and_then(|l| l.ttl.as_ref())
+            .and_then(TimeLimit::duration)
+            .unwrap_or(DEFAULT_LEASE_TTL)
+    }
+}

@@ -68,6 +68,10 @@ pub struct Config {
     /// `BEIGE_HOME`; with `url`, a PostgreSQL database (`spec/scale.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<super::store::StoreConfig>,
+    /// New in beige: how this gateway shares `store.url` with other gateways (a hot
+    /// standby, the lease time to live; `spec/scale.md` §3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<super::store::ClusterConfig>,
 }
 
 /// `telemetry`: what the gateway reports to monitoring.

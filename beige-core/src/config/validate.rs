@@ -575,6 +575,17 @@ pub(crate) fn validate(
         }
         return Err(invalid(file, path, message));
     }
+    if let Some((key, message)) = config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.problem(config.store.as_ref()))
+    {
+        let mut path = KeyPath::root().key("cluster");
+        for part in key.split('.') {
+            path = path.key(part);
+        }
+        return Err(invalid(file, path, message));
+    }
     validate_budgets(config, file)?;
     validate_schedules(config, file)?;
     if let Some(listen) = config.metrics_listen() {

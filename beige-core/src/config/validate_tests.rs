@@ -726,3 +726,39 @@ fn store_url_must_be_postgresql_and_its_pool_readable() {
         "resolved against the config file's folder"
     );
 }
+
+#[test]
+fn a_cluster_needs_a_shared_store_and_a_lease_of_at_least_five_seconds() {
+    let with = |extra: &str| {
+        with_agent("a", "").replacen(
+            "plugins: { kv: {} },",
+            &format!("plugins: {{ kv: {{}} }}, {extra},"),
+            1,
+        )
+    };
+    let text = err(&with("cluster: { standby: true }"));
+    assert!(text.contains("cluster"), "{text}");
+    assert!(text.contains("store.url"), "{text}");
+    let store = r#"store: { url: "postgres://db/beige" }"#;
+    let text = err(&with(&format!(
+        "{store}, cluster: {{ lease: {{ ttl: \"2s\" }} }}"
+    )));
+    assert!(text.contains("cluster.lease.ttl"), "{text}");
+    assert!(text.contains("at least 5s"), "{text}");
+    let text = err(&with(&format!(
+        "{store}, cluster: {{ lease: {{ ttl: \"soon\" }} }}"
+    )));
+    assert!(text.contains("cluster.lease.ttl"), "{text}");
+    let text = err(&with(&format!("{store}, cluster: {{ stanby: true }}")));
+    assert!(text.contains("stanby"), "{text}");
+    let loaded = load(&with(&format!(
+        "{store}, cluster: {{ standby: true, lease: {{ ttl: \"7s\" }} }}"
+    )))
+    .unwrap();
+    let cluster = loaded.config.cluster.unwrap();
+    assert!(cluster.standby);
+    assert_eq!(cluster.lease_ttl(), std::time::Duration::from_secs(7));
+    let default = crate::config::store::ClusterConfig::default();
+    assert!(!default.standby);
+    assert_eq!(default.lease_ttl(), std::time::Duration::from_secs(15));
+}

@@ -10,23 +10,40 @@
 //!
 //! The holder is `<host name>/<installation id>`: the same home restarted on the same
 //! machine takes its leases back at once (with a higher epoch), while any other gateway
-//! waits for them to expire or be released. Forwarding requests to the holder and taking
-//! over a dead holder's agents automatically belong to the replicas of spec/scale.md and
-//! are not built yet.
+//! waits for them to expire or be released. With `cluster.standby` it waits rather than
+//! refusing: it tries again every [`STANDBY_SCAN`] and starts once it has them all (a
+//! hot standby taking over a gateway that stopped renewing). Forwarding requests to the
+//! holder and sharing one set of agents between serving gateways belong to the replicas
+//! of spec/scale.md and are not built yet.
+//!
+//! A stale gateway cannot act: besides the fence of every store write, [`FencedSandbox`]
+//! refuses every operation on a leased agent's sandbox unless a renewal confirmed the
+//! lease recently enough — sent less than the time to live minus [`SAFETY_MARGIN`] ago
+//! (the database's expiry is later than that) — so a gateway that was frozen (SIGSTOP, a
+//! paused VM) and wakes after another took over is refused before its next renewal
+//! even tells it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::{
+    OpOutcome, OutputSink, ReconcileReport, Sandbox, SandboxError, SandboxHost, SandboxSpec,
+    SandboxStatus, SpawnedProcess,
+};
 use crate::store::{Coordination, Fence, StoreError};
 
 /// Channels of which one gateway per database may run: their state in the store is
 /// kept under the channel's name alone.
 pub(crate) const EXCLUSIVE_CHANNELS: &[&str] = &["telegram"];
 
-/// How long a lease lasts without renewal (spec/scale.md: 15 s by default).
-pub(crate) const LEASE_TTL: Duration = Duration::from_secs(15);
+/// How often a standby tries to take the leases it waits for.
+pub(crate) const STANDBY_SCAN: Duration = Duration::from_secs(1);
+
+/// How long before its lease could run out a gateway stops acting on the agent.
+pub(crate) const SAFETY_MARGIN: Duration = Duration::from_secs(2);
 
 /// The leases a gateway holds for its agents.
 #[derive(Debug)]
@@ -35,6 +52,9 @@ pub(crate) struct AgentLeases {
     holder: String,
     ttl: Duration,
     fences: std::sync::Mutex<Vec<Fence>>,
+    /// Until when the leases are confirmed: the last successful renewal's (or the
+    /// acquisition's) send time + ttl − [`SAFETY_MARGIN`]; `None` once one was lost.
+    confirmed_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// This gateway's name as a lease holder.
@@ -57,12 +77,15 @@ impl AgentLeases {
         names: impl IntoIterator<Item = String>,
         ttl: Duration,
     ) -> Result<Self, StoreError> {
+        let sent = Instant::now();
         let leases = Self {
             coordination,
             holder,
             ttl,
             fences: std::sync::Mutex::new(Vec::new()),
+            confirmed_until: std::sync::Mutex::new(None),
         };
+        leases.confirm(sent);
         for name in names {
             match leases
                 .coordination
@@ -94,8 +117,69 @@ impl AgentLeases {
         Ok(leases)
     }
 
+    /// [`acquire`](Self::acquire), waiting while another gateway holds one of the
+    /// leases (`cluster.standby`): tries again every [`STANDBY_SCAN`] until it has them
+    /// all or `stop` fires (then the last refusal is returned). Other errors end the wait.
+    pub(crate) async fn acquire_waiting(
+        coordination: Arc<dyn Coordination>,
+        holder: String,
+        names: Vec<String>,
+        ttl: Duration,
+        stop: CancellationToken,
+    ) -> Result<Self, StoreError> {
+        let mut announced = false;
+        loop {
+            match Self::acquire(coordination.clone(), holder.clone(), names.clone(), ttl).await {
+                Err(e @ StoreError::Leased { .. }) => {
+                    if !announced {
+                        tracing::info!(reason = %e, "standing by: waiting for the leases");
+                        announced = true;
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return Err(e),
+                        _ = tokio::time::sleep(STANDBY_SCAN) => {}
+                    }
+                }
+                Ok(leases) => {
+                    if announced {
+                        tracing::info!("took the leases over; starting");
+                    }
+                    return Ok(leases);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fence>> {
         self.fences.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.confirmed_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The leases were all held when a request sent at `sent` reached the database.
+    fn confirm(&self, sent: Instant) {
+        *self.confirmed() = Some(sent + self.ttl.saturating_sub(SAFETY_MARGIN));
+    }
+
+    /// May this gateway act on `agent`'s sandbox now? Agents it holds no lease for (one
+    /// added by a reload) are not fenced; a leased one only while the lease is confirmed.
+    pub(crate) fn check(&self, agent: &str) -> Result<(), SandboxError> {
+        let Some(fence) = self.fence_of(agent) else {
+            return Ok(());
+        };
+        match *self.confirmed() {
+            Some(until) if Instant::now() < until => Ok(()),
+            _ => Err(SandboxError::Fenced {
+                agent: agent.to_string(),
+                lease: fence.lease,
+                epoch: fence.epoch,
+            }),
+        }
     }
 
     /// The fence of `agent`'s lease, when this gateway holds it.
@@ -130,6 +214,7 @@ impl AgentLeases {
                         .map(|f| f.lease)
                         .collect();
                     if !missing.is_empty() {
+                        *self.confirmed() = None;
                         tracing::error!(
                             leases = ?missing,
                             "lost the lease of an agent to another gateway; stopping"
@@ -138,6 +223,7 @@ impl AgentLeases {
                         return;
                     }
                     last_ok = sent;
+                    self.confirm(sent.into_std());
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "renewing the agents' leases failed");
@@ -163,5 +249,74 @@ impl AgentLeases {
                 tracing::warn!(lease = %fence.lease, error = %e, "releasing a lease failed");
             }
         }
+    }
+}
+
+/// A sandbox backend behind this gateway's agent leases: every operation on a leased
+/// agent's sandbox ([`AgentLeases::check`]) is refused once the lease is not confirmed,
+/// with [`SandboxError::Fenced`]; the rest is the backend's.
+#[derive(Debug)]
+pub(crate) struct FencedSandbox {
+    inner: Arc<dyn Sandbox>,
+    leases: Arc<AgentLeases>,
+}
+
+impl FencedSandbox {
+    pub(crate) fn new(inner: Arc<dyn Sandbox>, leases: Arc<AgentLeases>) -> Self {
+        Self { inner, leases }
+    }
+}
+
+#[async_trait]
+impl Sandbox for FencedSandbox {
+    async fn reconcile(
+        &self,
+        specs: Vec<SandboxSpec>,
+        host: Arc<dyn SandboxHost>,
+    ) -> Result<ReconcileReport, SandboxError> {
+        for spec in &specs {
+            self.leases.check(&spec.agent)?;
+        }
+        self.inner.reconcile(specs, host).await
+    }
+
+    async fn run_op(
+        &self,
+        agent: &str,
+        request: &beige_protocol::op::OpRequest,
+    ) -> Result<OpOutcome, SandboxError> {
+        self.leases.check(agent)?;
+        self.inner.run_op(agent, request).await
+    }
+
+    async fn remove_all(&self) -> Result<(), SandboxError> {
+        self.inner.remove_all().await
+    }
+
+    async fn run_op_streaming(
+        &self,
+        agent: &str,
+        request: &beige_protocol::op::OpRequest,
+        output: OutputSink,
+    ) -> Result<OpOutcome, SandboxError> {
+        self.leases.check(agent)?;
+        self.inner.run_op_streaming(agent, request, output).await
+    }
+
+    async fn detach(&self) {
+        self.inner.detach().await;
+    }
+
+    async fn spawn(
+        &self,
+        agent: &str,
+        request: beige_protocol::spawn::SpawnRequest,
+    ) -> Result<SpawnedProcess, SandboxError> {
+        self.leases.check(agent)?;
+        self.inner.spawn(agent, request).await
+    }
+
+    async fn status(&self, agent: &str) -> SandboxStatus {
+        self.inner.status(agent).await
     }
 }

@@ -558,6 +558,12 @@ impl GatewayBuilder {
         ) {
             docker.configure(setup);
         }
+        // With a shared store, no operation reaches a leased agent's sandbox unless this
+        // gateway's lease of it is confirmed: a stale gateway cannot act.
+        let sandbox: Arc<dyn Sandbox> = match &self.agent_leases {
+            Some(leases) => Arc::new(leases::FencedSandbox::new(sandbox, leases.clone())),
+            None => sandbox,
+        };
 
         let disk = Arc::new(disk_guard(
             &config,

@@ -443,13 +443,29 @@ impl GatewayBuilder {
                             .map(|n| format!("channel:{n}")),
                     )
                     .collect::<Vec<_>>();
-                let leases = super::leases::AgentLeases::acquire(
-                    stores.coordination.clone(),
-                    super::leases::holder_name(installation.as_str()),
-                    names,
-                    super::leases::LEASE_TTL,
-                )
-                .await?;
+                let cluster = self.config.cluster.clone().unwrap_or_default();
+                let holder = super::leases::holder_name(installation.as_str());
+                let ttl = cluster.lease_ttl();
+                let leases = if cluster.standby {
+                    // Nothing here can stop the wait but the process ending: a standby
+                    // holds nothing yet.
+                    super::leases::AgentLeases::acquire_waiting(
+                        stores.coordination.clone(),
+                        holder,
+                        names,
+                        ttl,
+                        tokio_util::sync::CancellationToken::new(),
+                    )
+                    .await?
+                } else {
+                    super::leases::AgentLeases::acquire(
+                        stores.coordination.clone(),
+                        holder,
+                        names,
+                        ttl,
+                    )
+                    .await?
+                };
                 Some(Arc::new(leases))
             }
             _ => None,

@@ -81,6 +81,17 @@ pub enum SandboxError {
         /// The build's or the client's error.
         message: String,
     },
+    /// The gateway's lease of the agent is no longer confirmed (another gateway may have
+    /// taken it over): it does not act on the agent's sandbox (spec/scale.md §3).
+    #[error("refused: this gateway no longer holds {lease} (epoch {epoch}), so it does not act on agent '{agent}''s sandbox; another gateway drives it now. Restart this gateway to take part again")]
+    Fenced {
+        /// The agent.
+        agent: String,
+        /// The lease (`agent:<name>`).
+        lease: String,
+        /// The epoch this gateway held.
+        epoch: i64,
+    },
     /// The backend has no sandbox for the agent.
     #[error("no sandbox is configured for agent '{agent}'")]
     UnknownAgent {

@@ -628,6 +628,118 @@ async fn a_gateway_that_loses_an_agents_lease_stops_serving() {
     assert!(other.check_fence(&taken).await.unwrap());
 }
 
+/// Failover between gateways on one PostgreSQL, each with `cluster.standby` and a 5 s
+/// lease (in process, each on a fake sandbox of its own; `docs/scaling.md`):
+///
+/// 1. the first serves agent `a` and renews its lease; a standby waits, longer than the
+///    time to live, without getting it;
+/// 2. the first stops cleanly and gives the lease back: the standby takes over within a
+///    scan (the drain case);
+/// 3. that gateway then freezes right after taking over — it never renews, as after
+///    SIGKILL or SIGSTOP — and a third standby takes over once the lease runs out,
+///    within the time to live + 2 s of the last write of the lease (the bound of
+///    spec/scale.md §3);
+/// 4. the frozen one, woken, is refused every operation on `a`'s sandbox (none reaches
+///    it), while the new holder's work.
+#[tokio::test]
+async fn a_standby_takes_over_and_the_gateway_it_replaced_cannot_act() {
+    use beige_core::api::tools::{CoreToolCall, ExecParams, ToolContext};
+    use std::time::Instant;
+    let Some(db) = super::support::TempDatabase::new().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(5);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || {
+        let mut cfg = config(&["a"], &[]);
+        cfg.store = Some(serde_json::from_value(json!({ "url": db.url })).unwrap());
+        cfg.cluster =
+            Some(serde_json::from_value(json!({"standby": true, "lease": {"ttl": "5s"}})).unwrap());
+        cfg
+    };
+    let gateway = |name: &str, sandbox: Arc<MemorySandbox>| {
+        GatewayBuilder::new(cfg(), BeigeHome::new(dir.path().join(name))).sandbox(sandbox)
+    };
+    let exec = |gw: LocalGateway, command: &'static str| async move {
+        let call = CoreToolCall::Exec(ExecParams {
+            command: command.into(),
+            timeout: None,
+        });
+        match gw.call_tool("a", call, ToolContext::default()).await {
+            Ok(out) if !out.is_error => Ok(out.joined_text()),
+            Ok(out) => Err(out.joined_text()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+
+    // 1. The first serves and renews; the standby waits past the time to live.
+    let first = build(gateway("one", Arc::new(MemorySandbox::new()))).await;
+    let stop_first = CancellationToken::new();
+    let serving = tokio::spawn({
+        let gw = first.clone();
+        let shutdown = Shutdown::on(stop_first.clone()).drain(Duration::from_secs(1));
+        async move { gw.serve(shutdown).await }
+    });
+    let second_sandbox = Arc::new(MemorySandbox::new());
+    let second = tokio::spawn(gateway("two", second_sandbox.clone()).build());
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert!(
+        !second.is_finished(),
+        "the standby waits while the lease is renewed"
+    );
+    assert!(exec(first.clone(), "echo one").await.is_ok());
+
+    // 2. A clean stop gives the lease back: the standby starts within a scan.
+    stop_first.cancel();
+    serving.await.unwrap().unwrap();
+    first.shutdown().await.unwrap();
+    let released = Instant::now();
+    let second = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the standby takes a released lease within a scan")
+        .unwrap()
+        .unwrap();
+    let drain_takeover = released.elapsed();
+    let second_fence = second.agent_leases()[0].clone();
+    assert_eq!(second_fence.lease, "agent:a");
+    assert!(exec(second.clone(), "echo two").await.is_ok());
+
+    // 3. The second freezes at once (it never serves, so never renews): a third
+    //    standby takes over when the lease runs out.
+    let third = tokio::spawn(gateway("three", Arc::new(MemorySandbox::new())).build());
+    let third = tokio::time::timeout(ttl + Duration::from_secs(4), third)
+        .await
+        .expect("the third takes the expired lease over")
+        .unwrap()
+        .unwrap();
+    let failover = released.elapsed();
+    eprintln!(
+        "failover_time: drain {:.0} ms; frozen holder {:.0} ms (at most, from before it took the lease; ttl {} s)",
+        drain_takeover.as_secs_f64() * 1000.0,
+        failover.as_secs_f64() * 1000.0,
+        ttl.as_secs()
+    );
+    assert!(
+        drain_takeover < Duration::from_secs(2),
+        "{drain_takeover:?}"
+    );
+    assert!(failover <= ttl + Duration::from_secs(2), "{failover:?}");
+    let third_fence = third.agent_leases()[0].clone();
+    assert!(third_fence.epoch > second_fence.epoch);
+
+    // 4. The frozen second wakes: refused before anything reaches its sandbox.
+    let before = second_sandbox.executed("a");
+    let refused = exec(second.clone(), "echo stale").await.unwrap_err();
+    assert!(refused.contains("no longer holds agent:a"), "{refused}");
+    assert_eq!(
+        second_sandbox.executed("a"),
+        before,
+        "no op reached the sandbox"
+    );
+    assert!(exec(third.clone(), "echo three").await.is_ok());
+    third.shutdown().await.unwrap();
+}
+
 /// A gateway whose agent lease was taken over, before it noticed: its next turn is not
 /// written (the store refuses it as fenced, in the append's transaction) and the prompt
 /// ends with an error that says so, while its first turn, made under the lease, stays.
