@@ -1344,15 +1344,13 @@ mod tests {
     }
 }
 
-/// Turns live output pieces into [`AgentEvent::ToolOutput`] text, holding back the
-/// start of a UTF-8 character split between two pieces.
-/// The prompt-stream event of a broker event about this prompt's session.
 /// SHA-256 (hex) of a keyed prompt's message: what tells a retry from a new request.
 fn request_sha256(message: &str) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(message.as_bytes()))
 }
 
+/// The prompt-stream event of a broker event about this prompt's session.
 fn approval_event(ev: beige_client::approvals::ApprovalEvent) -> Option<AgentEvent> {
     use beige_client::approvals::ApprovalEvent as E;
     match ev {
@@ -1362,6 +1360,8 @@ fn approval_event(ev: beige_client::approvals::ApprovalEvent) -> Option<AgentEve
     }
 }
 
+/// Turns live output pieces into [`AgentEvent::ToolOutput`] text, holding back the
+/// start of a UTF-8 character split between two pieces.
 #[derive(Debug, Default)]
 struct LiveOutput {
     stdout: Vec<u8>,
