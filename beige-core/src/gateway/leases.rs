@@ -193,16 +193,19 @@ impl AgentLeases {
         self.lock().clone()
     }
 
-    /// Renew every third of the time to live until `stop`; cancels `lost` (and returns)
-    /// when a lease is no longer held, or renewals have failed for longer than the time to
-    /// live allows (the lease may be gone: act as if it were).
+    /// Renew at once (starting the engine may have taken a while since the leases were
+    /// taken) and then every third of the time to live until `stop`; cancels `lost`
+    /// (and returns) when a lease is no longer held, or renewals have failed for longer
+    /// than the time to live allows (the lease may be gone: act as if it were).
     pub(crate) async fn keep(self: Arc<Self>, stop: CancellationToken, lost: CancellationToken) {
         let every = self.ttl / 3;
         let mut last_ok = tokio::time::Instant::now();
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
+                _ = ticks.tick() => {}
             }
             let sent = tokio::time::Instant::now();
             match self.coordination.renew_leases(&self.holder, self.ttl).await {
