@@ -119,13 +119,13 @@ impl AgentLeases {
 
     /// [`acquire`](Self::acquire), waiting while another gateway holds one of the
     /// leases (`cluster.standby`): tries again every [`STANDBY_SCAN`] until it has them
-    /// all or `stop` fires (then the last refusal is returned). Other errors end the wait.
+    /// all. Only the process ending stops the wait (a standby holds nothing yet); other
+    /// errors end it.
     pub(crate) async fn acquire_waiting(
         coordination: Arc<dyn Coordination>,
         holder: String,
         names: Vec<String>,
         ttl: Duration,
-        stop: CancellationToken,
     ) -> Result<Self, StoreError> {
         let mut announced = false;
         loop {
@@ -135,10 +135,7 @@ impl AgentLeases {
                         tracing::info!(reason = %e, "standing by: waiting for the leases");
                         announced = true;
                     }
-                    tokio::select! {
-                        _ = stop.cancelled() => return Err(e),
-                        _ = tokio::time::sleep(STANDBY_SCAN) => {}
-                    }
+                    tokio::time::sleep(STANDBY_SCAN).await;
                 }
                 Ok(leases) => {
                     if announced {
@@ -169,12 +166,13 @@ impl AgentLeases {
     /// May this gateway act on `agent`'s sandbox now? Agents it holds no lease for (one
     /// added by a reload) are not fenced; a leased one only while the lease is confirmed.
     pub(crate) fn check(&self, agent: &str) -> Result<(), SandboxError> {
-        let Some(fence) = self.fence_of(agent) else {
+        // The common case, on every op: the leases are confirmed (no allocation).
+        if self.confirmed().is_some_and(|until| Instant::now() < until) {
             return Ok(());
-        };
-        match *self.confirmed() {
-            Some(until) if Instant::now() < until => Ok(()),
-            _ => Err(SandboxError::Fenced {
+        }
+        match self.fence_of(agent) {
+            None => Ok(()),
+            Some(fence) => Err(SandboxError::Fenced {
                 agent: agent.to_string(),
                 lease: fence.lease,
                 epoch: fence.epoch,

@@ -1124,7 +1124,8 @@ impl Run<'_> {
             session_id: session.id.clone(),
             response: response.clone(),
             usage: total,
-            created: crate::store::now_ms(),
+            // The store stamps the time it writes the answer.
+            created: 0,
         });
         self.persist_with(&session, &history, exchange, None, answer)
             .await?;
@@ -1288,24 +1289,19 @@ impl Run<'_> {
             .leases
             .as_ref()
             .and_then(|l| l.fence_of(&session.agent));
-        if let Some(answer) = answer {
-            self.inner
-                .store
-                .append_answered_turn(&session.id, exchange, fence.as_ref(), answer)
-                .await?;
-            if !empty {
-                self.inner.history.keep(&session.id, next);
+        let store = &self.inner.store;
+        match (answer, fence) {
+            (Some(answer), fence) => {
+                store
+                    .append_answered_turn(&session.id, exchange, fence.as_ref(), answer)
+                    .await?
             }
-            return Ok(());
-        }
-        match fence {
-            Some(fence) => {
-                self.inner
-                    .store
+            (None, Some(fence)) => {
+                store
                     .append_turn_fenced(&session.id, exchange, &fence)
                     .await?
             }
-            None => self.inner.store.append_turn(&session.id, exchange).await?,
+            (None, None) => store.append_turn(&session.id, exchange).await?,
         };
         if !empty {
             self.inner.history.keep(&session.id, next);

@@ -447,14 +447,11 @@ impl GatewayBuilder {
                 let holder = super::leases::holder_name(installation.as_str());
                 let ttl = cluster.lease_ttl();
                 let leases = if cluster.standby {
-                    // Nothing here can stop the wait but the process ending: a standby
-                    // holds nothing yet.
                     super::leases::AgentLeases::acquire_waiting(
                         stores.coordination.clone(),
                         holder,
                         names,
                         ttl,
-                        tokio_util::sync::CancellationToken::new(),
                     )
                     .await?
                 } else {

@@ -138,7 +138,8 @@ pub struct PromptAnswer {
     pub response: String,
     /// Tokens of the whole prompt.
     pub usage: Usage,
-    /// When it was stored (ms since the epoch).
+    /// When it was stored (ms since the epoch): set by the store when it writes the
+    /// answer, whatever the caller put here.
     pub created: i64,
 }
 
